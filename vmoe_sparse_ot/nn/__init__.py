@@ -1,0 +1,91 @@
+"""Flax models: ViT / V-MoE with pluggable routers.
+
+Public API (docs/ARCHITECTURE.md):
+  build_model(model_config) -> flax.linen.Module
+  logits, aux = model.apply({'params': p}, images, train=bool,
+                            rngs={'dropout': k1, 'gating': k2})
+  EXPERT_PARAMS_REGEX: matches the '/'-joined paths of expert parameters,
+    which carry a leading E axis (shard them over the 'expert' mesh axis).
+"""
+from typing import Any, Mapping
+
+import flax.linen as nn
+
+from vmoe_sparse_ot.nn import config
+from vmoe_sparse_ot.nn.dispatch import DISPATCHERS
+from vmoe_sparse_ot.nn.routers import ROUTERS, RouterOptions, parse_router_options
+from vmoe_sparse_ot.nn.vit import VisionTransformer, parse_moe_layers
+
+EXPERT_PARAMS_REGEX = r"^(.*/)?moe/experts/[^/]+$"
+MODELS = ("vit_moe", "vit")
+
+_MODEL_KEYS = ("name", "num_classes", "patch_size", "hidden_size", "classifier",
+               "representation_size", "head_bias_init", "encoder")
+_ENCODER_KEYS = ("num_layers", "num_heads", "mlp_dim", "dropout_rate",
+                 "attention_dropout_rate", "moe")
+_MOE_KEYS = ("layers", "num_experts", "group_size", "dispatcher", "router")
+_CLASSIFIERS = ("token", "gap")
+
+
+def _check_keys(cfg: Mapping[str, Any], valid, where: str) -> None:
+  unknown = sorted(set(cfg.keys()) - set(valid))
+  if unknown:
+    raise ValueError(f"unknown option(s) {unknown} in {where}; valid options: {sorted(valid)}")
+
+
+def _pair(x) -> tuple:
+  return (int(x), int(x)) if isinstance(x, int) else tuple(int(v) for v in x)
+
+
+def build_model(model_config: Mapping[str, Any]) -> nn.Module:
+  """Builds 'vit_moe' or 'vit' from a config like `config.default_model_config()`.
+
+  All options are validated here, before anything is traced or compiled.
+  """
+  cfg = model_config
+  _check_keys(cfg, _MODEL_KEYS, "model")
+  name = cfg.get("name", "vit_moe")
+  if name not in MODELS:
+    raise ValueError(f"model.name must be one of {list(MODELS)}, got {name!r}")
+  enc = cfg["encoder"]
+  _check_keys(enc, _ENCODER_KEYS, "model.encoder")
+  classifier = cfg.get("classifier", "token")
+  if classifier not in _CLASSIFIERS:
+    raise ValueError(f"model.classifier must be one of {list(_CLASSIFIERS)}, "
+                     f"got {classifier!r}")
+  num_layers = int(enc["num_layers"])
+  moe_layers, moe = (), None
+  if name == "vit_moe":
+    moe_cfg = enc["moe"]
+    _check_keys(moe_cfg, _MOE_KEYS, "model.encoder.moe")
+    dispatcher = moe_cfg.get("dispatcher", "indices")
+    if dispatcher not in DISPATCHERS:
+      raise ValueError(f"model.encoder.moe.dispatcher must be one of {sorted(DISPATCHERS)}, "
+                       f"got {dispatcher!r}")
+    num_experts, group_size = int(moe_cfg["num_experts"]), int(moe_cfg["group_size"])
+    if num_experts < 1 or group_size < 1:
+      raise ValueError("model.encoder.moe.num_experts and group_size must be >= 1, got "
+                       f"{num_experts} and {group_size}")
+    moe_layers = parse_moe_layers(moe_cfg.get("layers", "every_2"), num_layers)
+    moe = dict(num_experts=num_experts, group_size=group_size, dispatcher=dispatcher,
+               router=parse_router_options(moe_cfg["router"]))
+  rep = cfg.get("representation_size")
+  return VisionTransformer(
+      num_classes=int(cfg["num_classes"]),
+      patch_size=_pair(cfg["patch_size"]),
+      hidden_size=int(cfg["hidden_size"]),
+      num_layers=num_layers,
+      num_heads=int(enc["num_heads"]),
+      mlp_dim=int(enc["mlp_dim"]),
+      classifier=classifier,
+      representation_size=None if rep is None else int(rep),
+      head_bias_init=float(cfg.get("head_bias_init", 0.0)),
+      dropout_rate=float(enc.get("dropout_rate", 0.0)),
+      attention_dropout_rate=float(enc.get("attention_dropout_rate", 0.0)),
+      moe_layers=moe_layers,
+      moe=moe,
+  )
+
+
+__all__ = ["build_model", "EXPERT_PARAMS_REGEX", "MODELS", "ROUTERS", "RouterOptions",
+           "config", "parse_router_options", "VisionTransformer"]

@@ -1,0 +1,64 @@
+"""Dispatchers: move tokens into expert buffers and expert outputs back.
+
+Both take a `Routing` (expert-side slot assignment) and compute the same thing:
+  dispatch: buf[g, e, c] = x[g, token_index[g, e, c]]           (0 if slot empty)
+  combine:  y[g, s] = sum_{e, c : token_index[g,e,c] = s} w[g, e, c] * out[g, e, c]
+'indices' does it with a gather and a scatter-add (O(G*E*C*D) work, the default);
+'einsum' builds one-hot (G, S, E, C) tensors (O(G*S*E*C*D) work, the classic
+V-MoE formulation, kept as a reference and for hardware where einsums are cheap).
+"""
+from typing import Dict
+
+import jax
+import jax.numpy as jnp
+
+from vmoe_sparse_ot.nn.routing import Routing
+
+Array = jax.Array
+
+
+
+def _indices_dispatch(x: Array, r: Routing) -> Array:
+  g, e, c = r.token_index.shape
+  buf = jnp.take_along_axis(x, r.token_index.reshape(g, e * c, 1), axis=1)
+  buf = buf * r.valid.reshape(g, e * c, 1).astype(x.dtype)
+  return buf.reshape(g, e, c, x.shape[-1])
+
+
+def _indices_combine(out: Array, r: Routing, group_size: int) -> Array:
+  g, e, c, d = out.shape
+  weighted = out * r.combine_weight[..., None].astype(out.dtype)
+
+  def scatter(idx, v):
+    return jnp.zeros((group_size, d), out.dtype).at[idx].add(v)
+
+  return jax.vmap(scatter)(r.token_index.reshape(g, e * c), weighted.reshape(g, e * c, d))
+
+
+def _dispatch_mask(r: Routing, group_size: int, dtype) -> Array:
+  onehot = jax.nn.one_hot(r.token_index, group_size, dtype=dtype)   # (G,E,C,S)
+  return onehot * r.valid[..., None].astype(dtype)
+
+
+def _einsum_dispatch(x: Array, r: Routing) -> Array:
+  mask = _dispatch_mask(r, x.shape[1], x.dtype)
+  return jnp.einsum("gecs,gsd->gecd", mask, x)
+
+
+def _einsum_combine(out: Array, r: Routing, group_size: int) -> Array:
+  mask = _dispatch_mask(r, group_size, out.dtype)
+  combine = mask * r.combine_weight[..., None].astype(out.dtype)
+  return jnp.einsum("gecs,gecd->gsd", combine, out)
+
+
+DISPATCHERS: Dict[str, tuple] = {
+    "indices": (_indices_dispatch, _indices_combine),
+    "einsum": (_einsum_dispatch, _einsum_combine),
+}
+
+
+def get_dispatcher(name: str):
+  """Returns (dispatch(x, routing), combine(out, routing, group_size))."""
+  if name not in DISPATCHERS:
+    raise ValueError(f"dispatcher must be one of {sorted(DISPATCHERS)}, got {name!r}")
+  return DISPATCHERS[name]

@@ -1,0 +1,99 @@
+"""Sparse Mixture-of-Experts MLP layer.
+
+Tokens (B, N, D) are flattened and cut into G groups of S tokens (the last group
+padded with masked tokens if needed), routed per group, dispatched into expert
+buffers (G, E, C, D), processed by E MLPs as one batched computation with
+stacked parameters (E, D, H) / (E, H, D), and combined back. Tokens an expert
+does not take (over capacity) get 0 from the layer and keep only the residual.
+
+On a mesh with axes ('data', 'expert'), groups are split over both axes and the
+expert buffers (E, G*C, D) and expert parameters over 'expert', so XLA moves
+tokens between the two layouts with all-to-alls.
+"""
+import math
+from typing import Any, Callable
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from vmoe_sparse_ot.nn import routers
+from vmoe_sparse_ot.nn.dispatch import get_dispatcher
+from vmoe_sparse_ot.nn.routing import compute_capacity
+from vmoe_sparse_ot.nn.sharding import constrain
+
+Array = jax.Array
+GROUP_AXES = ("data", "expert")   # groups are split over every device
+EXPERT_AXIS = "expert"
+
+
+class Experts(nn.Module):
+  """E two-layer GELU MLPs applied to their own buffers: (E, M, D) -> (E, M, D)."""
+  num_experts: int
+  mlp_dim: int
+  dropout_rate: float = 0.0
+  kernel_init: Callable = nn.initializers.xavier_uniform(batch_axis=(0,))
+  bias_init: Callable = nn.initializers.normal(stddev=1e-6)
+
+  @nn.compact
+  def __call__(self, x: Array, train: bool) -> Array:
+    e, _, d = x.shape
+    wi = self.param("wi_kernel", self.kernel_init, (e, d, self.mlp_dim))
+    bi = self.param("wi_bias", self.bias_init, (e, self.mlp_dim))
+    wo = self.param("wo_kernel", self.kernel_init, (e, self.mlp_dim, d))
+    bo = self.param("wo_bias", self.bias_init, (e, d))
+    wi, wo = constrain(wi, (EXPERT_AXIS,)), constrain(wo, (EXPERT_AXIS,))
+    h = jnp.einsum("emd,edh->emh", x, wi.astype(x.dtype)) + bi[:, None, :]
+    h = nn.gelu(h)
+    h = nn.Dropout(self.dropout_rate)(h, deterministic=not train)
+    y = jnp.einsum("emh,ehd->emd", h, wo.astype(x.dtype)) + bo[:, None, :]
+    return nn.Dropout(self.dropout_rate)(y, deterministic=not train)
+
+
+class MoeLayer(nn.Module):
+  """Routes tokens to E expert MLPs.
+
+  Returns (y like x, auxiliary_loss scalar (differentiable), metrics {name: scalar}).
+  """
+  num_experts: int
+  mlp_dim: int
+  group_size: int
+  router: routers.RouterOptions
+  dispatcher: str = "indices"
+  dropout_rate: float = 0.0
+
+  @nn.compact
+  def __call__(self, x: Array, train: bool):
+    b, n, d = x.shape
+    t = b * n
+    s = self.group_size
+    g = math.ceil(t / s)
+    tokens = x.reshape(t, d)
+    if g * s != t:
+      tokens = jnp.pad(tokens, ((0, g * s - t), (0, 0)))
+    tokens = constrain(tokens.reshape(g, s, d), (GROUP_AXES,))
+    token_mask = (jnp.arange(g * s) < t).reshape(g, s)
+    capacity = compute_capacity(s, self.num_experts, self.router.num_selected_experts,
+                                self.router.capacity_factor, self.router.capacity)
+
+    logits = nn.Dense(self.num_experts, use_bias=False,
+                      kernel_init=nn.initializers.normal(stddev=0.02), name="router")(tokens)
+    rng = None
+    if train and self.router.name == "topk":
+      rng = self.make_rng("gating")
+    routing = routers.route(logits.astype(jnp.float32), token_mask, self.router, capacity,
+                            train, rng)
+
+    dispatch, combine = get_dispatcher(self.dispatcher)
+    buf = dispatch(tokens, routing)                                  # (G, E, C, D)
+    buf = jnp.swapaxes(buf, 0, 1).reshape(self.num_experts, g * capacity, d)
+    buf = constrain(buf, (EXPERT_AXIS,))
+    out = Experts(self.num_experts, self.mlp_dim, self.dropout_rate, name="experts")(
+        buf, train)
+    out = constrain(out, (EXPERT_AXIS,))
+    out = jnp.swapaxes(out.reshape(self.num_experts, g, capacity, d), 0, 1)
+    out = constrain(out, (GROUP_AXES,))
+    y = combine(out, routing, s)                                     # (G, S, D)
+    y = constrain(y, (GROUP_AXES,))
+    y = y.reshape(g * s, d)[:t].reshape(b, n, d)
+    return y, routing.auxiliary_loss, routing.metrics

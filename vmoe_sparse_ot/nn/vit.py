@@ -1,0 +1,155 @@
+"""Vision Transformer encoder whose MLP blocks can be sparse MoE layers.
+
+Pre-LayerNorm blocks (Dosovitskiy et al. 2021), as in V-MoE (Riquelme et al.
+2021): patch embedding, optional class token, learned position embeddings,
+blocks of multi-head self-attention and MLP (or MoE), final LayerNorm, pooling
+('token' or 'gap'), optional tanh representation layer, linear head.
+
+Shapes: B images, N tokens per image, D hidden size, H MLP hidden size.
+"""
+from typing import Any, Dict, Optional, Sequence, Tuple
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from vmoe_sparse_ot.nn import routers
+from vmoe_sparse_ot.nn.moe import MoeLayer
+from vmoe_sparse_ot.nn.sharding import constrain
+
+Array = jax.Array
+
+
+class MlpBlock(nn.Module):
+  """Dense GELU MLP: (B, N, D) -> (B, N, D)."""
+  mlp_dim: int
+  dropout_rate: float = 0.0
+
+  @nn.compact
+  def __call__(self, x: Array, train: bool) -> Array:
+    d = x.shape[-1]
+    h = nn.Dense(self.mlp_dim, kernel_init=nn.initializers.xavier_uniform(),
+                 bias_init=nn.initializers.normal(stddev=1e-6))(x)
+    h = nn.gelu(h)
+    h = nn.Dropout(self.dropout_rate)(h, deterministic=not train)
+    y = nn.Dense(d, kernel_init=nn.initializers.xavier_uniform(),
+                 bias_init=nn.initializers.normal(stddev=1e-6))(h)
+    return nn.Dropout(self.dropout_rate)(y, deterministic=not train)
+
+
+class EncoderBlock(nn.Module):
+  """x + Attn(LN(x)), then + MLP(LN(.)) or + MoE(LN(.))."""
+  num_heads: int
+  mlp_dim: int
+  dropout_rate: float = 0.0
+  attention_dropout_rate: float = 0.0
+  moe: Optional[Dict[str, Any]] = None   # MoeLayer kwargs, None for a dense MLP
+
+  @nn.compact
+  def __call__(self, x: Array, train: bool):
+    y = nn.LayerNorm(name="norm_att")(x)
+    y = nn.MultiHeadDotProductAttention(
+        num_heads=self.num_heads, dropout_rate=self.attention_dropout_rate,
+        kernel_init=nn.initializers.xavier_uniform(), deterministic=not train,
+        name="attention")(y, y)
+    y = nn.Dropout(self.dropout_rate)(y, deterministic=not train)
+    x = x + y
+    y = nn.LayerNorm(name="norm_mlp")(x)
+    if self.moe is None:
+      y = MlpBlock(self.mlp_dim, self.dropout_rate, name="mlp")(y, train)
+      aux, metrics = jnp.zeros((), jnp.float32), None
+    else:
+      y, aux, metrics = MoeLayer(mlp_dim=self.mlp_dim, dropout_rate=self.dropout_rate,
+                                 name="moe", **self.moe)(y, train)
+    return x + y, aux, metrics
+
+
+class Encoder(nn.Module):
+  """Position embeddings, dropout, blocks, final LayerNorm."""
+  num_layers: int
+  num_heads: int
+  mlp_dim: int
+  moe_layers: Tuple[int, ...] = ()
+  moe: Optional[Dict[str, Any]] = None
+  dropout_rate: float = 0.0
+  attention_dropout_rate: float = 0.0
+
+  @nn.compact
+  def __call__(self, x: Array, train: bool):
+    _, n, d = x.shape
+    pos = self.param("pos_embedding", nn.initializers.normal(stddev=0.02), (1, n, d))
+    x = nn.Dropout(self.dropout_rate)(x + pos.astype(x.dtype), deterministic=not train)
+    aux = jnp.zeros((), jnp.float32)
+    routing = {}
+    for i in range(self.num_layers):
+      name = f"encoderblock_{i}"
+      x, block_aux, metrics = EncoderBlock(
+          num_heads=self.num_heads, mlp_dim=self.mlp_dim, dropout_rate=self.dropout_rate,
+          attention_dropout_rate=self.attention_dropout_rate,
+          moe=self.moe if i in self.moe_layers else None, name=name)(x, train)
+      aux = aux + block_aux
+      if metrics is not None:
+        routing[name] = metrics
+    return nn.LayerNorm(name="encoder_norm")(x), aux, routing
+
+
+class VisionTransformer(nn.Module):
+  """images (B, H, W, C) -> (logits (B, num_classes), aux dict); see ARCHITECTURE.md."""
+  num_classes: int
+  patch_size: Tuple[int, int]
+  hidden_size: int
+  num_layers: int
+  num_heads: int
+  mlp_dim: int
+  classifier: str = "token"
+  representation_size: Optional[int] = None
+  head_bias_init: float = 0.0
+  dropout_rate: float = 0.0
+  attention_dropout_rate: float = 0.0
+  moe_layers: Tuple[int, ...] = ()
+  moe: Optional[Dict[str, Any]] = None
+
+  @nn.compact
+  def __call__(self, images: Array, train: bool = False):
+    x = nn.Conv(self.hidden_size, self.patch_size, strides=self.patch_size,
+                padding="VALID", name="embedding")(images)
+    b, h, w, d = x.shape
+    x = x.reshape(b, h * w, d)
+    if self.classifier == "token":
+      cls = self.param("cls", nn.initializers.zeros, (1, 1, d))
+      x = jnp.concatenate([jnp.tile(cls.astype(x.dtype), (b, 1, 1)), x], axis=1)
+    x = constrain(x, (("data", "expert"),))
+    x, aux_loss, routing = Encoder(
+        num_layers=self.num_layers, num_heads=self.num_heads, mlp_dim=self.mlp_dim,
+        moe_layers=self.moe_layers, moe=self.moe, dropout_rate=self.dropout_rate,
+        attention_dropout_rate=self.attention_dropout_rate, name="encoder")(x, train)
+    x = x[:, 0] if self.classifier == "token" else jnp.mean(x, axis=1)
+    if self.representation_size is not None:
+      x = nn.tanh(nn.Dense(self.representation_size, name="pre_logits")(x))
+    pre_logits = x
+    logits = nn.Dense(self.num_classes, kernel_init=nn.initializers.zeros,
+                      bias_init=nn.initializers.constant(self.head_bias_init),
+                      name="head")(x)
+    return logits, {"auxiliary_loss": aux_loss, "pre_logits": pre_logits,
+                    "routing": routing}
+
+
+def parse_moe_layers(spec: Any, num_layers: int) -> Tuple[int, ...]:
+  """'every_2' -> (1, 3, 5, ...); 'last_N' -> last N blocks; '1,3' or [1, 3] -> as is."""
+  if isinstance(spec, (list, tuple)):
+    layers = tuple(int(i) for i in spec)
+  elif spec == "every_2":
+    layers = tuple(range(1, num_layers, 2))
+  elif isinstance(spec, str) and spec.startswith("last_") and spec[5:].isdigit():
+    n = int(spec[5:])
+    layers = tuple(range(max(0, num_layers - n), num_layers))
+  elif isinstance(spec, str) and all(p.strip().isdigit() for p in spec.split(",") if p.strip()):
+    layers = tuple(int(p) for p in spec.split(",") if p.strip())
+  else:
+    raise ValueError("model.encoder.moe.layers must be 'every_2', 'last_N' or a comma-"
+                     f"separated list of block indices, got {spec!r}")
+  bad = [i for i in layers if not 0 <= i < num_layers]
+  if bad:
+    raise ValueError(f"model.encoder.moe.layers has block indices {bad} outside "
+                     f"[0, {num_layers})")
+  return tuple(sorted(set(layers)))
