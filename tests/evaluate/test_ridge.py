@@ -1,0 +1,116 @@
+"""Closed-form ridge: agreement with a direct solve, LOO formula, L2 selection."""
+import numpy as np
+import pytest
+
+from vmoe_sparse_ot.evaluate import ridge
+
+L2_REGS = tuple(2.0**k for k in range(-10, 20))
+
+
+def _direct(x, y, lam):
+  return np.linalg.solve(x.T @ x + lam * np.eye(x.shape[1]), x.T @ y)
+
+
+@pytest.mark.parametrize('n,d', [(40, 6), (7, 12), (9, 8)])  # primal, kernel, square+bias
+def test_closed_form_matches_direct_solve_for_every_l2(n, d):
+  rng = np.random.default_rng(0)
+  feats = rng.normal(size=(n, d)) * rng.uniform(0.1, 5.0, size=d) + 3.0
+  labels = rng.integers(0, 3, size=n)
+  mean, scale = ridge.standardization(feats)
+  x = ridge.design_matrix(feats, mean, scale)
+  y = ridge.one_hot_pm1(labels, 3)
+  path = ridge.ridge_weights_path(x, y, L2_REGS)
+  assert path.shape == (len(L2_REGS), d + 1, 3)
+  for lam, w in zip(L2_REGS, path):
+    np.testing.assert_allclose(w, _direct(x, y, lam), rtol=1e-7, atol=1e-10)
+
+
+def test_design_matrix_standardises_and_appends_bias():
+  feats = np.array([[1.0, 5.0], [3.0, 5.0], [5.0, 5.0]])
+  mean, scale = ridge.standardization(feats)
+  np.testing.assert_allclose(mean, [3.0, 5.0])
+  np.testing.assert_allclose(scale, [np.sqrt(8 / 3), 1.0])  # constant feature keeps 1
+  x = ridge.design_matrix(feats, mean, scale)
+  np.testing.assert_allclose(x[:, 0], np.array([-2.0, 0.0, 2.0]) / np.sqrt(8 / 3))
+  np.testing.assert_allclose(x[:, 1:], [[0.0, 1.0]] * 3)
+  np.testing.assert_array_equal(ridge.one_hot_pm1(np.array([2, 0]), 3),
+                                [[-1, -1, 1], [1, -1, -1]])
+
+
+@pytest.mark.parametrize('n,p', [(12, 4), (5, 9)])
+def test_loo_predictions_match_refitting_without_each_example(n, p):
+  rng = np.random.default_rng(1)
+  x = rng.normal(size=(n, p))
+  y = rng.normal(size=(n, 2))
+  spec = ridge.spectrum(x)
+  for lam in (2.0**-10, 1.0, 2.0**10):
+    loo = ridge.loo_predictions(spec, y, lam)
+    for i in range(n):
+      keep = np.arange(n) != i
+      np.testing.assert_allclose(loo[i], x[i] @ _direct(x[keep], y[keep], lam),
+                                 rtol=1e-6, atol=1e-8)
+
+
+def _separable(rng, num_classes, per_class, dim=32, noise=0.05):
+  centres = rng.normal(size=(num_classes, dim)) * 3.0
+  labels = np.repeat(np.arange(num_classes), per_class)
+  return centres[labels] + noise * rng.normal(size=(len(labels), dim)), labels
+
+
+@pytest.mark.parametrize('selection', ridge.SELECTION_MODES)
+@pytest.mark.parametrize('shot', [1, 5])
+def test_separable_features_are_classified_perfectly(selection, shot):
+  rng = np.random.default_rng(2)
+  train_x, train_y = _separable(rng, 10, shot)
+  # Same centres for the test set: redraw with the same generator state.
+  rng = np.random.default_rng(2)
+  centres = rng.normal(size=(10, 32)) * 3.0
+  test_y = np.repeat(np.arange(10), 50)
+  test_x = centres[test_y] + 0.05 * rng.normal(size=(len(test_y), 32))
+  fit = ridge.fit(train_x, train_y, num_classes=10, l2_regs=L2_REGS, selection=selection)
+  assert fit.l2_reg in L2_REGS
+  accuracy = np.mean(np.argmax(fit.predict(test_x), axis=1) == test_y)
+  assert accuracy >= 0.99
+
+
+def test_selection_uses_accuracy_then_mse_then_larger_l2():
+  l2 = np.array([1.0, 2.0, 4.0, 8.0])
+  assert ridge._choose(l2, np.array([0.5, 0.9, 0.9, 0.2]), np.array([1, 3, 2, 0.]), True) == 2
+  assert ridge._choose(l2, np.array([0.5, 0.9, 0.9, 0.2]), np.array([1, 2, 2, 0.]), True) == 2
+  assert ridge._choose(l2, np.full(4, np.nan), np.array([3, 1, 2, 1.]), False) == 3
+
+
+def test_one_shot_selects_by_loo_mse_and_flags_no_accuracy():
+  rng = np.random.default_rng(3)
+  x, y = _separable(rng, 4, 1)
+  fit = ridge.fit(x, y, num_classes=4, l2_regs=L2_REGS, selection='holdout')
+  assert np.all(np.isnan(fit.selection_accuracy))
+  assert fit.l2_reg == L2_REGS[int(np.argmin(fit.selection_mse))]
+
+
+def test_fit_weights_are_refitted_on_all_examples_at_chosen_l2():
+  rng = np.random.default_rng(4)
+  x, y = _separable(rng, 3, 6, dim=5, noise=1.0)
+  for selection in ridge.SELECTION_MODES:
+    fit = ridge.fit(x, y, num_classes=3, l2_regs=L2_REGS, selection=selection, seed=7)
+    design = ridge.design_matrix(x, *ridge.standardization(x))
+    np.testing.assert_allclose(
+        fit.weights, _direct(design, ridge.one_hot_pm1(y, 3), fit.l2_reg), rtol=1e-7, atol=1e-10)
+
+
+def test_holdout_split_is_stratified():
+  labels = np.repeat(np.arange(3), [2, 5, 10])
+  held = ridge._holdout_split(labels, 0.2, np.random.default_rng(0))
+  np.testing.assert_array_equal(np.bincount(labels[held]), [1, 1, 2])
+
+
+@pytest.mark.parametrize('kwargs,match', [
+    ({'selection': 'test'}, 'selection'),
+    ({'holdout_fraction': 1.0}, 'holdout_fraction'),
+    ({'l2_regs': (1.0, -1.0)}, 'l2_regs'),
+    ({'num_classes': 2}, 'labels'),
+])
+def test_bad_arguments_raise(kwargs, match):
+  args = {'num_classes': 3, 'l2_regs': L2_REGS, **kwargs}
+  with pytest.raises(ValueError, match=match):
+    ridge.fit(np.zeros((3, 2)), np.array([0, 1, 2]), **args)

@@ -1,0 +1,81 @@
+"""Pre-logit feature extraction of a frozen model over a dataset.
+
+A dataset is one pass of padded, full batches `{'image': (b, H, W, C) float32,
+'label': (b,) int, 'mask': (b,) bool}` (what `data.make_dataset(..., training=False)`
+yields; b is the per-process batch size). The model is applied with `train=False`
+and its `aux['pre_logits']` (b, D') kept for the rows whose mask is True.
+
+With a mesh, each process's batch becomes one global array sharded over the
+'data' axis (`jax.make_array_from_process_local_data`), the parameters keep the
+shardings they carry, and the outputs are replicated so that every process ends up
+with the features of the whole split.
+"""
+from typing import Any, Callable, Iterable, Mapping
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+DATA_AXIS = 'data'
+
+Batch = Mapping[str, np.ndarray]
+FeatureFn = Callable[[Any, Batch], tuple[np.ndarray, np.ndarray, np.ndarray]]
+
+
+def make_feature_fn(model, *, mesh: Mesh | None = None) -> FeatureFn:
+  """Returns `fn(params, batch) -> (features (b', D'), labels (b',), mask (b',))` on host.
+
+  b' is the global batch (b times the process count when sharded). One jit-compiled
+  apply serves every batch, since batches are padded to a fixed size.
+  """
+  def apply(params, images, labels, mask):
+    _, aux = model.apply({'params': params}, images, train=False)
+    return aux['pre_logits'], labels, mask
+
+  if mesh is None:
+    jitted = jax.jit(apply)
+
+    def fn(params, batch):
+      out = jitted(params, batch['image'], batch['label'], batch['mask'])
+      return tuple(np.asarray(o) for o in jax.device_get(out))
+    return fn
+
+  if DATA_AXIS not in mesh.axis_names:
+    raise ValueError(f'mesh must have a {DATA_AXIS!r} axis to shard the batch over; '
+                     f'got axes {mesh.axis_names}.')
+  batch_sharding = NamedSharding(mesh, PartitionSpec(DATA_AXIS))
+  jitted = jax.jit(apply, out_shardings=NamedSharding(mesh, PartitionSpec()))
+
+  def sharded_fn(params, batch):
+    global_batch = batch['image'].shape[0] * jax.process_count()
+    if global_batch % mesh.shape[DATA_AXIS]:
+      raise ValueError(f'The global batch size {global_batch} must be a multiple of the '
+                       f'{DATA_AXIS!r} mesh axis size {mesh.shape[DATA_AXIS]}; change '
+                       'config.fewshot.batch_size.')
+    args = [jax.make_array_from_process_local_data(batch_sharding, np.asarray(batch[k]))
+            for k in ('image', 'label', 'mask')]
+    with jax.set_mesh(mesh):
+      out = jitted(params, *args)
+    # Replicated outputs: every process holds the full global batch locally.
+    return tuple(np.asarray(o.addressable_data(0)) for o in out)
+  return sharded_fn
+
+
+def iterate(dataset) -> Iterable[Batch]:
+  """Numpy batches of a `tf.data.Dataset` (one pass) or of any iterable of dicts."""
+  if hasattr(dataset, 'as_numpy_iterator'):
+    return dataset.as_numpy_iterator()
+  return iter(dataset)
+
+
+def extract(feature_fn: FeatureFn, params, dataset) -> tuple[np.ndarray, np.ndarray]:
+  """Features (N, D') float32 and labels (N,) int64 of the unpadded examples of `dataset`."""
+  features, labels = [], []
+  for batch in iterate(dataset):
+    f, y, m = feature_fn(params, batch)
+    m = m.astype(bool)
+    features.append(f[m].astype(np.float32))
+    labels.append(y[m].astype(np.int64))
+  if not features:
+    raise ValueError('The dataset yielded no batches.')
+  return np.concatenate(features), np.concatenate(labels)

@@ -1,0 +1,221 @@
+"""Few-shot linear transfer of frozen pre-logit features, periodic or standalone.
+
+Protocol, per dataset of `config.fewshot.datasets`:
+1. Extract the pre-logit features (`aux['pre_logits']`) of the train and test
+   splits once per evaluation (`features.py`; sharded over 'data' given a mesh).
+2. For every shot count and seed: draw `shot` random examples per class from the
+   train-split features (`np.random.default_rng(seed)`), fit the closed-form ridge
+   classifier for the whole L2 grid and choose the L2 strength on those few-shot
+   examples only (`ridge.py`: leave-one-out by default, or a per-class holdout),
+   then measure top-1 accuracy on the full test split with the chosen strength.
+   The test labels are read once, after the fit, to score it.
+3. Report per shot the accuracy of each seed with its chosen L2, and their mean and
+   (population) standard deviation over seeds. Training logs the mean as
+   `fewshot/<dataset>/<shot>shot`.
+"""
+from typing import Any, Mapping, NamedTuple, Sequence
+
+import jax
+import ml_collections
+import numpy as np
+from absl import logging
+
+from vmoe_sparse_ot.evaluate import features as features_lib
+from vmoe_sparse_ot.evaluate import ridge
+from vmoe_sparse_ot.evaluate.config import default_fewshot_config, transfer_datasets
+
+__all__ = [
+    'DatasetError', 'FewShotDataset', 'FewShotEvaluator', 'PeriodicFewShot',
+    'default_fewshot_config', 'evaluate_features', 'make_evaluator', 'metric_name',
+    'sample_few_shot', 'transfer_datasets',
+]
+
+
+class DatasetError(ValueError):
+  """A few-shot dataset named in the config cannot be loaded."""
+
+
+def metric_name(dataset: str, shot: int) -> str:
+  return f'fewshot/{dataset}/{shot}shot'
+
+
+def sample_few_shot(labels: np.ndarray, shot: int, seed: int, num_classes: int) -> np.ndarray:
+  """Indices of `shot` distinct random examples of every class in [0, num_classes)."""
+  rng = np.random.default_rng(seed)
+  indices = []
+  for c in range(num_classes):
+    idx = np.flatnonzero(labels == c)
+    if len(idx) < shot:
+      raise ValueError(f'Class {c} has {len(idx)} training examples, fewer than shot={shot}.')
+    indices.append(rng.choice(idx, size=shot, replace=False))
+  return np.concatenate(indices)
+
+
+def _top1(scores: np.ndarray, labels) -> float:
+  """The only place evaluation reads test labels: after the fit, to score it."""
+  return float(np.mean(np.argmax(scores, axis=1) == np.asarray(labels)))
+
+
+def evaluate_features(train_features: np.ndarray, train_labels: np.ndarray,
+                      test_features: np.ndarray, test_labels, *, num_classes: int,
+                      shots: Sequence[int], seeds: Sequence[int], l2_regs: Sequence[float],
+                      l2_selection: str = 'loo', holdout_fraction: float = 0.2) -> dict:
+  """Few-shot ridge transfer on precomputed features.
+
+  Args:
+    train_features, train_labels: (N, D') and (N,) of the split shots are drawn from.
+    test_features, test_labels: (M, D') and (M,) of the split accuracy is measured on.
+    num_classes, shots, seeds, l2_regs, l2_selection, holdout_fraction: as in
+      `default_fewshot_config()`.
+
+  Returns:
+    `{shot: {'accuracy_mean', 'accuracy_std', 'accuracy': [per seed],
+    'l2_reg': [chosen per seed], 'seeds': [...]}}`.
+  """
+  if not seeds:
+    raise ValueError('seeds must name at least one seed.')
+  results = {}
+  for shot in shots:
+    accuracies, chosen = [], []
+    for seed in seeds:
+      idx = sample_few_shot(train_labels, shot, seed, num_classes)
+      fit = ridge.fit(train_features[idx], train_labels[idx], num_classes=num_classes,
+                      l2_regs=l2_regs, selection=l2_selection,
+                      holdout_fraction=holdout_fraction, seed=seed)
+      accuracies.append(_top1(fit.predict(test_features), test_labels))
+      chosen.append(fit.l2_reg)
+    results[int(shot)] = {
+        'accuracy_mean': float(np.mean(accuracies)),
+        'accuracy_std': float(np.std(accuracies)),
+        'accuracy': accuracies,
+        'l2_reg': chosen,
+        'seeds': [int(s) for s in seeds],
+    }
+  return results
+
+
+class FewShotDataset(NamedTuple):
+  """One transfer dataset: splits as one-pass batch sources (see `features.py`)."""
+  name: str
+  train_split: str
+  test_split: str
+  num_classes: int
+  train: Any
+  test: Any
+
+
+class FewShotEvaluator:
+  """Extracts features with the given params and runs the few-shot protocol.
+
+  `evaluator(params)` returns `{'fewshot/<dataset>/<shot>shot': mean accuracy}`;
+  `evaluator.run(params)` returns the full per-dataset, per-shot results.
+  """
+
+  def __init__(self, model, datasets: Mapping[str, FewShotDataset], *,
+               shots: Sequence[int], seeds: Sequence[int], l2_regs: Sequence[float],
+               l2_selection: str = 'loo', holdout_fraction: float = 0.2, mesh=None):
+    if l2_selection not in ridge.SELECTION_MODES:
+      raise ValueError(f'l2_selection must be one of {ridge.SELECTION_MODES}; '
+                       f'got {l2_selection!r}.')
+    if not shots or min(shots) < 1:
+      raise ValueError(f'shots must be positive integers; got {shots}.')
+    self.datasets = dict(datasets)
+    self.protocol = dict(shots=tuple(int(s) for s in shots),
+                         seeds=tuple(int(s) for s in seeds),
+                         l2_regs=tuple(float(v) for v in l2_regs),
+                         l2_selection=l2_selection, holdout_fraction=float(holdout_fraction))
+    self._feature_fn = features_lib.make_feature_fn(model, mesh=mesh)
+
+  def run(self, params) -> dict:
+    """`{dataset: {'name', 'train_split', 'test_split', 'num_classes', 'num_train',
+    'num_test', 'shots': evaluate_features(...)}}`."""
+    out = {}
+    for key, ds in self.datasets.items():
+      train_x, train_y = features_lib.extract(self._feature_fn, params, ds.train)
+      test_x, test_y = features_lib.extract(self._feature_fn, params, ds.test)
+      try:
+        shots = evaluate_features(train_x, train_y, test_x, test_y,
+                                  num_classes=ds.num_classes, **self.protocol)
+      except ValueError as e:
+        raise ValueError(f'Few-shot dataset {key!r} ({ds.name}, split '
+                         f'{ds.train_split!r}): {e}') from e
+      out[key] = {'name': ds.name, 'train_split': ds.train_split,
+                  'test_split': ds.test_split, 'num_classes': ds.num_classes,
+                  'num_train': int(len(train_y)), 'num_test': int(len(test_y)),
+                  'shots': shots}
+    return out
+
+  def __call__(self, params) -> dict[str, float]:
+    return metrics_from_results(self.run(params))
+
+
+def metrics_from_results(results: Mapping[str, Mapping]) -> dict[str, float]:
+  """Flattens `FewShotEvaluator.run` output to `{'fewshot/<dataset>/<shot>shot': mean}`."""
+  return {metric_name(key, shot): r['accuracy_mean']
+          for key, ds in results.items() for shot, r in ds['shots'].items()}
+
+
+def make_evaluator(config: ml_collections.ConfigDict, model, *, mesh=None) -> FewShotEvaluator:
+  """Builds the evaluator of `config.fewshot` for `model` (see module docstring).
+
+  Reads `config.fewshot` (see `default_fewshot_config()`) and the input geometry
+  `config.dataset.{image_size, channels, data_dir}`, so every dataset is resized to
+  the model's input. Raises `DatasetError` naming the dataset that cannot be loaded.
+  """
+  # Imported here: the data package pulls in TensorFlow, which config files that
+  # only want default_fewshot_config() should not pay for.
+  from vmoe_sparse_ot import data  # pylint: disable=import-outside-toplevel
+
+  fs = config.fewshot
+  data_dir = config.dataset.get('data_dir')
+  datasets = {}
+  for key, spec in fs.datasets.items():
+    try:
+      num_classes = data.num_classes(spec.name, data_dir=data_dir)
+      splits = [
+          data.make_dataset(spec.name, split, batch_size=fs.batch_size,
+                            image_size=config.dataset.image_size,
+                            channels=config.dataset.channels, training=False,
+                            data_dir=data_dir, process_index=jax.process_index(),
+                            process_count=jax.process_count())
+          for split in (spec.train_split, spec.test_split)]
+    except Exception as e:  # TFDS raises many types; all mean "cannot load it".
+      raise DatasetError(
+          f'Few-shot dataset {key!r} (name={spec.name!r}, splits {spec.train_split!r}/'
+          f'{spec.test_split!r}) cannot be loaded: {type(e).__name__}: {e}') from e
+    datasets[key] = FewShotDataset(spec.name, spec.train_split, spec.test_split,
+                                   num_classes, *splits)
+  return FewShotEvaluator(
+      model, datasets, shots=fs.shots, seeds=fs.seeds, l2_regs=fs.l2_regs,
+      l2_selection=fs.l2_selection, holdout_fraction=fs.holdout_fraction, mesh=mesh)
+
+
+class PeriodicFewShot:
+  """Runs the evaluator on the first call, every `every_steps` and on `last_step`.
+
+  `action(step, params)` writes the metrics to the CLU `writer` (`write_scalars`)
+  and returns them when it triggered, else returns None. "First" is the first call,
+  so a run resumed from a checkpoint evaluates at its first step too.
+  """
+
+  def __init__(self, evaluator, writer, *, every_steps: int, last_step: int):
+    if every_steps <= 0:
+      raise ValueError(f'every_steps must be positive; got {every_steps}.')
+    self.evaluator = evaluator
+    self.writer = writer
+    self.every_steps = int(every_steps)
+    self.last_step = int(last_step)
+    self._called = False
+
+  def should_run(self, step: int) -> bool:
+    return (not self._called) or step % self.every_steps == 0 or step == self.last_step
+
+  def __call__(self, step: int, params) -> dict[str, float] | None:
+    run = self.should_run(step)
+    self._called = True
+    if not run:
+      return None
+    metrics = self.evaluator(params)
+    logging.info('Few-shot at step %d: %s', step, metrics)
+    self.writer.write_scalars(step, metrics)
+    return metrics

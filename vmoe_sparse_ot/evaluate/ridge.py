@@ -1,0 +1,238 @@
+"""Closed-form ridge regression for few-shot linear transfer, over a grid of L2 strengths.
+
+Shapes: n training examples, p features (the bias column included), c classes,
+L candidate L2 strengths, r = rank of the design matrix.
+
+The model. Features are standardised with the mean and standard deviation of the
+few-shot training set only (a constant feature keeps scale 1), a column of ones is
+appended (the bias), and the targets are one-hot in {-1, +1}. For every L2
+strength `lam` the weights are the ridge solution
+
+    W(lam) = argmin_W ||X W - Y||^2 + lam ||W||^2 = (X^T X + lam I)^{-1} X^T Y,
+
+the bias row penalised like every other row (as in big_vision's few-shot
+evaluator; with centred features and balanced classes the bias does not change
+the argmax anyway).
+
+One eigendecomposition for the whole grid. The Gram matrix of the smaller side is
+diagonalised once: X^T X (p x p) when p <= n, else the kernel X X^T (n x n). Either
+gives the thin SVD X = U diag(sigma) V^T, after which every L2 strength costs only
+matrix products: W(lam) = V diag(sigma / (sigma^2 + lam)) U^T Y.
+
+Choosing the L2 strength without the test split (`select_l2`):
+- 'loo' (default): leave-one-out on the few-shot training set, in closed form from
+  the same decomposition. With the hat matrix H = U diag(sigma^2/(sigma^2+lam)) U^T,
+  the prediction for example i from a fit without it is
+  y_i - (y_i - yhat_i) / (1 - H_ii). The score is leave-one-out top-1 accuracy,
+  ties broken by leave-one-out mean squared error, then by the larger L2.
+  The standardisation statistics are those of the whole few-shot set (the held-out
+  example included), which keeps the closed form exact for the ridge step.
+- 'holdout': a stratified random `holdout_fraction` of each class's examples (at
+  least one, leaving at least one) is held out, the grid is fitted on the rest
+  (with that rest's own standardisation), scored on the held-out part like above,
+  and the chosen strength is refitted on all few-shot examples (a second
+  decomposition).
+- Fallback: when some class has a single example (1-shot), leaving it out leaves
+  its classifier no positive target, so accuracy on held-out examples carries no
+  signal. Then both modes select by leave-one-out mean squared error alone (ties
+  to the larger L2).
+
+Everything runs in float64 numpy on the host: the systems are at most
+(features + 1)-dimensional, and double precision keeps small L2 strengths exact.
+"""
+from typing import NamedTuple, Sequence
+
+import numpy as np
+
+SELECTION_MODES = ('loo', 'holdout')
+
+
+class Spectrum(NamedTuple):
+  """Thin SVD X = u diag(sqrt(s)) v^T of a design matrix, from one eigendecomposition.
+
+  Attributes:
+    u: (n, r) left singular vectors.
+    s: (r,) squared singular values (eigenvalues of X^T X), all > 0.
+    v: (p, r) right singular vectors.
+  """
+  u: np.ndarray
+  s: np.ndarray
+  v: np.ndarray
+
+
+class RidgeFit(NamedTuple):
+  """A fitted few-shot linear classifier and how its L2 strength was chosen.
+
+  Attributes:
+    weights: (p, c) with the bias as the last row (p = features + 1).
+    mean: (p - 1,) feature means used for standardisation.
+    scale: (p - 1,) feature standard deviations used for standardisation.
+    l2_reg: the chosen L2 strength.
+    l2_regs: (L,) the candidate strengths.
+    selection_accuracy: (L,) held-out top-1 accuracy per candidate (NaN at 1-shot).
+    selection_mse: (L,) held-out mean squared error per candidate.
+  """
+  weights: np.ndarray
+  mean: np.ndarray
+  scale: np.ndarray
+  l2_reg: float
+  l2_regs: np.ndarray
+  selection_accuracy: np.ndarray
+  selection_mse: np.ndarray
+
+  def predict(self, features: np.ndarray) -> np.ndarray:
+    """(N, p - 1) raw features -> (N, c) class scores."""
+    return design_matrix(features, self.mean, self.scale) @ self.weights
+
+
+def standardization(features: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+  """Per-feature mean and standard deviation of (n, d) features; zero std -> 1."""
+  features = np.asarray(features, np.float64)
+  mean = features.mean(axis=0)
+  scale = features.std(axis=0)
+  return mean, np.where(scale > 0, scale, 1.0)
+
+
+def design_matrix(features: np.ndarray, mean: np.ndarray, scale: np.ndarray) -> np.ndarray:
+  """(n, d) features -> (n, d + 1) standardised features with a trailing ones column."""
+  x = (np.asarray(features, np.float64) - mean) / scale
+  return np.concatenate([x, np.ones((x.shape[0], 1))], axis=1)
+
+
+def one_hot_pm1(labels: np.ndarray, num_classes: int) -> np.ndarray:
+  """(n,) int labels -> (n, c) targets, +1 at the label and -1 elsewhere."""
+  labels = np.asarray(labels)
+  return np.where(labels[:, None] == np.arange(num_classes)[None, :], 1.0, -1.0)
+
+
+def spectrum(x: np.ndarray) -> Spectrum:
+  """Thin SVD of (n, p) `x` via `np.linalg.eigh` of the smaller of X^T X and X X^T.
+
+  Directions whose eigenvalue is at round-off level (below max(n, p) * eps * s_max)
+  are dropped: the ridge solution lies in the row space of X, so they only carry
+  noise.
+  """
+  x = np.asarray(x, np.float64)
+  n, p = x.shape
+  primal = p <= n
+  s, vecs = np.linalg.eigh(x.T @ x if primal else x @ x.T)
+  keep = s > max(n, p) * np.finfo(np.float64).eps * max(s.max(initial=0.0), 0.0)
+  s, vecs = s[keep], vecs[:, keep]
+  sigma = np.sqrt(s)
+  if primal:
+    return Spectrum(u=(x @ vecs) / sigma, s=s, v=vecs)
+  return Spectrum(u=vecs, s=s, v=(x.T @ vecs) / sigma)
+
+
+def ridge_weights(spec: Spectrum, y: np.ndarray, l2_reg: float) -> np.ndarray:
+  """(p, c) ridge weights (X^T X + l2_reg I)^{-1} X^T Y from the spectrum of X."""
+  uty = spec.u.T @ y
+  return spec.v @ ((np.sqrt(spec.s) / (spec.s + l2_reg))[:, None] * uty)
+
+
+def ridge_weights_path(x: np.ndarray, y: np.ndarray, l2_regs: Sequence[float]) -> np.ndarray:
+  """(L, p, c) ridge weights for every L2 strength, with one eigendecomposition."""
+  spec = spectrum(x)
+  y = np.asarray(y, np.float64)
+  return np.stack([ridge_weights(spec, y, lam) for lam in l2_regs])
+
+
+def loo_predictions(spec: Spectrum, y: np.ndarray, l2_reg: float) -> np.ndarray:
+  """(n, c) leave-one-out predictions: row i is from the ridge fit without example i."""
+  fitted = spec.u @ ((spec.s / (spec.s + l2_reg))[:, None] * (spec.u.T @ y))
+  u2 = spec.u**2
+  # 1 - H_ii written as a sum of non-negative terms, so it does not cancel when the
+  # fit nearly interpolates (n <= p and small l2_reg).
+  one_minus_h = (np.clip(1.0 - u2.sum(axis=1), 0.0, None)
+                 + u2 @ (l2_reg / (spec.s + l2_reg)))
+  one_minus_h = np.maximum(one_minus_h, np.finfo(np.float64).tiny)
+  return y - (y - fitted) / one_minus_h[:, None]
+
+
+def _scores(predictions: np.ndarray, y: np.ndarray, labels: np.ndarray):
+  accuracy = np.mean(np.argmax(predictions, axis=1) == labels)
+  mse = np.mean((predictions - y)**2)
+  return accuracy, mse
+
+
+def _choose(l2_regs: np.ndarray, accuracy: np.ndarray, mse: np.ndarray,
+            use_accuracy: bool) -> int:
+  """Index of the best strength: higher accuracy, then lower MSE, then larger L2."""
+  primary = -accuracy if use_accuracy else np.zeros_like(mse)
+  return int(np.lexsort((-l2_regs, mse, primary))[0])
+
+
+def _check_inputs(features, labels, num_classes, l2_regs):
+  features = np.asarray(features)
+  labels = np.asarray(labels)
+  if features.ndim != 2 or labels.shape != features.shape[:1]:
+    raise ValueError(f'features must be (n, d) and labels (n,); got {features.shape} '
+                     f'and {labels.shape}.')
+  if labels.size == 0 or labels.min() < 0 or labels.max() >= num_classes:
+    raise ValueError(f'labels must lie in [0, num_classes={num_classes}); got '
+                     f'{np.unique(labels)[:10]}.')
+  l2_regs = np.asarray(l2_regs, np.float64)
+  if l2_regs.ndim != 1 or l2_regs.size == 0 or not np.all(l2_regs > 0):
+    raise ValueError(f'l2_regs must be a non-empty sequence of positive numbers; got {l2_regs}.')
+  return features, labels, l2_regs
+
+
+def _holdout_split(labels: np.ndarray, holdout_fraction: float,
+                   rng: np.random.Generator) -> np.ndarray:
+  """Boolean (n,) mask of held-out examples: per class round(fraction * count), in [1, count-1]."""
+  held = np.zeros(labels.shape, bool)
+  for c in np.unique(labels):
+    idx = np.flatnonzero(labels == c)
+    k = min(len(idx) - 1, max(1, round(holdout_fraction * len(idx))))
+    held[rng.choice(idx, size=k, replace=False)] = True
+  return held
+
+
+def fit(features: np.ndarray, labels: np.ndarray, *, num_classes: int,
+        l2_regs: Sequence[float], selection: str = 'loo', holdout_fraction: float = 0.2,
+        seed: int = 0) -> RidgeFit:
+  """Fits the few-shot ridge classifier, choosing the L2 strength on the training set only.
+
+  Args:
+    features: (n, d) few-shot training features.
+    labels: (n,) int labels in [0, num_classes).
+    num_classes: c, width of the one-hot targets.
+    l2_regs: (L,) positive candidate L2 strengths.
+    selection: 'loo' or 'holdout' (see the module docstring).
+    holdout_fraction: fraction of each class held out when selection='holdout'.
+    seed: seeds the holdout split.
+
+  Returns:
+    A `RidgeFit` with the weights refitted on all n examples at the chosen strength.
+  """
+  if selection not in SELECTION_MODES:
+    raise ValueError(f'selection must be one of {SELECTION_MODES}; got {selection!r}.')
+  if not 0.0 < holdout_fraction < 1.0:
+    raise ValueError(f'holdout_fraction must be in (0, 1); got {holdout_fraction}.')
+  features, labels, l2_regs = _check_inputs(features, labels, num_classes, l2_regs)
+  y = one_hot_pm1(labels, num_classes)
+  mean, scale = standardization(features)
+  spec = spectrum(design_matrix(features, mean, scale))
+  counts = np.bincount(labels)
+  use_accuracy = counts[counts > 0].min() >= 2
+
+  accuracy = np.full(l2_regs.shape, np.nan)
+  mse = np.empty(l2_regs.shape)
+  if selection == 'holdout' and use_accuracy:
+    held = _holdout_split(labels, holdout_fraction, np.random.default_rng(seed))
+    fit_mean, fit_scale = standardization(features[~held])
+    fit_spec = spectrum(design_matrix(features[~held], fit_mean, fit_scale))
+    x_held = design_matrix(features[held], fit_mean, fit_scale)
+    for j, lam in enumerate(l2_regs):
+      pred = x_held @ ridge_weights(fit_spec, y[~held], lam)
+      accuracy[j], mse[j] = _scores(pred, y[held], labels[held])
+  else:
+    for j, lam in enumerate(l2_regs):
+      accuracy[j], mse[j] = _scores(loo_predictions(spec, y, lam), y, labels)
+    if not use_accuracy:
+      accuracy[:] = np.nan
+  best = _choose(l2_regs, accuracy, mse, use_accuracy)
+  return RidgeFit(
+      weights=ridge_weights(spec, y, l2_regs[best]), mean=mean, scale=scale,
+      l2_reg=float(l2_regs[best]), l2_regs=l2_regs, selection_accuracy=accuracy,
+      selection_mse=mse)
