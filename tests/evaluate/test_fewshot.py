@@ -1,0 +1,263 @@
+"""Few-shot protocol, feature extraction (masked, sharded) and the periodic action."""
+import flax.linen as flax_nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from clu import metric_writers
+from jax.sharding import Mesh
+
+from vmoe_sparse_ot import nn
+from vmoe_sparse_ot.evaluate import features, fewshot
+
+L2_REGS = tuple(2.0**k for k in range(-10, 20))
+
+
+def _gaussians(seed, num_classes=5, per_class=30, dim=16, noise=0.1):
+  rng = np.random.default_rng(seed)
+  centres = np.random.default_rng(123).normal(size=(num_classes, dim)) * 2.0
+  labels = rng.permutation(np.repeat(np.arange(num_classes), per_class))
+  return centres[labels] + noise * rng.normal(size=(len(labels), dim)), labels
+
+
+def _protocol(**overrides):
+  kwargs = dict(num_classes=5, shots=(1, 5, 10), seeds=(0, 1), l2_regs=L2_REGS)
+  kwargs.update(overrides)
+  return kwargs
+
+
+@pytest.mark.parametrize('l2_selection', ['loo', 'holdout'])
+def test_linearly_separable_features_reach_accuracy_one(l2_selection):
+  train_x, train_y = _gaussians(0)
+  test_x, test_y = _gaussians(1)
+  results = fewshot.evaluate_features(train_x, train_y, test_x, test_y,
+                                      **_protocol(l2_selection=l2_selection))
+  assert sorted(results) == [1, 5, 10]
+  for r in results.values():
+    assert r['accuracy_mean'] >= 0.99
+    assert len(r['accuracy']) == len(r['l2_reg']) == 2 and r['seeds'] == [0, 1]
+    assert all(lam in L2_REGS for lam in r['l2_reg'])
+    assert r['accuracy_std'] == pytest.approx(np.std(r['accuracy']))
+
+
+class _LabelsGuard:
+  """Test labels that raise on any access until released for scoring."""
+
+  def __init__(self, labels):
+    self._labels = labels
+
+  def __getattr__(self, name):
+    raise AssertionError(f'test labels read during selection ({name})')
+
+  def __array__(self, *args, **kwargs):
+    raise AssertionError('test labels read during selection (__array__)')
+
+  def __len__(self):
+    raise AssertionError('test labels read during selection (__len__)')
+
+
+@pytest.mark.parametrize('l2_selection', ['loo', 'holdout'])
+def test_l2_selection_never_reads_test_labels(monkeypatch, l2_selection):
+  train_x, train_y = _gaussians(2, noise=2.0)  # noisy: the choice of L2 matters
+  test_x, test_y = _gaussians(3, noise=2.0)
+  kwargs = _protocol(l2_selection=l2_selection, shots=(1, 2, 10), seeds=(0, 1, 2))
+  honest = fewshot.evaluate_features(train_x, train_y, test_x, test_y, **kwargs)
+
+  # 1. Test labels can only be read by the scoring step, which runs after the fit.
+  real_top1 = fewshot._top1
+  scored = []
+
+  def top1(scores, labels):
+    assert isinstance(labels, _LabelsGuard)
+    scored.append(len(scores))
+    return real_top1(scores, labels._labels)
+
+  with monkeypatch.context() as patch:
+    patch.setattr(fewshot, '_top1', top1)
+    guarded = fewshot.evaluate_features(train_x, train_y, test_x, _LabelsGuard(test_y),
+                                        **kwargs)
+  assert len(scored) == 3 * 3
+  assert guarded == honest
+
+  # 2. Corrupted test labels change the accuracy but not the chosen L2 strengths.
+  corrupted = fewshot.evaluate_features(
+      train_x, train_y, test_x, np.random.default_rng(0).permutation(test_y), **kwargs)
+  for shot in honest:
+    assert corrupted[shot]['l2_reg'] == honest[shot]['l2_reg']
+    assert corrupted[shot]['accuracy'] != honest[shot]['accuracy']
+  # The choice is a real one: not every (shot, seed) lands on the same strength.
+  assert len({lam for r in honest.values() for lam in r['l2_reg']}) > 1
+
+
+def test_sample_few_shot_draws_shot_distinct_examples_per_class():
+  labels = np.repeat(np.arange(4), [3, 5, 7, 9])
+  idx = fewshot.sample_few_shot(labels, 3, seed=0, num_classes=4)
+  assert len(set(idx.tolist())) == 12
+  np.testing.assert_array_equal(np.bincount(labels[idx]), [3, 3, 3, 3])
+  np.testing.assert_array_equal(idx, fewshot.sample_few_shot(labels, 3, 0, 4))
+  assert not np.array_equal(idx, fewshot.sample_few_shot(labels, 3, 1, 4))
+  with pytest.raises(ValueError, match='Class 0 has 3 training examples, fewer than shot=4'):
+    fewshot.sample_few_shot(labels, 4, 0, 4)
+
+
+# --- Feature extraction and the evaluator, with a tiny contract-conforming model.
+
+
+class _LinearModel(flax_nn.Module):
+  """`logits, aux = apply(images, train)` with aux['pre_logits'] = a linear map."""
+
+  @flax_nn.compact
+  def __call__(self, images, train):
+    del train
+    pre = flax_nn.Dense(6, name='pre')(images.reshape(images.shape[0], -1))
+    return flax_nn.Dense(3, name='head')(pre), {'pre_logits': pre}
+
+
+def _batches(images, labels, batch_size):
+  """Padded full batches with a mask, like data.make_dataset(training=False)."""
+  n = len(labels)
+  pad = -n % batch_size
+  images = np.concatenate([images, np.full((pad,) + images.shape[1:], 7.0, np.float32)])
+  labels = np.concatenate([labels, np.full(pad, -1, np.int32)])
+  mask = np.arange(n + pad) < n
+  return [{'image': images[i:i + batch_size], 'label': labels[i:i + batch_size],
+           'mask': mask[i:i + batch_size]} for i in range(0, n + pad, batch_size)]
+
+
+def _image_data(seed, n, num_classes=3):
+  patterns = np.random.default_rng(99).normal(size=(num_classes, 4, 4, 1))
+  rng = np.random.default_rng(seed)
+  labels = rng.integers(0, num_classes, size=n).astype(np.int32)
+  images = patterns[labels] + 0.05 * rng.normal(size=(n, 4, 4, 1))
+  return images.astype(np.float32), labels
+
+
+def test_extract_drops_padding_and_matches_direct_apply():
+  model = _LinearModel()
+  images, labels = _image_data(0, 21)
+  params = model.init(jax.random.key(0), images[:1], False)['params']
+  feats, got_labels = features.extract(features.make_feature_fn(model), params,
+                                       _batches(images, labels, 8))
+  assert feats.shape == (21, 6) and feats.dtype == np.float32
+  np.testing.assert_array_equal(got_labels, labels)
+  _, aux = model.apply({'params': params}, images, train=False)
+  np.testing.assert_allclose(feats, aux['pre_logits'], rtol=1e-5, atol=1e-6)
+
+
+def test_sharded_extraction_of_vmoe_matches_single_device():
+  cfg = nn.config.default_model_config()
+  cfg.hidden_size, cfg.encoder.num_layers, cfg.encoder.mlp_dim = 16, 1, 32
+  cfg.encoder.num_heads, cfg.encoder.moe.num_experts, cfg.encoder.moe.group_size = 2, 4, 4
+  cfg.encoder.moe.layers = '0'  # the one block is an MoE block
+  model = nn.build_model(cfg)
+  rng = np.random.default_rng(0)
+  images = rng.normal(size=(13, 8, 8, 1)).astype(np.float32)
+  labels = rng.integers(0, 10, size=13).astype(np.int32)
+  init = jax.jit(lambda key, x: model.init({'params': key}, x, train=False))
+  params = init(jax.random.key(0), images[:2])['params']
+  batches = _batches(images, labels, 8)
+  want, want_labels = features.extract(features.make_feature_fn(model), params, batches)
+  assert want.shape == (13, 16)
+  mesh = Mesh(np.array(jax.devices()[:8]).reshape(4, 2), ('data', 'expert'))
+  got, got_labels = features.extract(features.make_feature_fn(model, mesh=mesh), params, batches)
+  np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+  np.testing.assert_array_equal(got_labels, want_labels)
+  with pytest.raises(ValueError, match='multiple of the .data. mesh axis size 4'):
+    features.extract(features.make_feature_fn(model, mesh=mesh), params,
+                     _batches(images, labels, 6))
+
+
+def _evaluator(**kwargs):
+  model = _LinearModel()
+  train_images, train_labels = _image_data(1, 30)
+  test_images, test_labels = _image_data(2, 20)
+  ds = fewshot.FewShotDataset('toy', 'train', 'test', 3, _batches(train_images, train_labels, 8),
+                              _batches(test_images, test_labels, 8))
+  evaluator = fewshot.FewShotEvaluator(
+      model, {'toy': ds}, shots=(1, 2), seeds=(0, 1), l2_regs=L2_REGS, **kwargs)
+  params = model.init(jax.random.key(0), train_images[:1], False)['params']
+  return evaluator, params
+
+
+def test_evaluator_reports_metrics_per_dataset_and_shot():
+  evaluator, params = _evaluator()
+  results = evaluator.run(params)
+  assert results['toy']['num_train'] == 30 and results['toy']['num_test'] == 20
+  metrics = evaluator(params)
+  assert sorted(metrics) == ['fewshot/toy/1shot', 'fewshot/toy/2shot']
+  assert all(v == pytest.approx(1.0) for v in metrics.values())
+
+
+class _RecordingWriter(metric_writers.MetricWriter):
+  """A CLU MetricWriter that keeps what it is given."""
+
+  def __init__(self):
+    self.scalars = []
+
+  def write_summaries(self, step, values, metadata=None):
+    pass
+
+  def write_scalars(self, step, scalars):
+    self.scalars.append((step, dict(scalars)))
+
+  def write_images(self, step, images):
+    pass
+
+  def write_videos(self, step, videos):
+    pass
+
+  def write_audios(self, step, audios, *, sample_rate):
+    pass
+
+  def write_texts(self, step, texts):
+    pass
+
+  def write_histograms(self, step, arrays, num_buckets=None):
+    pass
+
+  def write_hparams(self, hparams):
+    pass
+
+  def flush(self):
+    pass
+
+  def close(self):
+    pass
+
+
+def test_periodic_action_writes_metrics_on_first_every_and_last_step():
+  evaluator, params = _evaluator()
+  writer = _RecordingWriter()
+  action = fewshot.PeriodicFewShot(evaluator, writer, every_steps=4, last_step=10)
+  returned = {step: action(step, params) for step in range(1, 11)}
+  assert [s for s, _ in writer.scalars] == [1, 4, 8, 10]
+  assert [s for s, m in returned.items() if m is not None] == [1, 4, 8, 10]
+  for _, scalars in writer.scalars:
+    assert sorted(scalars) == ['fewshot/toy/1shot', 'fewshot/toy/2shot']
+  # A resumed run evaluates on its first call too.
+  resumed = fewshot.PeriodicFewShot(evaluator, writer, every_steps=4, last_step=10)
+  assert resumed.should_run(6) and resumed(6, params) is not None and not resumed.should_run(7)
+  with pytest.raises(ValueError, match='every_steps'):
+    fewshot.PeriodicFewShot(evaluator, writer, every_steps=0, last_step=10)
+
+
+def test_periodic_action_writes_to_a_clu_summary_writer(tmp_path):
+  from tensorboard.backend.event_processing import event_accumulator
+  evaluator, params = _evaluator()
+  writer = metric_writers.create_default_writer(str(tmp_path), asynchronous=False)
+  action = fewshot.PeriodicFewShot(evaluator, writer, every_steps=100, last_step=3)
+  for step in (1, 2, 3):
+    action(step, params)
+  writer.flush()
+  acc = event_accumulator.EventAccumulator(str(tmp_path), size_guidance={'tensors': 0})
+  acc.Reload()
+  tags = acc.Tags()['tensors'] + acc.Tags()['scalars']
+  assert 'fewshot/toy/1shot' in tags
+  events = (acc.Tensors('fewshot/toy/1shot') if 'fewshot/toy/1shot' in acc.Tags()['tensors']
+            else acc.Scalars('fewshot/toy/1shot'))
+  assert [e.step for e in events] == [1, 3]
+
+
+def test_evaluator_rejects_bad_protocol():
+  with pytest.raises(ValueError, match='l2_selection'):
+    _evaluator(l2_selection='test')
