@@ -1,0 +1,67 @@
+"""Sparse optimal transport in pure JAX (no Flax).
+
+The dual and semi-dual framework of "Sparsity-Constrained Optimal Transport"
+(Liu, Puigcerver, Blondel, ICLR 2023): OT with squared-L2 regularization and at
+most k nonzeros per column of the plan, solved through its dual or semi-dual with
+L-BFGS or Adam; plus the squared-L2 and entropic baselines and log-domain Sinkhorn.
+
+    from vmoe_sparse_ot import ot
+    res = ot.solve(a, b, C, ot.SparsityConstrained(k=2, gamma=1.0))
+    res.plan, res.value, res.duality_gap
+
+Everything runs under `jax.jit` and `jax.vmap`; see docs/ARCHITECTURE.md.
+"""
+from vmoe_sparse_ot.ot.ksupport import squared_k_support_norm
+from vmoe_sparse_ot.ot.objectives import (
+    dual_objective,
+    dual_value_and_grad,
+    marginal_errors,
+    plan_from_dual,
+    plan_from_semi_dual,
+    primal_objective,
+    semi_dual_objective,
+    semi_dual_value_and_grad,
+)
+from vmoe_sparse_ot.ot.projections import (
+    projection_nonneg,
+    projection_simplex,
+    projection_sparse_nonneg,
+    projection_sparse_simplex,
+    simplex_threshold,
+    top_k_mask,
+)
+from vmoe_sparse_ot.ot.regularizers import (
+    NegEntropy,
+    Regularizer,
+    SparsityConstrained,
+    SquaredL2,
+)
+from vmoe_sparse_ot.ot.sinkhorn import SinkhornResult, sinkhorn
+from vmoe_sparse_ot.ot.solvers import OTResult, semi_dual_loss, solve
+
+__all__ = [
+    "NegEntropy",
+    "OTResult",
+    "Regularizer",
+    "SinkhornResult",
+    "SparsityConstrained",
+    "SquaredL2",
+    "dual_objective",
+    "dual_value_and_grad",
+    "marginal_errors",
+    "plan_from_dual",
+    "plan_from_semi_dual",
+    "primal_objective",
+    "projection_nonneg",
+    "projection_simplex",
+    "projection_sparse_nonneg",
+    "projection_sparse_simplex",
+    "semi_dual_loss",
+    "semi_dual_objective",
+    "semi_dual_value_and_grad",
+    "simplex_threshold",
+    "sinkhorn",
+    "solve",
+    "squared_k_support_norm",
+    "top_k_mask",
+]

@@ -1,0 +1,73 @@
+"""Dual, semi-dual and primal objectives, and plan recovery (paper section 3).
+
+Conventions (DESIGN.md): C is (m, n), a (m,), b (n,); the constraint and the
+regularizer act on the columns t_j = T[:, j]. Objectives are maximised (dual and
+semi-dual) or minimised (primal). The value-and-gradient functions are written by
+hand (one pass over C, no autodiff) because the solvers call them in their loop.
+"""
+from __future__ import annotations
+
+from typing import Tuple
+
+import jax
+import jax.numpy as jnp
+
+from vmoe_sparse_ot.ot.regularizers import Regularizer
+
+Array = jax.Array
+
+
+def semi_dual_value_and_grad(alpha: Array, a: Array, b: Array, C: Array,
+                             reg: Regularizer) -> Tuple[Array, Array, Array]:
+  """S(alpha) = <alpha, a> - sum_j Omega*_{b_j}(alpha - c_j).
+
+  Returns (value, gradient a - T 1_n, plan T (m, n)), T = semi-dual plan.
+  """
+  vals, T, _ = reg.conj_simplex(alpha[:, None] - C, b, axis=0)
+  value = jnp.dot(alpha, a) - jnp.sum(vals)
+  return value, a - jnp.sum(T, axis=1), T
+
+
+def semi_dual_objective(alpha: Array, a: Array, b: Array, C: Array, reg: Regularizer) -> Array:
+  """The semi-dual objective value (eq. reg_semi_dual before the max)."""
+  return semi_dual_value_and_grad(alpha, a, b, C, reg)[0]
+
+
+def dual_value_and_grad(alpha: Array, beta: Array, a: Array, b: Array, C: Array,
+                        reg: Regularizer) -> Tuple[Array, Tuple[Array, Array], Array]:
+  """D(alpha, beta) = <alpha, a> + <beta, b> - sum_j Omega*_+(alpha + beta_j - c_j).
+
+  Returns (value, (grad_alpha, grad_beta), plan T).
+  """
+  vals, T = reg.conj_plus(alpha[:, None] + beta[None, :] - C, axis=0)
+  value = jnp.dot(alpha, a) + jnp.dot(beta, b) - jnp.sum(vals)
+  return value, (a - jnp.sum(T, axis=1), b - jnp.sum(T, axis=0)), T
+
+
+def dual_objective(alpha: Array, beta: Array, a: Array, b: Array, C: Array,
+                   reg: Regularizer) -> Array:
+  """The dual objective value (eq. reg_dual before the max)."""
+  return dual_value_and_grad(alpha, beta, a, b, C, reg)[0]
+
+
+def plan_from_semi_dual(alpha: Array, b: Array, C: Array, reg: Regularizer) -> Array:
+  """t_j = grad Omega*_{b_j}(alpha - c_j) (eq. semi_dual_primal_link)."""
+  return reg.conj_simplex(alpha[:, None] - C, b, axis=0)[1]
+
+
+def plan_from_dual(alpha: Array, beta: Array, C: Array, reg: Regularizer) -> Array:
+  """t_j = grad Omega*_+(alpha + beta_j - c_j) (eq. dual_primal_link)."""
+  return reg.conj_plus(alpha[:, None] + beta[None, :] - C, axis=0)[1]
+
+
+def primal_objective(T: Array, C: Array, reg: Regularizer) -> Array:
+  """<T, C> + sum_j Omega**(t_j): P_Psi for SparsityConstrained, P_Omega otherwise.
+
+  Marginal constraints are not checked here (see `marginal_errors`).
+  """
+  return jnp.sum(T * C) + jnp.sum(reg.primal(T, axis=0))
+
+
+def marginal_errors(T: Array, a: Array, b: Array) -> Tuple[Array, Array]:
+  """Max-abs violation of the row (T 1 = a) and column (T^T 1 = b) marginals."""
+  return jnp.max(jnp.abs(jnp.sum(T, 1) - a)), jnp.max(jnp.abs(jnp.sum(T, 0) - b))

@@ -1,0 +1,174 @@
+"""Small jit/vmap-friendly maximisers for the dual and semi-dual (no optax state).
+
+Both work on a flat parameter vector x and a function `value_and_grad(x) ->
+(value, grad, aux)` to be MAXIMISED. They are written as `lax.while_loop`s so they
+compile once, run under `vmap` (a batch stops when all its members have), and,
+with tol == 0, run exactly `max_iter` iterations (Adam as a `fori_loop`).
+
+L-BFGS: two-loop recursion on the last `history` pairs, kept in order by shifting
+(static indexing, nothing to gather under vmap), with a backtracking Armijo line
+search that tries the unit step first -- one objective evaluation per iteration in
+the common case. The objectives here are concave, so y^T s >= 0 always holds and
+Armijo alone keeps the curvature pairs valid.
+"""
+from __future__ import annotations
+
+from typing import Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+Array = jax.Array
+
+
+class OptState(NamedTuple):
+  x: Array
+  value: Array
+  grad: Array
+  num_iter: Array
+  num_evals: Array
+  grad_norm: Array
+
+
+def _gnorm(g):
+  return jnp.max(jnp.abs(g))
+
+
+def adam(fun: Callable, x0: Array, *, max_iter: int, tol: float, learning_rate: float,
+         b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8) -> OptState:
+  """Adam ascent. Stops when max|grad| <= tol (checked only if tol > 0)."""
+  dtype = x0.dtype
+
+  def step(i, x, m, v, g):
+    t = (i + 1).astype(dtype)
+    m = b1 * m + (1 - b1) * g
+    v = b2 * v + (1 - b2) * g * g
+    mhat = m / (1 - b1 ** t)
+    vhat = v / (1 - b2 ** t)
+    x = x + learning_rate * mhat / (jnp.sqrt(vhat) + eps)
+    return x, m, v
+
+  zeros = jnp.zeros_like(x0)
+  if tol == 0:
+    def body(i, carry):
+      x, m, v = carry
+      _, g, _ = fun(x)
+      return step(i, x, m, v, g)
+    x, _, _ = lax.fori_loop(0, max_iter, body, (x0, zeros, zeros))
+    value, g, _ = fun(x)
+    return OptState(x, value, g, jnp.asarray(max_iter, jnp.int32),
+                    jnp.asarray(max_iter + 1, jnp.int32), _gnorm(g))
+
+  value0, g0, _ = fun(x0)
+
+  def cond(c):
+    i, x, m, v, value, g = c
+    return (i < max_iter) & (_gnorm(g) > tol)
+
+  def body(c):
+    i, x, m, v, value, g = c
+    x, m, v = step(i, x, m, v, g)
+    value, g, _ = fun(x)
+    return i + 1, x, m, v, value, g
+
+  i, x, _, _, value, g = lax.while_loop(
+      cond, body, (jnp.asarray(0, jnp.int32), x0, zeros, zeros, value0, g0))
+  return OptState(x, value, g, i, i + 1, _gnorm(g))
+
+
+def lbfgs(fun: Callable, x0: Array, *, max_iter: int, tol: float, history: int = 10,
+          c1: float = 1e-4, max_linesearch: int = 30) -> OptState:
+  """L-BFGS ascent with Armijo backtracking. Stops when max|grad| <= tol, after
+  max_iter iterations, or when the line search can no longer increase the value."""
+  dtype = x0.dtype
+  d = x0.shape[0]
+  M = history
+  tiny = jnp.finfo(dtype).tiny
+
+  def F(x):  # minimise F = -value
+    value, g, _ = fun(x)
+    return -value, -g
+
+  f0, g0 = F(x0)
+
+  def direction(g, S, Y, rho, gamma0):
+    q = g
+    alphas = []
+    for i in range(M - 1, -1, -1):  # newest first
+      a_i = rho[i] * jnp.dot(S[i], q)
+      q = q - a_i * Y[i]
+      alphas.append(a_i)
+    r = gamma0 * q
+    for i in range(M):  # oldest first
+      a_i = alphas[M - 1 - i]
+      b_i = rho[i] * jnp.dot(Y[i], r)
+      r = r + S[i] * (a_i - b_i)
+    return -r
+
+  class Carry(NamedTuple):
+    it: Array
+    evals: Array
+    x: Array
+    f: Array
+    g: Array
+    S: Array
+    Y: Array
+    rho: Array
+    gamma0: Array
+    stalled: Array
+
+  def cond(c: Carry):
+    keep = (c.it < max_iter) & ~c.stalled
+    if tol > 0:
+      keep = keep & (_gnorm(c.g) > tol)
+    return keep
+
+  def body(c: Carry):
+    p = direction(c.g, c.S, c.Y, c.rho, c.gamma0)
+    gp = jnp.dot(c.g, p)
+    # Not a descent direction (should not happen on concave objectives, but
+    # rounding): fall back to steepest descent.
+    bad = ~(gp < 0)
+    p = jnp.where(bad, -c.g, p)
+    gp = jnp.where(bad, -jnp.dot(c.g, c.g), gp)
+
+    def ls_cond(s):
+      t, ft, gt, ok, n = s
+      return ~ok & (n < max_linesearch)
+
+    def ls_body(s):
+      t, _, _, _, n = s
+      ft, gt = F(c.x + t * p)
+      ok = ft <= c.f + c1 * t * gp
+      # Safeguarded quadratic interpolation of the step on failure.
+      denom = 2 * (ft - c.f - gp * t)
+      t_q = jnp.where(denom > 0, -gp * t * t / jnp.maximum(denom, tiny), 0.5 * t)
+      t_new = jnp.where(jnp.isfinite(ft), jnp.clip(t_q, 0.1 * t, 0.5 * t), 0.5 * t)
+      return jnp.where(ok, t, t_new), ft, gt, ok, n + 1
+
+    t0 = jnp.where(c.it == 0, jnp.minimum(1.0, 1.0 / jnp.maximum(jnp.sqrt(-gp), tiny)),
+                   1.0).astype(dtype)
+    t, f_new, g_new, ok, n = lax.while_loop(
+        ls_cond, ls_body, (t0, c.f, c.g, jnp.asarray(False), jnp.asarray(0, jnp.int32)))
+    s = t * p
+    y = g_new - c.g
+    sy = jnp.dot(s, y)
+    yy = jnp.dot(y, y)
+    upd = ok & (sy > jnp.finfo(dtype).eps * yy) & (sy > 0)
+    S = jnp.where(upd, jnp.concatenate([c.S[1:], s[None]], 0), c.S)
+    Y = jnp.where(upd, jnp.concatenate([c.Y[1:], y[None]], 0), c.Y)
+    rho = jnp.where(upd, jnp.concatenate([c.rho[1:], (1 / jnp.where(upd, sy, 1))[None]]), c.rho)
+    gamma0 = jnp.where(upd, sy / jnp.maximum(yy, tiny), c.gamma0)
+    x = jnp.where(ok, c.x + s, c.x)
+    f = jnp.where(ok, f_new, c.f)
+    g = jnp.where(ok, g_new, c.g)
+    # No strict decrease means the value is at rounding level: stop.
+    stalled = ~ok | ~(f_new < c.f)
+    return Carry(c.it + 1, c.evals + n, x, f, g, S, Y, rho, gamma0, stalled)
+
+  init = Carry(jnp.asarray(0, jnp.int32), jnp.asarray(1, jnp.int32), x0, f0, g0,
+               jnp.zeros((M, d), dtype), jnp.zeros((M, d), dtype), jnp.zeros((M,), dtype),
+               jnp.asarray(1.0, dtype), jnp.asarray(False))
+  c = lax.while_loop(cond, body, init)
+  return OptState(c.x, -c.f, -c.g, c.it, c.evals, _gnorm(c.g))

@@ -1,0 +1,84 @@
+"""Argument checks run before any compilation (DESIGN.md: errors name the argument).
+
+Shape and option checks always run; value checks (sign, finiteness, total mass)
+only on concrete inputs, so `solve` and `sinkhorn` still work on tracers under
+`jit` / `vmap`.
+"""
+from __future__ import annotations
+
+import numbers
+
+import jax
+import numpy as np
+
+
+def is_concrete(x) -> bool:
+  return not isinstance(x, jax.core.Tracer)
+
+
+def check_problem(a, b, C, *, check_cost_sign: bool = True):
+  """Checks marginals a (m,), b (n,) and cost C (m, n)."""
+  for name, x, nd in (("a", a, 1), ("b", b, 1), ("C", C, 2)):
+    shape = getattr(x, "shape", None)
+    if shape is None:
+      raise ValueError(f"{name} must be an array, got {type(x).__name__}")
+    if len(shape) != nd:
+      raise ValueError(f"{name} must have {nd} dimension(s), got shape {tuple(shape)}")
+    if 0 in shape:
+      raise ValueError(f"{name} must not be empty, got shape {tuple(shape)}")
+    dt = np.dtype(getattr(x, "dtype", np.float64))
+    if not (np.issubdtype(dt, np.floating) or np.issubdtype(dt, np.integer)):
+      raise ValueError(f"{name} must be a real array, got dtype {dt}")
+  m, n = a.shape[0], b.shape[0]
+  if tuple(C.shape) != (m, n):
+    raise ValueError(
+        f"C must have shape (len(a), len(b)) = ({m}, {n}), got {tuple(C.shape)}")
+  sums = {}
+  for name, x in (("a", a), ("b", b), ("C", C)):
+    if not is_concrete(x):
+      continue
+    v = np.asarray(x, dtype=np.float64)
+    if not np.all(np.isfinite(v)):
+      raise ValueError(f"{name} must be finite (found NaN or inf)")
+    if (name != "C" or check_cost_sign) and np.any(v < 0):
+      raise ValueError(f"{name} must be non-negative (min {v.min()!r})")
+    if name != "C":
+      sums[name] = (float(v.sum()), np.dtype(x.dtype))
+  if len(sums) == 2:
+    (sa, da), (sb, db) = sums["a"], sums["b"]
+    single = da == np.float32 or db == np.float32 or da == np.float16 or db == np.float16
+    rtol = 1e-4 if single else 1e-6
+    if not abs(sa - sb) <= rtol * max(abs(sa), abs(sb)):
+      raise ValueError(
+          f"a and b must have the same total mass: sum(a)={sa!r}, sum(b)={sb!r}")
+    if sa <= 0:
+      raise ValueError(f"a must have positive total mass, got sum(a)={sa!r}")
+
+
+def check_choice(name: str, value, choices):
+  if value not in choices:
+    raise ValueError(f"{name} must be one of {sorted(choices)}, got {value!r}")
+
+
+def check_int(name: str, value, minimum: int):
+  if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
+    raise ValueError(f"{name} must be a Python int >= {minimum}, got {value!r}")
+  return int(value)
+
+
+def check_nonneg_float(name: str, value):
+  if isinstance(value, bool) or not isinstance(value, numbers.Real) or not (
+      0 <= float(value) < float("inf")):
+    raise ValueError(f"{name} must be a finite Python float >= 0, got {value!r}")
+  return float(value)
+
+
+def check_pos_float(name: str, value):
+  if is_concrete(value):
+    try:
+      v = float(value)
+    except (TypeError, ValueError):
+      raise ValueError(f"{name} must be a positive finite number, got {value!r}") from None
+    if not (0 < v < float("inf")):
+      raise ValueError(f"{name} must be a positive finite number, got {value!r}")
+  return value
