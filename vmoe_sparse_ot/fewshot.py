@@ -1,0 +1,146 @@
+r"""Few-shot linear transfer of a trained checkpoint.
+
+    python -m vmoe_sparse_ot.fewshot --config=configs/NAME.py --workdir=DIR [--step N]
+
+Restores the parameters of checkpoint N (the latest by default) from
+DIR/checkpoints, builds `config.model`, evaluates every dataset of
+`config.fewshot.datasets` with the protocol of `vmoe_sparse_ot.evaluate.fewshot`,
+prints a table and writes DIR/fewshot/results.json (atomically: a temporary file
+renamed into place). With more than one device the batch is sharded over a 1-D
+'data' mesh of all devices and the parameters are replicated.
+
+A missing checkpoint, a checkpoint whose parameters do not fit `config.model`, or
+a dataset that cannot be loaded ends the job with exit status 1 and a message
+naming it.
+"""
+import json
+import os
+import sys
+import tempfile
+from typing import Any
+
+import jax
+import ml_collections
+import numpy as np
+from absl import app, flags
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from ml_collections import config_flags
+
+from vmoe_sparse_ot import nn
+from vmoe_sparse_ot.evaluate import features, fewshot
+from vmoe_sparse_ot.train import checkpoints
+
+_CONFIG = config_flags.DEFINE_config_file(
+    'config', None, 'Config file of the training run (ml_collections).', lock_config=True)
+_WORKDIR = flags.DEFINE_string('workdir', None, 'Training workdir holding checkpoints/.')
+_STEP = flags.DEFINE_integer('step', None, 'Checkpoint step to evaluate (default: latest).')
+
+RESULTS_FILE = os.path.join('fewshot', 'results.json')
+
+
+class CheckpointMismatchError(ValueError):
+  """The checkpoint's parameters do not fit the model of the config."""
+
+
+def check_params_match(params: Any, model, config: ml_collections.ConfigDict) -> None:
+  """Raises CheckpointMismatchError listing parameters whose shapes differ from the model's."""
+  image = jax.ShapeDtypeStruct(
+      (1, config.dataset.image_size, config.dataset.image_size, config.dataset.channels),
+      np.float32)
+  expected = jax.eval_shape(
+      lambda x: model.init({'params': jax.random.key(0)}, x, train=False)['params'], image)
+  want, have = checkpoints.param_shapes(expected), checkpoints.param_shapes(params)
+  diffs = [f'{k}: checkpoint {have.get(k, "<absent>")}, model {want.get(k, "<absent>")}'
+           for k in sorted(set(want) | set(have)) if want.get(k) != have.get(k)]
+  if diffs:
+    raise CheckpointMismatchError(
+        'The checkpoint does not fit config.model (was it trained with another config?):\n  '
+        + '\n  '.join(diffs[:20]) + (f'\n  ... and {len(diffs) - 20} more' if len(diffs) > 20
+                                     else ''))
+
+
+def _mesh() -> Mesh | None:
+  devices = jax.devices()
+  return Mesh(np.array(devices), (features.DATA_AXIS,)) if len(devices) > 1 else None
+
+
+def run(config: ml_collections.ConfigDict, workdir: str, step: int | None = None) -> dict:
+  """Evaluates checkpoint `step` (latest if None) of `workdir`; returns what it writes.
+
+  Raises:
+    FileNotFoundError: no checkpoint (for `step`) under `workdir`.
+    CheckpointMismatchError: its parameters do not fit `config.model`.
+    fewshot.DatasetError: a dataset of `config.fewshot.datasets` cannot be loaded.
+  """
+  params, step = checkpoints.restore_params(workdir, step)
+  model = nn.build_model(config.model)
+  check_params_match(params, model, config)
+  mesh = _mesh()
+  if mesh is not None:
+    params = jax.device_put(params, NamedSharding(mesh, PartitionSpec()))
+  evaluator = fewshot.make_evaluator(config, model, mesh=mesh)
+  results = evaluator.run(params)
+  payload = {
+      'workdir': os.path.abspath(workdir),
+      'step': int(step),
+      'protocol': evaluator.protocol,
+      'metrics': fewshot.metrics_from_results(results),
+      'datasets': results,
+  }
+  if jax.process_index() == 0:
+    write_json_atomic(os.path.join(workdir, RESULTS_FILE), payload)
+  return payload
+
+
+def write_json_atomic(path: str, payload: Any) -> None:
+  """Writes `payload` as JSON to `path` via a temporary file renamed into place."""
+  directory = os.path.dirname(os.path.abspath(path))
+  os.makedirs(directory, exist_ok=True)
+  fd, tmp = tempfile.mkstemp(dir=directory, prefix='.results.', suffix='.json.tmp')
+  try:
+    with os.fdopen(fd, 'w') as f:
+      json.dump(payload, f, indent=2)
+      f.write('\n')
+      f.flush()
+      os.fsync(f.fileno())
+    os.replace(tmp, path)
+  except BaseException:
+    if os.path.exists(tmp):
+      os.remove(tmp)
+    raise
+
+
+def format_table(payload: dict) -> str:
+  """A text table: dataset, shots, top-1 % (mean ± std over seeds), chosen log2 L2 per seed."""
+  num_seeds = len(payload['protocol']['seeds'])
+  rows = [('dataset', 'shots', 'top-1 %', 'log2 L2 per seed')]
+  for key, ds in payload['datasets'].items():
+    for shot, r in ds['shots'].items():
+      rows.append((key, str(shot),
+                   f"{100 * r['accuracy_mean']:6.2f} ± {100 * r['accuracy_std']:5.2f}",
+                   ','.join(f'{np.log2(v):g}' for v in r['l2_reg'])))
+  widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+  lines = ['  '.join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
+  lines.insert(1, '  '.join('-' * w for w in widths))
+  title = (f"Few-shot linear transfer of {payload['workdir']} at step {payload['step']} "
+           f"(top-1 on the test split, mean ± std over {num_seeds} seed(s); L2 chosen "
+           f"by {payload['protocol']['l2_selection']} on the few-shot examples)")
+  return '\n'.join([title] + lines)
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
+  try:
+    payload = run(_CONFIG.value, _WORKDIR.value, _STEP.value)
+  except (FileNotFoundError, CheckpointMismatchError, fewshot.DatasetError) as e:
+    print(f'fewshot: error: {e}', file=sys.stderr, flush=True)
+    sys.exit(1)
+  if jax.process_index() == 0:
+    print(format_table(payload))
+    print(f'Wrote {os.path.join(_WORKDIR.value, RESULTS_FILE)}')
+
+
+if __name__ == '__main__':
+  flags.mark_flags_as_required(['config', 'workdir'])
+  app.run(main)
