@@ -6,7 +6,7 @@ Restores the parameters of checkpoint N (the latest by default) from
 DIR/checkpoints, builds `config.model`, evaluates every dataset of
 `config.fewshot.datasets` with the protocol of `vmoe_sparse_ot.evaluate.fewshot`,
 prints a table and writes DIR/fewshot/results.json (atomically: a temporary file
-renamed into place). With more than one device the batch is sharded over a 1-D
+renamed into place). With more than one device the batch is split over a 1-D
 'data' mesh of all devices and the parameters are replicated.
 
 A missing checkpoint, a checkpoint whose parameters do not fit `config.model`, or
@@ -27,7 +27,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from ml_collections import config_flags
 
 from vmoe_sparse_ot import nn
-from vmoe_sparse_ot.evaluate import features, fewshot
+from vmoe_sparse_ot.evaluate import fewshot
 from vmoe_sparse_ot.train import checkpoints
 
 _CONFIG = config_flags.DEFINE_config_file(
@@ -61,7 +61,7 @@ def check_params_match(params: Any, model, config: ml_collections.ConfigDict) ->
 
 def _mesh() -> Mesh | None:
   devices = jax.devices()
-  return Mesh(np.array(devices), (features.DATA_AXIS,)) if len(devices) > 1 else None
+  return Mesh(np.array(devices), ('data',)) if len(devices) > 1 else None
 
 
 def run(config: ml_collections.ConfigDict, workdir: str, step: int | None = None) -> dict:

@@ -162,7 +162,7 @@ def test_sharded_extraction_of_vmoe_matches_single_device():
   got, got_labels = features.extract(features.make_feature_fn(model, mesh=mesh), params, batches)
   np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
   np.testing.assert_array_equal(got_labels, want_labels)
-  with pytest.raises(ValueError, match='multiple of the .data. mesh axis size 4'):
+  with pytest.raises(ValueError, match='multiple of the number of devices in the mesh, 8'):
     features.extract(features.make_feature_fn(model, mesh=mesh), params,
                      _batches(images, labels, 6))
 

@@ -13,7 +13,13 @@ usual transfer sets instead, e.g.
     config.fewshot.datasets = transfer_datasets('imagenet', 'cifar100', 'caltech101')
     config.fewshot.shots = (10,)      # the paper reports ImageNet 10-shot top-1
 """
+from typing import Any, Mapping
+
 import ml_collections
+
+from vmoe_sparse_ot.evaluate.ridge import SELECTION_MODES
+
+DATASET_KEYS = ('name', 'train_split', 'test_split')
 
 # TFDS names and splits of the usual transfer sets (as in big_vision's few-shot
 # configs). ImageNet draws its shots from the 10% subset of train, which holds
@@ -66,8 +72,37 @@ def default_fewshot_config() -> ml_collections.ConfigDict:
       # See vmoe_sparse_ot/evaluate/ridge.py.
       'l2_selection': 'loo',
       'holdout_fraction': 0.2,
-      # Per-process batch size of feature extraction (a multiple of the 'data'
-      # mesh axis when sharded).
+      # Global batch size of feature extraction (over all processes; a multiple of
+      # the process count, and of the device count when sharded).
       'batch_size': 256,
       'datasets': transfer_datasets('digits', 'mnist'),
   })
+
+
+def validate(fewshot: Mapping[str, Any]) -> None:
+  """Raises ValueError naming the first bad key of a `config.fewshot` section."""
+  unknown = sorted(set(fewshot.keys()) - set(default_fewshot_config().keys()))
+  if unknown:
+    raise ValueError(f'unknown key(s) {unknown} in config.fewshot; valid keys: '
+                     f'{sorted(default_fewshot_config().keys())}')
+  if int(fewshot['every_steps']) < 0:
+    raise ValueError(f"config.fewshot.every_steps must be >= 0, got {fewshot['every_steps']}")
+  shots, seeds, l2_regs = fewshot['shots'], fewshot['seeds'], fewshot['l2_regs']
+  if not shots or any(int(s) != s or s < 1 for s in shots):
+    raise ValueError(f'config.fewshot.shots must be positive integers, got {shots}')
+  if not seeds or any(int(s) != s for s in seeds):
+    raise ValueError(f'config.fewshot.seeds must be one or more integers, got {seeds}')
+  if not l2_regs or any(not v > 0 for v in l2_regs):
+    raise ValueError(f'config.fewshot.l2_regs must be positive numbers, got {l2_regs}')
+  if fewshot['l2_selection'] not in SELECTION_MODES:
+    raise ValueError(f'config.fewshot.l2_selection must be one of {list(SELECTION_MODES)}, '
+                     f"got {fewshot['l2_selection']!r}")
+  if not 0 < fewshot['holdout_fraction'] < 1:
+    raise ValueError('config.fewshot.holdout_fraction must be in (0, 1), got '
+                     f"{fewshot['holdout_fraction']}")
+  if int(fewshot['batch_size']) <= 0:
+    raise ValueError(f"config.fewshot.batch_size must be positive, got {fewshot['batch_size']}")
+  for key, spec in fewshot['datasets'].items():
+    if not hasattr(spec, 'keys') or sorted(spec.keys()) != sorted(DATASET_KEYS):
+      raise ValueError(f'config.fewshot.datasets.{key} must have exactly the keys '
+                       f'{list(DATASET_KEYS)}, got {spec!r}')

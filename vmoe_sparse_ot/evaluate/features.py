@@ -5,8 +5,9 @@ A dataset is one pass of padded, full batches `{'image': (b, H, W, C) float32,
 yields; b is the per-process batch size). The model is applied with `train=False`
 and its `aux['pre_logits']` (b, D') kept for the rows whose mask is True.
 
-With a mesh, each process's batch becomes one global array sharded over the
-'data' axis (`jax.make_array_from_process_local_data`), the parameters keep the
+With a mesh, each process's batch becomes one global array whose batch dimension
+is split over all the mesh's axes, as the trainer splits its batch over 'data' and
+'expert' (`jax.make_array_from_process_local_data`); the parameters keep the
 shardings they carry, and the outputs are replicated so that every process ends up
 with the features of the whole split.
 """
@@ -15,8 +16,6 @@ from typing import Any, Callable, Iterable, Mapping
 import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
-
-DATA_AXIS = 'data'
 
 Batch = Mapping[str, np.ndarray]
 FeatureFn = Callable[[Any, Batch], tuple[np.ndarray, np.ndarray, np.ndarray]]
@@ -40,17 +39,14 @@ def make_feature_fn(model, *, mesh: Mesh | None = None) -> FeatureFn:
       return tuple(np.asarray(o) for o in jax.device_get(out))
     return fn
 
-  if DATA_AXIS not in mesh.axis_names:
-    raise ValueError(f'mesh must have a {DATA_AXIS!r} axis to shard the batch over; '
-                     f'got axes {mesh.axis_names}.')
-  batch_sharding = NamedSharding(mesh, PartitionSpec(DATA_AXIS))
+  batch_sharding = NamedSharding(mesh, PartitionSpec(tuple(mesh.axis_names)))
   jitted = jax.jit(apply, out_shardings=NamedSharding(mesh, PartitionSpec()))
 
   def sharded_fn(params, batch):
     global_batch = batch['image'].shape[0] * jax.process_count()
-    if global_batch % mesh.shape[DATA_AXIS]:
+    if global_batch % mesh.size:
       raise ValueError(f'The global batch size {global_batch} must be a multiple of the '
-                       f'{DATA_AXIS!r} mesh axis size {mesh.shape[DATA_AXIS]}; change '
+                       f'number of devices in the mesh, {mesh.size}; change '
                        'config.fewshot.batch_size.')
     args = [jax.make_array_from_process_local_data(batch_sharding, np.asarray(batch[k]))
             for k in ('image', 'label', 'mask')]

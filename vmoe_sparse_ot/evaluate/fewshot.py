@@ -2,7 +2,7 @@
 
 Protocol, per dataset of `config.fewshot.datasets`:
 1. Extract the pre-logit features (`aux['pre_logits']`) of the train and test
-   splits once per evaluation (`features.py`; sharded over 'data' given a mesh).
+   splits once per evaluation (`features.py`; batch split over the mesh given one).
 2. For every shot count and seed: draw `shot` random examples per class from the
    train-split features (`np.random.default_rng(seed)`), fit the closed-form ridge
    classifier for the whole L2 grid and choose the L2 strength on those few-shot
@@ -21,6 +21,7 @@ import numpy as np
 from absl import logging
 
 from vmoe_sparse_ot.evaluate import features as features_lib
+from vmoe_sparse_ot.evaluate import config as fewshot_config
 from vmoe_sparse_ot.evaluate import ridge
 from vmoe_sparse_ot.evaluate.config import default_fewshot_config, transfer_datasets
 
@@ -117,8 +118,6 @@ class FewShotEvaluator:
     if l2_selection not in ridge.SELECTION_MODES:
       raise ValueError(f'l2_selection must be one of {ridge.SELECTION_MODES}; '
                        f'got {l2_selection!r}.')
-    if not shots or min(shots) < 1:
-      raise ValueError(f'shots must be positive integers; got {shots}.')
     self.datasets = dict(datasets)
     self.protocol = dict(shots=tuple(int(s) for s in shots),
                          seeds=tuple(int(s) for s in seeds),
@@ -158,26 +157,31 @@ def metrics_from_results(results: Mapping[str, Mapping]) -> dict[str, float]:
 def make_evaluator(config: ml_collections.ConfigDict, model, *, mesh=None) -> FewShotEvaluator:
   """Builds the evaluator of `config.fewshot` for `model` (see module docstring).
 
-  Reads `config.fewshot` (see `default_fewshot_config()`) and the input geometry
-  `config.dataset.{image_size, channels, data_dir}`, so every dataset is resized to
-  the model's input. Raises `DatasetError` naming the dataset that cannot be loaded.
+  Reads `config.fewshot` (see `default_fewshot_config()`; validated first) and the
+  input geometry `config.dataset.{image_size, channels, data_dir}`, so every dataset
+  is resized to the model's input. Raises `DatasetError` naming the dataset that
+  cannot be loaded.
   """
   # Imported here: the data package pulls in TensorFlow, which config files that
   # only want default_fewshot_config() should not pay for.
   from vmoe_sparse_ot import data  # pylint: disable=import-outside-toplevel
 
   fs = config.fewshot
+  fewshot_config.validate(fs)
+  if fs.batch_size % jax.process_count():
+    raise ValueError(f'config.fewshot.batch_size={fs.batch_size} must be a multiple of the '
+                     f'process count {jax.process_count()}.')
+  per_process_batch = fs.batch_size // jax.process_count()
   data_dir = config.dataset.get('data_dir')
   datasets = {}
   for key, spec in fs.datasets.items():
     try:
       num_classes = data.num_classes(spec.name, data_dir=data_dir)
       splits = [
-          data.make_dataset(spec.name, split, batch_size=fs.batch_size,
+          data.make_dataset(spec.name, split, batch_size=per_process_batch,
                             image_size=config.dataset.image_size,
                             channels=config.dataset.channels, training=False,
-                            data_dir=data_dir, process_index=jax.process_index(),
-                            process_count=jax.process_count())
+                            data_dir=data_dir)
           for split in (spec.train_split, spec.test_split)]
     except Exception as e:  # TFDS raises many types; all mean "cannot load it".
       raise DatasetError(
