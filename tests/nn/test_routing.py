@@ -1,0 +1,104 @@
+"""Slot assignment and capacity, checked against naive Python loops."""
+import numpy as np
+import pytest
+import jax
+import jax.numpy as jnp
+
+from vmoe_sparse_ot.nn import routing as rt
+
+
+@pytest.mark.parametrize("s,e,k,cf,expected", [
+    (64, 8, 2, 1.0, 16),      # 64*2/8 = 16, already a multiple of 4
+    (50, 8, 2, 1.0, 16),      # ceil(12.5) = 13 -> 16
+    (64, 8, 1, 1.25, 12),     # 10 -> 12
+    (10, 2, 2, 1.0, 10),      # 10 -> 12, capped at S
+    (16, 32, 1, 1.0, 4),      # 0.5 -> 1 -> 4
+])
+def test_compute_capacity(s, e, k, cf, expected):
+  assert rt.compute_capacity(s, e, k, cf) == expected
+
+
+def test_compute_capacity_explicit_and_errors():
+  assert rt.compute_capacity(64, 8, 2, 1.0, capacity=7) == 7
+  assert rt.compute_capacity(6, 8, 2, 1.0, capacity=7) == 6
+  with pytest.raises(ValueError, match="capacity"):
+    rt.compute_capacity(64, 8, 2, 1.0, capacity=0)
+  with pytest.raises(ValueError, match="capacity_factor"):
+    rt.compute_capacity(64, 8, 2, 0.0)
+
+
+def naive_token_choice(expert_index, token_mask, e, c, priority=None, choice_mask=None):
+  """V-MoE Algorithm 1, one token at a time: first choices of all tokens, then seconds."""
+  g, s, k = expert_index.shape
+  slots = [[[] for _ in range(e)] for _ in range(g)]
+  for gi in range(g):
+    order = range(s) if priority is None else sorted(range(s), key=lambda t: -priority[gi, t])
+    for ki in range(k):
+      for t in order:
+        if not token_mask[gi, t] or (choice_mask is not None and not choice_mask[gi, t, ki]):
+          continue
+        ex = expert_index[gi, t, ki]
+        if len(slots[gi][ex]) < c:
+          slots[gi][ex].append(t)
+  return slots
+
+
+def check_slots(token_index, valid, slots):
+  token_index, valid = np.asarray(token_index), np.asarray(valid)
+  g, e, c = token_index.shape
+  for gi in range(g):
+    for ei in range(e):
+      n = len(slots[gi][ei])
+      assert valid[gi, ei, :n].all() and not valid[gi, ei, n:].any()
+      np.testing.assert_array_equal(token_index[gi, ei, :n], slots[gi][ei])
+
+
+@pytest.mark.parametrize("use_priority,use_choice_mask", [(False, False), (True, False),
+                                                          (False, True)])
+def test_assign_token_choice_matches_naive_loop(use_priority, use_choice_mask):
+  rng = np.random.default_rng(0)
+  g, s, e, k, c = 3, 24, 4, 2, 5
+  # Distinct experts per token, skewed towards expert 0 so capacity binds.
+  scores = rng.normal(size=(g, s, e)) + np.array([2.0, 0.5, 0.0, 0.0])
+  expert_index = np.argsort(-scores, axis=-1)[..., :k].astype(np.int32)
+  token_mask = np.ones((g, s), bool)
+  token_mask[-1, -7:] = False                         # padding in the last group
+  priority = rng.uniform(size=(g, s)) if use_priority else None
+  choice_mask = rng.uniform(size=(g, s, k)) > 0.3 if use_choice_mask else None
+  token_index, valid = jax.jit(rt.assign_token_choice, static_argnums=(2, 3))(
+      jnp.asarray(expert_index), jnp.asarray(token_mask), e, c,
+      None if priority is None else jnp.asarray(priority),
+      None if choice_mask is None else jnp.asarray(choice_mask))
+  slots = naive_token_choice(expert_index, token_mask, e, c, priority, choice_mask)
+  check_slots(token_index, valid, slots)
+  assert np.asarray(valid).sum(-1).max() <= c
+  assert max(len(x) for sl in slots for x in sl) == c   # capacity did bind
+
+
+def test_assign_expert_choice_top_c_tokens():
+  scores = jnp.array([[[0.9, 0.1], [0.2, 0.8], [0.5, 0.5], [0.7, 0.0]]])  # (1, S=4, E=2)
+  mask = jnp.array([[True, True, True, False]])
+  token_index, valid = rt.assign_expert_choice(scores, mask, 2)
+  # Expert 0: tokens 0 (0.9) then 2 (0.5); token 3 (0.7) is padding.
+  np.testing.assert_array_equal(token_index[0, 0], [0, 2])
+  np.testing.assert_array_equal(token_index[0, 1], [1, 2])
+  assert valid.all()
+  # With a support threshold, zero entries are not taken.
+  plan = jnp.array([[[0.9, 0.0], [0.0, 0.8], [0.1, 0.0], [0.0, 0.0]]])
+  token_index, valid = rt.assign_expert_choice(plan, jnp.ones((1, 4), bool), 2, min_score=0.0)
+  np.testing.assert_array_equal(valid[0], [[True, True], [True, False]])
+  np.testing.assert_array_equal(token_index[0, 0], [0, 2])
+  assert token_index[0, 1, 0] == 1
+
+
+def test_routing_metrics_hand_computed():
+  # G=1, E=2, C=2, S=4: token 0 -> experts 0 and 1, token 1 -> expert 0, tokens 2, 3 none.
+  token_index = jnp.array([[[0, 1], [0, 0]]])
+  valid = jnp.array([[[True, True], [True, False]]])
+  mask = jnp.array([[True, True, True, False]])     # token 3 is padding
+  m = rt.routing_metrics(token_index, valid, mask, jnp.float32(0.5))
+  np.testing.assert_allclose(m["dropped_fraction"], 1 / 3)
+  np.testing.assert_allclose(m["experts_per_token"], 3 / 3)
+  assert m["tokens_per_expert_min"] == 1 and m["tokens_per_expert_max"] == 2
+  np.testing.assert_allclose(m["tokens_per_expert_mean"], 1.5)
+  np.testing.assert_allclose(m["auxiliary_loss"], 0.5)

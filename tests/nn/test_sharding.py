@@ -1,0 +1,52 @@
+"""Forward on 8 fake CPU devices with experts sharded over 'expert' == one device."""
+import re
+
+import flax
+import numpy as np
+import pytest
+import jax
+from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
+
+from vmoe_sparse_ot import nn as vnn
+from tests.nn.helpers import tiny_config
+
+
+@pytest.mark.parametrize("mesh_shape", [(2, 4)])
+def test_sharded_forward_equals_single_device(mesh_shape):
+  if jax.device_count() < 8:
+    pytest.skip("needs 8 (fake) devices")
+  cfg = tiny_config("topk")
+  cfg.encoder.moe.num_experts = 8
+  cfg.encoder.moe.group_size = 10          # 8 images x 5 tokens = 4 groups
+  model = vnn.build_model(cfg)
+  images = jax.random.normal(jax.random.key(0), (8, 8, 8, 3))
+  params = jax.jit(lambda k: model.init({"params": k}, images, train=False))(
+      jax.random.key(1))["params"]
+  params["head"]["kernel"] = jax.random.normal(jax.random.key(2), params["head"]["kernel"].shape)
+  fwd = lambda p, x: model.apply({"params": p}, x, train=False)
+  want_logits, want_aux = jax.jit(fwd)(params, images)
+
+  mesh = jax.make_mesh(mesh_shape, ("data", "expert"), axis_types=(AxisType.Auto,) * 2)
+
+  def spec(path, _):
+    name = "/".join(str(getattr(k, "key", k)) for k in path)
+    return P("expert") if re.search(vnn.EXPERT_PARAMS_REGEX, name) else P()
+
+  param_specs = jax.tree_util.tree_map_with_path(spec, params)
+  param_sh = jax.tree.map(lambda s: NamedSharding(mesh, s), param_specs)
+  n_expert_leaves = sum(s == P("expert") for s in jax.tree.leaves(param_specs))
+  assert n_expert_leaves == 4
+  with jax.set_mesh(mesh):
+    p_sharded = jax.device_put(params, param_sh)
+    x_sharded = jax.device_put(images, NamedSharding(mesh, P("data")))
+    f = jax.jit(fwd, in_shardings=(param_sh, NamedSharding(mesh, P("data"))))
+    logits, aux = f(p_sharded, x_sharded)
+    hlo = f.lower(p_sharded, x_sharded).compile().as_text()
+  wi = p_sharded["encoder"]["encoderblock_1"]["moe"]["experts"]["wi_kernel"]
+  assert wi.addressable_shards[0].data.shape[0] == 8 // mesh_shape[1]
+  # Tokens cross between the group layout and the expert layout.
+  assert "all-to-all" in hlo or "all-gather" in hlo or "collective-permute" in hlo
+  np.testing.assert_allclose(logits, want_logits, rtol=1e-4, atol=1e-5)
+  np.testing.assert_allclose(aux["pre_logits"], want_aux["pre_logits"], rtol=1e-4, atol=1e-5)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6),
+               aux["routing"], want_aux["routing"])

@@ -1,0 +1,156 @@
+"""The model contract: shapes, aux dict, determinism, gradients, config errors."""
+import re
+
+import flax
+import numpy as np
+import pytest
+import jax
+import jax.numpy as jnp
+import optax
+
+from vmoe_sparse_ot import nn as vnn
+from vmoe_sparse_ot.nn.vit import parse_moe_layers
+from tests.nn.helpers import tiny_config
+
+METRICS = {"auxiliary_loss", "dropped_fraction", "tokens_per_expert_min",
+           "tokens_per_expert_mean", "tokens_per_expert_max", "experts_per_token"}
+ROUTERS = ["topk", "expert_choice", "sbase", "sparse_ot"]
+
+
+def _need_ot(router):
+  if router in ("sbase", "sparse_ot"):
+    ot = pytest.importorskip("vmoe_sparse_ot.ot")
+    if not hasattr(ot, "solve" if router == "sparse_ot" else "sinkhorn"):
+      pytest.skip("vmoe_sparse_ot.ot not available yet")
+
+
+def _images(b=4, seed=0):
+  return jax.random.normal(jax.random.key(seed), (b, 8, 8, 3))
+
+
+def _init(model, images):
+  return jax.jit(lambda k: model.init({"params": k}, images, train=False))(
+      jax.random.key(0))["params"]
+
+
+@pytest.fixture(scope="module")
+def params():
+  """Shared by all routers: the parameter tree does not depend on the router."""
+  p = _init(vnn.build_model(tiny_config()), _images())
+  # A non-zero head so that gradients flow back through the encoder.
+  p["head"]["kernel"] = jax.random.normal(jax.random.key(3), p["head"]["kernel"].shape)
+  return p
+
+
+@pytest.mark.parametrize("router", ROUTERS)
+def test_forward_contract_eval_determinism_rngs_and_gradients(router, params):
+  _need_ot(router)
+  cfg = tiny_config(router)
+  cfg.encoder.dropout_rate = 0.1
+  model = vnn.build_model(cfg)
+  images = _images()                 # 4 images x 5 tokens = 20 tokens: last group padded
+  labels = jnp.array([0, 1, 2, 0])
+
+  @jax.jit
+  def run(p, k1, k2):
+    """Eval forward, and a training loss's gradient with the given rngs."""
+    eval_out = model.apply({"params": p}, images, train=False)
+
+    def loss_fn(p):
+      out, a = model.apply({"params": p}, images, train=True,
+                           rngs={"dropout": k1, "gating": k2})
+      loss = optax.softmax_cross_entropy_with_integer_labels(out, labels).mean()
+      return loss + a["auxiliary_loss"], out
+
+    grads, train_logits = jax.grad(loss_fn, has_aux=True)(p)
+    return eval_out, train_logits, grads
+
+  (logits, aux), train_a, grads = run(params, jax.random.key(1), jax.random.key(2))
+  assert logits.shape == (4, 3)
+  assert aux["pre_logits"].shape == (4, 16)
+  assert set(aux["routing"]) == {"encoderblock_1"}
+  metrics = aux["routing"]["encoderblock_1"]
+  assert METRICS <= set(metrics)
+  assert all(jnp.shape(v) == () for v in metrics.values())
+  assert metrics["tokens_per_expert_max"] <= 4     # C = ceil(8*2*1.0/4) = 4
+  assert 0.0 <= metrics["dropped_fraction"] <= 1.0
+
+  # Eval is deterministic (and needs no rngs); training depends on its rngs only.
+  (logits2, aux2), train_b, _ = run(params, jax.random.key(1), jax.random.key(2))
+  _, train_c, _ = run(params, jax.random.key(5), jax.random.key(6))
+  np.testing.assert_array_equal(logits, logits2)
+  np.testing.assert_array_equal(aux["pre_logits"], aux2["pre_logits"])
+  np.testing.assert_array_equal(train_a, train_b)
+  assert not np.allclose(train_a, train_c)
+
+  # Gradients reach the router and every expert.
+  moe = grads["encoder"]["encoderblock_1"]["moe"]
+  assert jnp.abs(moe["router"]["kernel"]).sum() > 0
+  per_expert = jnp.abs(moe["experts"]["wi_kernel"]).sum(axis=(1, 2))
+  assert (per_expert > 0).all(), per_expert
+
+
+def test_dense_vit_and_gap_representation():
+  cfg = tiny_config()
+  cfg.name = "vit"
+  cfg.classifier = "gap"
+  cfg.representation_size = 7
+  model = vnn.build_model(cfg)
+  images = _images()
+  params = _init(model, images)
+  logits, aux = model.apply({"params": params}, images, train=False)
+  assert logits.shape == (4, 3) and aux["pre_logits"].shape == (4, 7)
+  assert aux["routing"] == {} and float(aux["auxiliary_loss"]) == 0.0
+  flat = flax.traverse_util.flatten_dict(params, sep="/")
+  assert not any(re.search(vnn.EXPERT_PARAMS_REGEX, k) for k in flat)
+  assert "cls" not in params
+
+
+def test_expert_params_regex_matches_exactly_the_expert_weights():
+  cfg = tiny_config()
+  cfg.encoder.num_layers = 4
+  model = vnn.build_model(cfg)
+  shapes = jax.eval_shape(lambda k: model.init({"params": k}, _images(), train=False),
+                          jax.random.key(0))["params"]
+  flat = flax.traverse_util.flatten_dict(shapes, sep="/")
+  matched = {k for k in flat if re.fullmatch(vnn.EXPERT_PARAMS_REGEX, k)}
+  assert matched == {f"encoder/encoderblock_{i}/moe/experts/{w}" for i in (1, 3)
+                     for w in ("wi_kernel", "wi_bias", "wo_kernel", "wo_bias")}
+  assert all(flat[k].shape[0] == 4 for k in matched)
+  assert re.search(vnn.EXPERT_PARAMS_REGEX, "params/" + next(iter(matched)))
+
+
+def test_parse_moe_layers():
+  assert parse_moe_layers("every_2", 6) == (1, 3, 5)
+  assert parse_moe_layers("last_2", 6) == (4, 5)
+  assert parse_moe_layers("0, 2", 6) == (0, 2)
+  assert parse_moe_layers([3, 1], 6) == (1, 3)
+  with pytest.raises(ValueError, match="every_2"):
+    parse_moe_layers("odd", 6)
+  with pytest.raises(ValueError, match=r"\[7\]"):
+    parse_moe_layers("1,7", 6)
+
+
+def test_config_errors_list_valid_values():
+  with pytest.raises(ValueError, match="expert_choice.*sbase.*sparse_ot.*topk"):
+    vnn.build_model(tiny_config("top2"))
+  cfg = tiny_config()
+  with cfg.unlocked():
+    cfg.encoder.moe.router.sbase.tau = 1.0
+  with pytest.raises(ValueError, match=r"\['tau'\].*epsilon"):
+    vnn.build_model(cfg)
+  cfg = tiny_config()
+  with cfg.unlocked():
+    cfg.encoder.moe.router.temperature = 1.0
+  with pytest.raises(ValueError, match="temperature.*valid options"):
+    vnn.build_model(cfg)
+  with pytest.raises(ValueError, match="token_choice"):
+    vnn.build_model(tiny_config("sparse_ot", **{"sparse_ot.form": "rows"}))
+  cfg = tiny_config()
+  cfg.encoder.moe.dispatcher = "loop"
+  with pytest.raises(ValueError, match="einsum.*indices"):
+    vnn.build_model(cfg)
+  cfg = tiny_config()
+  cfg.name = "resnet"
+  with pytest.raises(ValueError, match="vit_moe"):
+    vnn.build_model(cfg)
