@@ -8,7 +8,7 @@ Protocol, per dataset of `config.fewshot.datasets`:
    classifier for the whole L2 grid and choose the L2 strength on those few-shot
    examples only (`ridge.py`: leave-one-out by default, or a per-class holdout),
    then measure top-1 accuracy on the full test split with the chosen strength.
-   The test labels are read once, after the fit, to score it.
+   Test labels are read only to score a finished fit.
 3. Report per shot the accuracy of each seed with its chosen L2, and their mean and
    (population) standard deviation over seeds. Training logs the mean as
    `fewshot/<dataset>/<shot>shot`.
