@@ -5,10 +5,12 @@ from vmoe_sparse_ot.nn.config import default_model_config
 
 
 def tiny_config(router: str = "topk", **router_overrides) -> ml_collections.ConfigDict:
-  """D=16, 2 blocks (block 1 is MoE), 4 experts, groups of 8 tokens, 8x8 images."""
+  """D=16, 2 blocks (block 1 is MoE), 4 experts, groups of 8 tokens, 8x8 images, GAP."""
   cfg = default_model_config()
   cfg.num_classes = 3
-  cfg.patch_size = (4, 4)           # 8x8 images -> 4 patches + class token
+  cfg.patch_size = (4, 4)           # 8x8 images -> 4 patches
+  # GAP, so that every token of the last (MoE) block reaches the loss.
+  cfg.classifier = "gap"
   cfg.hidden_size = 16
   cfg.encoder.num_layers = 2
   cfg.encoder.num_heads = 2

@@ -17,9 +17,9 @@ def test_sharded_forward_equals_single_device(mesh_shape):
     pytest.skip("needs 8 (fake) devices")
   cfg = tiny_config("topk")
   cfg.encoder.moe.num_experts = 8
-  cfg.encoder.moe.group_size = 10          # 8 images x 5 tokens = 4 groups
+  cfg.encoder.moe.group_size = 8           # 16 images x 4 tokens = 8 groups
   model = vnn.build_model(cfg)
-  images = jax.random.normal(jax.random.key(0), (8, 8, 8, 3))
+  images = jax.random.normal(jax.random.key(0), (16, 8, 8, 3))
   params = jax.jit(lambda k: model.init({"params": k}, images, train=False))(
       jax.random.key(1))["params"]
   params["head"]["kernel"] = jax.random.normal(jax.random.key(2), params["head"]["kernel"].shape)

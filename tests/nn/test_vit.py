@@ -48,8 +48,8 @@ def test_forward_contract_eval_determinism_rngs_and_gradients(router, params):
   cfg = tiny_config(router)
   cfg.encoder.dropout_rate = 0.1
   model = vnn.build_model(cfg)
-  images = _images()                 # 4 images x 5 tokens = 20 tokens: last group padded
-  labels = jnp.array([0, 1, 2, 0])
+  images = _images(5)                # 5 images x 4 tokens = 20 tokens: last group padded
+  labels = jnp.array([0, 1, 2, 0, 1])
 
   @jax.jit
   def run(p, k1, k2):
@@ -66,8 +66,8 @@ def test_forward_contract_eval_determinism_rngs_and_gradients(router, params):
     return eval_out, train_logits, grads
 
   (logits, aux), train_a, grads = run(params, jax.random.key(1), jax.random.key(2))
-  assert logits.shape == (4, 3)
-  assert aux["pre_logits"].shape == (4, 16)
+  assert logits.shape == (5, 3)
+  assert aux["pre_logits"].shape == (5, 16)
   assert set(aux["routing"]) == {"encoderblock_1"}
   metrics = aux["routing"]["encoderblock_1"]
   assert METRICS <= set(metrics)
@@ -93,7 +93,7 @@ def test_forward_contract_eval_determinism_rngs_and_gradients(router, params):
 def test_dense_vit_and_gap_representation():
   cfg = tiny_config()
   cfg.name = "vit"
-  cfg.classifier = "gap"
+  cfg.classifier = "token"
   cfg.representation_size = 7
   model = vnn.build_model(cfg)
   images = _images()
@@ -103,7 +103,7 @@ def test_dense_vit_and_gap_representation():
   assert aux["routing"] == {} and float(aux["auxiliary_loss"]) == 0.0
   flat = flax.traverse_util.flatten_dict(params, sep="/")
   assert not any(re.search(vnn.EXPERT_PARAMS_REGEX, k) for k in flat)
-  assert "cls" not in params
+  assert params["cls"].shape == (1, 1, 16)
 
 
 def test_expert_params_regex_matches_exactly_the_expert_weights():

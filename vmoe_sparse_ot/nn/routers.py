@@ -193,6 +193,9 @@ def route_sbase(logits: Array, token_mask: Array, opts: RouterOptions, capacity:
   return _finish(gates, token_index, valid, token_mask, jnp.zeros((), logits.dtype))
 
 
+_PAD_COST = 100.0
+
+
 def sparse_ot_plan(cost: Array, a: Array, b: Array, k: int, opts: RouterOptions) -> Array:
   """Plan (m, n) of the sparsity-constrained semi-dual, <= k nonzeros per column."""
   from vmoe_sparse_ot import ot
@@ -209,18 +212,24 @@ def route_sparse_ot(logits: Array, token_mask: Array, opts: RouterOptions, capac
   del train, rng
   _, s, e = logits.shape
   gates = jax.nn.softmax(logits, axis=-1)
-  cost = -jax.lax.stop_gradient(gates).astype(jnp.float32)     # (G, S, E), in [-1, 0]
-  a, b = _uniform_marginals(s, e, jnp.float32)
+  # Cost 1 - softmax: the paper's -softmax shifted by a constant (same plans, and
+  # non-negative as the OT library's contract asks). Padding tokens get no mass and
+  # a cost far above any real token's, so they never enter a column's top k.
+  mask = token_mask.astype(jnp.float32)
+  cost = 1.0 - jax.lax.stop_gradient(gates).astype(jnp.float32)         # (G, S, E)
+  cost = jnp.where(token_mask[..., None], cost, _PAD_COST)
+  a = mask                                                               # (G, S)
+  b = jnp.broadcast_to(jnp.sum(mask, axis=1, keepdims=True) / e, mask.shape[:1] + (e,))
   if opts.sparse_ot_form == "expert_choice":
     # At most C tokens per expert column; the expert takes its column's support.
-    plan = jax.vmap(lambda c: sparse_ot_plan(c, a, b, capacity, opts))(cost)
+    plan = jax.vmap(lambda c, a, b: sparse_ot_plan(c, a, b, capacity, opts))(cost, a, b)
     token_index, valid = rt.assign_expert_choice(plan, token_mask, capacity, min_score=0.0)
   else:
     # Transposed problem: rows are experts (mass S/E), columns tokens (mass 1),
     # at most K nonzeros per token column.
     k = min(opts.num_selected_experts, e)
-    plan_t = jax.vmap(lambda c: sparse_ot_plan(c.T, b, a, k, opts))(cost)  # (G, E, S)
-    plan = jnp.swapaxes(plan_t, 1, 2)
+    plan_t = jax.vmap(lambda c, a, b: sparse_ot_plan(c.T, b, a, k, opts))(cost, a, b)
+    plan = jnp.swapaxes(plan_t, 1, 2)                                    # (G, S, E)
     top_plan, expert_index = jax.lax.top_k(plan, k)
     priority = top_plan[..., 0] if opts.batch_priority else None
     token_index, valid = rt.assign_token_choice(expert_index, token_mask, e, capacity,

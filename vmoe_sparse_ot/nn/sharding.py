@@ -27,22 +27,21 @@ def _axis_size(mesh, axes: AxisSpec) -> int:
 def constrain(x: jax.Array, spec: Sequence[AxisSpec]) -> jax.Array:
   """Applies `with_sharding_constraint(x, P(*spec))` when the current mesh allows it.
 
-  Mesh axes in `spec` that the current mesh does not have are dropped, as are
-  entries whose dimension is not divisible by the axis size (XLA would reject
-  them); if nothing is left, `x` is returned unchanged.
+  Mesh axes in `spec` that the current mesh does not have are dropped, and so are
+  trailing axes of an entry while its dimension is not divisible by their total
+  size (XLA would reject it); if nothing is left, `x` is returned unchanged.
   """
   mesh = jax.sharding.get_abstract_mesh()
   if mesh.empty:
     return x
   kept = []
   for dim, axes in zip(x.shape, spec):
-    if axes is not None:
-      names = (axes,) if isinstance(axes, str) else tuple(axes)
-      names = tuple(n for n in names if n in mesh.axis_names)
-      axes = None if not names else (names[0] if len(names) == 1 else names)
-    if axes is not None and dim % _axis_size(mesh, axes) != 0:
-      axes = None
-    kept.append(axes)
+    names = () if axes is None else ((axes,) if isinstance(axes, str) else tuple(axes))
+    names = tuple(n for n in names if n in mesh.axis_names)
+    # Drop trailing axes until the dimension divides (('data', 'expert') -> 'data').
+    while names and dim % _axis_size(mesh, names) != 0:
+      names = names[:-1]
+    kept.append(None if not names else (names[0] if len(names) == 1 else names))
   if all(a is None for a in kept):
     return x
   return jax.lax.with_sharding_constraint(x, P(*kept))
