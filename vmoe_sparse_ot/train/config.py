@@ -1,0 +1,163 @@
+"""Training config layout, `key=value` config-file arguments, and validation.
+
+Config files in `configs/` start from `base_config()` (which lists every key the
+trainer reads, with defaults) and return it locked, so a typo'd key fails instead
+of being silently ignored. Kept free of JAX and TensorFlow: config files import
+this module, and so does the command line before anything heavy is loaded.
+"""
+from __future__ import annotations
+
+import importlib.util
+import re
+from typing import Any, Mapping, Sequence
+
+import ml_collections
+
+from vmoe_sparse_ot.evaluate.config import default_fewshot_config
+from vmoe_sparse_ot.nn.config import default_model_config
+
+OPTIMIZERS = ('adam', 'adamw', 'sgd')
+SCHEDULES = ('warmup_linear_decay', 'warmup_cosine_decay', 'warmup_constant')
+MESH_AXES = ('data', 'expert')
+
+
+def base_config() -> ml_collections.ConfigDict:
+  """Every key the trainer reads, with defaults (unlocked; config files lock it)."""
+  return ml_collections.ConfigDict({
+      'model': default_model_config(),
+      'dataset': {
+          # An embedded dataset ('embedded_mnist', 'sklearn_digits') or a prepared
+          # TFDS name (e.g. 'imagenet2012' under `data_dir`).
+          'name': 'embedded_mnist',
+          'train_split': 'train',
+          'eval_split': 'test',
+          'image_size': 28,
+          'channels': 1,
+          'data_dir': ml_collections.FieldReference(None, field_type=str),
+          'shuffle_buffer': 10_000,
+          # 'none' or 'inception_crop_flip'; None: by dataset (none for digits).
+          'augment': ml_collections.FieldReference(None, field_type=str),
+      },
+      # Global batch sizes (over all processes); each process reads its share.
+      'batch_size': 64,
+      'eval_batch_size': 256,
+      'train_steps': 1000,
+      'optimizer': {
+          # 'adam' / 'adamw': Adam with decoupled weight decay (AdamW), the decay
+          # scaled by the learning rate schedule as in V-MoE; 'sgd': momentum SGD.
+          'name': 'adam',
+          'b1': 0.9,
+          'b2': 0.999,
+          'eps': 1e-8,
+          'momentum': 0.9,
+          'weight_decay': 0.0,
+          # Parameters whose '/'-joined path matches get weight decay.
+          'weight_decay_regex': r'(^|/)[^/]*kernel$',
+          # Clip gradients to this global norm; None: no clipping.
+          'gradient_clip_norm': ml_collections.FieldReference(None, field_type=float),
+      },
+      'schedule': {
+          'name': 'warmup_linear_decay',
+          'peak_value': 1e-3,
+          'end_value': 1e-5,
+          'warmup_steps': 100,
+          # Steps from the end of warmup to `end_value`; None: until train_steps.
+          'decay_steps': ml_collections.FieldReference(None, field_type=int),
+      },
+      'mesh': {
+          # Devices along 'expert' (expert parameters are split over it); 'data'
+          # takes the remaining devices when -1. The batch is split over both.
+          'data': -1,
+          'expert': 1,
+      },
+      'checkpoint': {
+          'every_steps': 500,
+          'keep': 2,
+          'async_save': True,
+      },
+      'log_every_steps': 50,
+      # 0 disables periodic evaluation; the final step is always evaluated.
+      'eval_every_steps': 500,
+      'fewshot': default_fewshot_config(),
+      'seed': 0,
+  })
+
+
+def parse_arg(arg: str | None, **defaults: Any) -> ml_collections.ConfigDict:
+  """Parses a config-file argument 'k1=v1,k2=v2' over `defaults` (types follow them).
+
+  `--config=configs/vmoe_tiny_mnist.py:router=sbase,steps=100` reaches
+  `get_config('router=sbase,steps=100')`. Unknown keys fail with the valid ones.
+  """
+  out = ml_collections.ConfigDict(defaults)
+  if not arg:
+    return out
+  for item in arg.split(','):
+    if '=' not in item:
+      raise ValueError(f'config argument {item!r} is not key=value; valid keys: '
+                       f'{sorted(defaults)}')
+    key, value = (s.strip() for s in item.split('=', 1))
+    if key not in defaults:
+      raise ValueError(f'unknown config argument {key!r}; valid keys: {sorted(defaults)}')
+    default = defaults[key]
+    if isinstance(default, bool):
+      out[key] = value.lower() in ('1', 'true', 'yes')
+    elif isinstance(default, (int, float)):
+      out[key] = type(default)(value)
+    else:
+      out[key] = value
+  return out
+
+
+def validate(config: Mapping[str, Any]) -> None:
+  """Checks the trainer's own sections; the model checks its own in nn.build_model."""
+  _check_keys(config, base_config(), 'config')
+  for section in ('dataset', 'optimizer', 'schedule', 'mesh', 'checkpoint'):
+    _check_keys(config[section], base_config()[section], f'config.{section}')
+  if config['optimizer']['name'] not in OPTIMIZERS:
+    raise ValueError(f"config.optimizer.name must be one of {list(OPTIMIZERS)}, "
+                     f"got {config['optimizer']['name']!r}")
+  if config['schedule']['name'] not in SCHEDULES:
+    raise ValueError(f"config.schedule.name must be one of {list(SCHEDULES)}, "
+                     f"got {config['schedule']['name']!r}")
+  for key in ('batch_size', 'eval_batch_size', 'train_steps'):
+    if int(config[key]) <= 0:
+      raise ValueError(f'config.{key} must be positive, got {config[key]}')
+  if config['dataset']['channels'] not in (1, 3):
+    raise ValueError(f"config.dataset.channels must be 1 or 3, got {config['dataset']['channels']}")
+  if int(config['checkpoint']['every_steps']) <= 0:
+    raise ValueError('config.checkpoint.every_steps must be positive')
+  re.compile(config['optimizer']['weight_decay_regex'])
+
+
+def _check_keys(cfg: Mapping[str, Any], reference: Mapping[str, Any], where: str) -> None:
+  unknown = sorted(set(cfg.keys()) - set(reference.keys()))
+  if unknown:
+    raise ValueError(f'unknown key(s) {unknown} in {where}; valid keys: {sorted(reference)}')
+
+
+def load_config_file(spec: str) -> ml_collections.ConfigDict:
+  """Loads 'path/to/config.py[:arg]' the way `config_flags` does."""
+  path, _, arg = spec.partition(':')
+  module_spec = importlib.util.spec_from_file_location('_vmoe_config', path)
+  if module_spec is None:
+    raise FileNotFoundError(f'config file {path!r} not found')
+  module = importlib.util.module_from_spec(module_spec)
+  module_spec.loader.exec_module(module)
+  return module.get_config(arg) if arg else module.get_config()
+
+
+def explain_override(config: Mapping[str, Any], overrides: Sequence[str]) -> str | None:
+  """For '--config.a.b=v' overrides, names the first unknown key and the valid ones."""
+  for override in overrides:
+    path = override.split('=', 1)[0][len('--config.'):]
+    node, walked = config, []
+    for part in path.split('.'):
+      if not hasattr(node, "keys") or part not in node.keys():
+        where = '.'.join(['config', *walked])
+        valid = sorted(node.keys()) if hasattr(node, "keys") else []
+        return (f'Unknown config key {part!r} in {override.split("=", 1)[0]}; valid keys '
+                f'under {where}: {", ".join(valid) if valid else "(none: it is a value)"}')
+      node = node[part]
+      walked.append(part)
+  return None

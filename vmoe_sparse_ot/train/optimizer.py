@@ -1,0 +1,70 @@
+"""optax optimizer and learning-rate schedule from `config.optimizer` / `config.schedule`."""
+from __future__ import annotations
+
+import re
+from typing import Any, Mapping
+
+import jax
+import optax
+
+
+def make_schedule(schedule: Mapping[str, Any], train_steps: int) -> optax.Schedule:
+  """Linear warmup from 0 to `peak_value`, then linear / cosine decay or constant.
+
+  Decay runs for `decay_steps` steps after warmup (default: until `train_steps`),
+  ending at `end_value`.
+  """
+  name = schedule['name']
+  peak, end = float(schedule['peak_value']), float(schedule['end_value'])
+  warmup = int(schedule['warmup_steps'])
+  decay_steps = schedule.get('decay_steps')
+  decay_steps = max(int(train_steps) - warmup, 1) if decay_steps is None else int(decay_steps)
+  if name == 'warmup_constant':
+    after = optax.constant_schedule(peak)
+  elif name == 'warmup_linear_decay':
+    after = optax.linear_schedule(peak, end, decay_steps)
+  elif name == 'warmup_cosine_decay':
+    after = optax.cosine_decay_schedule(peak, decay_steps, alpha=end / peak if peak else 0.0)
+  else:
+    raise ValueError(f"schedule.name must be one of 'warmup_linear_decay', "
+                     f"'warmup_cosine_decay', 'warmup_constant'; got {name!r}")
+  if warmup <= 0:
+    return after
+  return optax.join_schedules([optax.linear_schedule(0.0, peak, warmup), after], [warmup])
+
+
+def weight_decay_mask(params: Any, regex: str) -> Any:
+  """Bool tree: True where the '/'-joined parameter path matches `regex`."""
+  pattern = re.compile(regex)
+  return jax.tree_util.tree_map_with_path(
+      lambda path, _: bool(pattern.search('/'.join(str(getattr(k, 'key', k)) for k in path))),
+      params)
+
+
+def make_optimizer(optimizer: Mapping[str, Any], schedule: optax.Schedule,
+                   params: Any) -> optax.GradientTransformation:
+  """Gradient clipping (optional), then Adam/AdamW or SGD with decoupled weight decay.
+
+  Weight decay is decoupled from the adaptive moments and scaled by the learning
+  rate (AdamW; V-MoE's "Adam, weight decay 0.1"), applied to the parameters
+  matching `weight_decay_regex` (kernels by default).
+  """
+  name = optimizer['name']
+  wd = float(optimizer['weight_decay'])
+  if name in ('adam', 'adamw'):
+    core = [optax.scale_by_adam(b1=float(optimizer['b1']), b2=float(optimizer['b2']),
+                                eps=float(optimizer['eps']))]
+  elif name == 'sgd':
+    core = [optax.trace(decay=float(optimizer['momentum']))]
+  else:
+    raise ValueError(f"optimizer.name must be one of 'adam', 'adamw', 'sgd'; got {name!r}")
+  chain = []
+  clip = optimizer.get('gradient_clip_norm')
+  if clip is not None:
+    chain.append(optax.clip_by_global_norm(float(clip)))
+  chain += core
+  if wd:
+    chain.append(optax.add_decayed_weights(
+        wd, mask=weight_decay_mask(params, optimizer['weight_decay_regex'])))
+  chain.append(optax.scale_by_learning_rate(schedule))
+  return optax.chain(*chain)
