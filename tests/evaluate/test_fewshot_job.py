@@ -6,25 +6,23 @@ import sys
 import textwrap
 
 import jax
-import numpy as np
 import pytest
 
 from vmoe_sparse_ot import fewshot as job
-from vmoe_sparse_ot import nn
 from vmoe_sparse_ot.evaluate import fewshot
-from vmoe_sparse_ot.train import checkpoints
+from vmoe_sparse_ot.train import config as config_lib
+from vmoe_sparse_ot.train import trainer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-# A tiny V-MoE on 8x8 digits; `get_config('bad')` names a dataset that does not exist.
+# A tiny V-MoE trained for 5 steps on 8x8 digits, with periodic few-shot every 2
+# steps; `get_config('bad')` adds a few-shot dataset that does not exist.
 CONFIG_FILE = textwrap.dedent('''
-    import ml_collections
     from vmoe_sparse_ot.evaluate import fewshot
-    from vmoe_sparse_ot.nn import config as nn_config
+    from vmoe_sparse_ot.train import config as config_lib
 
     def get_config(arg=None):
-      config = ml_collections.ConfigDict()
-      config.model = nn_config.default_model_config()
+      config = config_lib.base_config()
       config.model.hidden_size = 16
       config.model.encoder.num_layers = 1
       config.model.encoder.num_heads = 2
@@ -32,9 +30,18 @@ CONFIG_FILE = textwrap.dedent('''
       config.model.encoder.moe.layers = '0'
       config.model.encoder.moe.num_experts = 4
       config.model.encoder.moe.group_size = 4
-      config.dataset = ml_collections.ConfigDict(dict(
-          name='sklearn_digits', image_size=8, channels=1, data_dir=DATA_DIR))
-      config.fewshot = fewshot.default_fewshot_config()
+      config.dataset.update(dict(name='sklearn_digits', train_split='train',
+                                 eval_split='test', image_size=8, channels=1,
+                                 data_dir=DATA_DIR, shuffle_buffer=256, augment='none'))
+      config.batch_size = 16
+      config.eval_batch_size = 64
+      config.train_steps = 5
+      config.schedule.warmup_steps = 1
+      config.checkpoint.every_steps = 3
+      config.checkpoint.async_save = False
+      config.log_every_steps = 5
+      config.eval_every_steps = 0
+      config.fewshot.every_steps = 2
       config.fewshot.shots = (1, 5)
       config.fewshot.seeds = (0, 1)
       config.fewshot.batch_size = 128
@@ -42,39 +49,42 @@ CONFIG_FILE = textwrap.dedent('''
       if arg == 'bad':
         config.fewshot.datasets.nope = dict(
             name='no_such_dataset', train_split='train', test_split='test')
+      config.lock()
       return config
 ''')
 
 
 @pytest.fixture(scope='module')
 def setup(tmp_path_factory):
-  """(config path, workdir with checkpoints at steps 3 and 5)."""
+  """(config path, workdir of a 5-step training run)."""
   tmp = tmp_path_factory.mktemp('fewshot_job')
   config_path = tmp / 'tiny_digits.py'
   config_path.write_text(f'DATA_DIR = {str(tmp / "data")!r}\n' + CONFIG_FILE)
-  namespace = {}
-  exec(compile(config_path.read_text(), str(config_path), 'exec'), namespace)
-  config = namespace['get_config']()
-  model = nn.build_model(config.model)
-  init = jax.jit(lambda key, x: model.init({'params': key}, x, train=False))
   workdir = tmp / 'workdir'
-  saver = checkpoints.Checkpointer(str(workdir), async_save=False)
-  for step in (3, 5):
-    params = init(jax.random.key(step), np.zeros((2, 8, 8, 1), np.float32))['params']
-    saver.save(step, params, {'count': np.int32(step)},
-               {'step': step, 'model_config': config.model.to_dict(),
-                'param_shapes': checkpoints.param_shapes(params)})
-  saver.close()
-  return config_path, workdir, namespace['get_config']
+  # One device: compiling for the 8 fake CPU devices costs time and tests nothing here.
+  trainer.train_and_evaluate(config_lib.load_config_file(str(config_path)), str(workdir),
+                             devices=jax.devices()[:1])
+  return config_path, workdir
+
+
+def test_training_run_wrote_periodic_fewshot_metrics(setup):
+  from tensorboard.backend.event_processing import event_accumulator
+  _, workdir = setup
+  acc = event_accumulator.EventAccumulator(str(workdir), size_guidance={'tensors': 0})
+  acc.Reload()
+  for tag in ('fewshot/digits/1shot', 'fewshot/digits/5shot'):
+    events = acc.Tensors(tag) if tag in acc.Tags()['tensors'] else acc.Scalars(tag)
+    assert [e.step for e in events] == [1, 2, 4, 5]  # first, every 2, last
 
 
 def _run_job(*args):
+  env = dict(os.environ, XLA_FLAGS='--xla_force_host_platform_device_count=1')
   return subprocess.run([sys.executable, '-m', 'vmoe_sparse_ot.fewshot', *args],
-                        cwd=ROOT, capture_output=True, text=True, timeout=300)
+                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
 
 
 def test_job_evaluates_latest_checkpoint_prints_table_and_writes_json(setup):
-  config_path, workdir, _ = setup
+  config_path, workdir = setup
   proc = _run_job(f'--config={config_path}', f'--workdir={workdir}')
   assert proc.returncode == 0, proc.stderr[-3000:]
   assert 'at step 5' in proc.stdout
@@ -93,8 +103,8 @@ def test_job_evaluates_latest_checkpoint_prints_table_and_writes_json(setup):
 
 
 def test_run_evaluates_the_requested_step(setup):
-  config_path, workdir, get_config = setup
-  payload = job.run(get_config(), str(workdir), step=3)
+  config_path, workdir = setup
+  payload = job.run(config_lib.load_config_file(str(config_path)), str(workdir), step=3)
   assert payload['step'] == 3
   with open(workdir / 'fewshot' / 'results.json') as f:
     assert json.load(f)['step'] == 3
@@ -103,24 +113,25 @@ def test_run_evaluates_the_requested_step(setup):
 
 
 def test_missing_checkpoint_fails_clearly(setup, tmp_path):
-  config_path, _, get_config = setup
+  config_path, workdir = setup
   proc = _run_job(f'--config={config_path}', f'--workdir={tmp_path}')
   assert proc.returncode == 1
   assert str(tmp_path / 'checkpoints') in proc.stderr
   assert not (tmp_path / 'fewshot').exists()
   with pytest.raises(FileNotFoundError, match='step 4'):
-    job.run(get_config(), str(setup[1]), step=4)
+    job.run(config_lib.load_config_file(str(config_path)), str(workdir), step=4)
 
 
 def test_unknown_dataset_fails_clearly(setup):
-  _, workdir, get_config = setup
+  config_path, workdir = setup
   with pytest.raises(fewshot.DatasetError, match="'nope' .name='no_such_dataset'"):
-    job.run(get_config('bad'), str(workdir))
+    job.run(config_lib.load_config_file(f'{config_path}:bad'), str(workdir))
 
 
 def test_checkpoint_of_another_model_fails_clearly(setup):
-  _, workdir, get_config = setup
-  config = get_config()
+  config_path, workdir = setup
+  config = config_lib.load_config_file(str(config_path))
+  config.unlock()
   config.model.hidden_size = 24
   with pytest.raises(job.CheckpointMismatchError, match='checkpoint .16.*, model .24'):
     job.run(config, str(workdir))
