@@ -207,33 +207,45 @@ def sparse_ot_plan(cost: Array, a: Array, b: Array, k: int, opts: RouterOptions)
   return res.plan
 
 
-def route_sparse_ot(logits: Array, token_mask: Array, opts: RouterOptions, capacity: int,
-                    train: bool, rng: Optional[Array]) -> rt.Routing:
-  del train, rng
-  _, s, e = logits.shape
-  gates = jax.nn.softmax(logits, axis=-1)
-  # Cost 1 - softmax: the paper's -softmax shifted by a constant (same plans, and
-  # non-negative as the OT library's contract asks). Padding tokens get no mass and
-  # a cost far above any real token's, so they never enter a column's top k.
+def sparse_ot_plans(logits: Array, token_mask: Array, opts: RouterOptions,
+                    capacity: int) -> Array:
+  """The sparse_ot router's plans (G, S, E) (no gradient).
+
+  Expert-choice form: at most k = C nonzeros per expert column; token-choice form:
+  at most K nonzeros per token row (the transposed problem). Cost 1 - softmax: the
+  paper's -softmax shifted by a constant (same plans, and non-negative as the OT
+  library's contract asks). Padding tokens get no mass and a cost far above any
+  real token's, so they never enter a column's top k.
+  """
+  e = logits.shape[-1]
+  gates = jax.nn.softmax(jax.lax.stop_gradient(logits).astype(jnp.float32), axis=-1)
   mask = token_mask.astype(jnp.float32)
-  cost = 1.0 - jax.lax.stop_gradient(gates).astype(jnp.float32)         # (G, S, E)
-  cost = jnp.where(token_mask[..., None], cost, _PAD_COST)
+  cost = jnp.where(token_mask[..., None], 1.0 - gates, _PAD_COST)        # (G, S, E)
   a = mask                                                               # (G, S)
   b = jnp.broadcast_to(jnp.sum(mask, axis=1, keepdims=True) / e, mask.shape[:1] + (e,))
   if opts.sparse_ot_form == "expert_choice":
-    # At most C tokens per expert column; the expert takes its column's support.
-    plan = jax.vmap(lambda c, a, b: sparse_ot_plan(c, a, b, capacity, opts))(cost, a, b)
+    return jax.vmap(lambda c, a, b: sparse_ot_plan(c, a, b, capacity, opts))(cost, a, b)
+  # Rows are experts (mass S/E), columns tokens (mass 1), <= K nonzeros per token.
+  k = min(opts.num_selected_experts, e)
+  plan_t = jax.vmap(lambda c, a, b: sparse_ot_plan(c.T, b, a, k, opts))(cost, a, b)
+  return jnp.swapaxes(plan_t, 1, 2)
+
+
+def route_sparse_ot(logits: Array, token_mask: Array, opts: RouterOptions, capacity: int,
+                    train: bool, rng: Optional[Array]) -> rt.Routing:
+  del train, rng
+  e = logits.shape[-1]
+  plan = sparse_ot_plans(logits, token_mask, opts, capacity)
+  if opts.sparse_ot_form == "expert_choice":
+    # Each expert takes the support of its column (<= C entries by construction).
     token_index, valid = rt.assign_expert_choice(plan, token_mask, capacity, min_score=0.0)
   else:
-    # Transposed problem: rows are experts (mass S/E), columns tokens (mass 1),
-    # at most K nonzeros per token column.
     k = min(opts.num_selected_experts, e)
-    plan_t = jax.vmap(lambda c, a, b: sparse_ot_plan(c.T, b, a, k, opts))(cost, a, b)
-    plan = jnp.swapaxes(plan_t, 1, 2)                                    # (G, S, E)
     top_plan, expert_index = jax.lax.top_k(plan, k)
     priority = top_plan[..., 0] if opts.batch_priority else None
     token_index, valid = rt.assign_token_choice(expert_index, token_mask, e, capacity,
                                                 priority, choice_mask=top_plan > 0)
+  gates = jax.nn.softmax(logits, axis=-1)
   return _finish(gates, token_index, valid, token_mask, jnp.zeros((), logits.dtype))
 
 
