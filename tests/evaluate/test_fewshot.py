@@ -67,16 +67,16 @@ def test_l2_selection_never_reads_test_labels(monkeypatch, l2_selection):
   real_top1 = fewshot._top1
   scored = []
 
-  def top1(scores, labels):
+  def top1(predictions, labels):
     assert isinstance(labels, _LabelsGuard)
-    scored.append(len(scores))
-    return real_top1(scores, labels._labels)
+    scored.append(len(predictions))
+    return real_top1(predictions, labels._labels)
 
   with monkeypatch.context() as patch:
     patch.setattr(fewshot, '_top1', top1)
     guarded = fewshot.evaluate_features(train_x, train_y, test_x, _LabelsGuard(test_y),
                                         **kwargs)
-  assert len(scored) == 3 * 3
+  assert scored == [len(test_y)] * (3 * 3)
   assert guarded == honest
 
   # 2. Corrupted test labels change the accuracy but not the chosen L2 strengths.
@@ -87,6 +87,14 @@ def test_l2_selection_never_reads_test_labels(monkeypatch, l2_selection):
     assert corrupted[shot]['accuracy'] != honest[shot]['accuracy']
   # The choice is a real one: not every (shot, seed) lands on the same strength.
   assert len({lam for r in honest.values() for lam in r['l2_reg']}) > 1
+
+
+def test_chunked_prediction_matches_full_prediction():
+  train_x, train_y = _gaussians(4, noise=2.0)
+  test_x, _ = _gaussians(5, noise=2.0)
+  fit = fewshot.ridge.fit(train_x, train_y, num_classes=5, l2_regs=L2_REGS)
+  np.testing.assert_array_equal(fewshot._predict(fit, test_x, chunk=7),
+                                np.argmax(fit.predict(test_x), axis=1))
 
 
 def test_sample_few_shot_draws_shot_distinct_examples_per_class():

@@ -52,9 +52,15 @@ def sample_few_shot(labels: np.ndarray, shot: int, seed: int, num_classes: int) 
   return np.concatenate(indices)
 
 
-def _top1(scores: np.ndarray, labels) -> float:
+def _predict(fit: ridge.RidgeFit, features: np.ndarray, chunk: int = 8192) -> np.ndarray:
+  """(M,) predicted classes, in chunks so (M, c) float64 scores never sit in memory."""
+  return np.concatenate([np.argmax(fit.predict(features[i:i + chunk]), axis=1)
+                         for i in range(0, len(features), chunk)])
+
+
+def _top1(predictions: np.ndarray, labels) -> float:
   """The only place evaluation reads test labels: after the fit, to score it."""
-  return float(np.mean(np.argmax(scores, axis=1) == np.asarray(labels)))
+  return float(np.mean(predictions == np.asarray(labels)))
 
 
 def evaluate_features(train_features: np.ndarray, train_labels: np.ndarray,
@@ -83,7 +89,7 @@ def evaluate_features(train_features: np.ndarray, train_labels: np.ndarray,
       fit = ridge.fit(train_features[idx], train_labels[idx], num_classes=num_classes,
                       l2_regs=l2_regs, selection=l2_selection,
                       holdout_fraction=holdout_fraction, seed=seed)
-      accuracies.append(_top1(fit.predict(test_features), test_labels))
+      accuracies.append(_top1(_predict(fit, test_features), test_labels))
       chosen.append(fit.l2_reg)
     results[int(shot)] = {
         'accuracy_mean': float(np.mean(accuracies)),
