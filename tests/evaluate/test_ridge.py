@@ -42,9 +42,8 @@ def test_loo_predictions_match_refitting_without_each_example(n, p):
   rng = np.random.default_rng(1)
   x = rng.normal(size=(n, p))
   y = rng.normal(size=(n, 2))
-  spec = ridge.spectrum(x)
-  for lam in (2.0**-10, 1.0, 2.0**10):
-    loo = ridge.loo_predictions(spec, y, lam)
+  l2_regs = (2.0**-10, 1.0, 2.0**10)
+  for lam, loo in zip(l2_regs, ridge.loo_predictions(ridge.spectrum(x), y, l2_regs)):
     for i in range(n):
       keep = np.arange(n) != i
       np.testing.assert_allclose(loo[i], x[i] @ _direct(x[keep], y[keep], lam),

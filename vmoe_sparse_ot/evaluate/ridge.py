@@ -42,7 +42,7 @@ Choosing the L2 strength without the test split (`select_l2`):
 Everything runs in float64 numpy on the host: the systems are at most
 (features + 1)-dimensional, and double precision keeps small L2 strengths exact.
 """
-from typing import NamedTuple, Sequence
+from typing import Iterator, NamedTuple, Sequence
 
 import numpy as np
 
@@ -126,29 +126,36 @@ def spectrum(x: np.ndarray) -> Spectrum:
   return Spectrum(u=vecs, s=s, v=(x.T @ vecs) / sigma)
 
 
-def ridge_weights(spec: Spectrum, y: np.ndarray, l2_reg: float) -> np.ndarray:
-  """(p, c) ridge weights (X^T X + l2_reg I)^{-1} X^T Y from the spectrum of X."""
-  uty = spec.u.T @ y
-  return spec.v @ ((np.sqrt(spec.s) / (spec.s + l2_reg))[:, None] * uty)
+def ridge_weights(spec: Spectrum, y: np.ndarray,
+                  l2_regs: Sequence[float]) -> Iterator[np.ndarray]:
+  """(p, c) ridge weights (X^T X + lam I)^{-1} X^T Y for each `lam` of `l2_regs`, in order."""
+  uty = spec.u.T @ y  # (r, c), shared by every strength.
+  sigma = np.sqrt(spec.s)
+  for lam in l2_regs:
+    yield spec.v @ ((sigma / (spec.s + lam))[:, None] * uty)
 
 
 def ridge_weights_path(x: np.ndarray, y: np.ndarray, l2_regs: Sequence[float]) -> np.ndarray:
   """(L, p, c) ridge weights for every L2 strength, with one eigendecomposition."""
-  spec = spectrum(x)
-  y = np.asarray(y, np.float64)
-  return np.stack([ridge_weights(spec, y, lam) for lam in l2_regs])
+  return np.stack(list(ridge_weights(spectrum(x), np.asarray(y, np.float64), l2_regs)))
 
 
-def loo_predictions(spec: Spectrum, y: np.ndarray, l2_reg: float) -> np.ndarray:
-  """(n, c) leave-one-out predictions: row i is from the ridge fit without example i."""
-  fitted = spec.u @ ((spec.s / (spec.s + l2_reg))[:, None] * (spec.u.T @ y))
+def loo_predictions(spec: Spectrum, y: np.ndarray,
+                    l2_regs: Sequence[float]) -> Iterator[np.ndarray]:
+  """(n, c) leave-one-out predictions for each strength of `l2_regs`, in order.
+
+  Row i is the prediction for example i of the ridge fit on the other n - 1.
+  """
+  uty = spec.u.T @ y
   u2 = spec.u**2
   # 1 - H_ii written as a sum of non-negative terms, so it does not cancel when the
-  # fit nearly interpolates (n <= p and small l2_reg).
-  one_minus_h = (np.clip(1.0 - u2.sum(axis=1), 0.0, None)
-                 + u2 @ (l2_reg / (spec.s + l2_reg)))
-  one_minus_h = np.maximum(one_minus_h, np.finfo(np.float64).tiny)
-  return y - (y - fitted) / one_minus_h[:, None]
+  # fit nearly interpolates (n <= p and small strengths).
+  outside_row_space = np.clip(1.0 - u2.sum(axis=1), 0.0, None)
+  for lam in l2_regs:
+    fitted = spec.u @ ((spec.s / (spec.s + lam))[:, None] * uty)
+    one_minus_h = np.maximum(outside_row_space + u2 @ (lam / (spec.s + lam)),
+                             np.finfo(np.float64).tiny)
+    yield y - (y - fitted) / one_minus_h[:, None]
 
 
 def _scores(predictions: np.ndarray, y: np.ndarray, labels: np.ndarray):
@@ -225,16 +232,16 @@ def fit(features: np.ndarray, labels: np.ndarray, *, num_classes: int,
     fit_mean, fit_scale = standardization(features[~held])
     fit_spec = spectrum(design_matrix(features[~held], fit_mean, fit_scale))
     x_held = design_matrix(features[held], fit_mean, fit_scale)
-    for j, lam in enumerate(l2_regs):
-      pred = x_held @ ridge_weights(fit_spec, y[~held], lam)
-      accuracy[j], mse[j] = _scores(pred, y[held], labels[held])
+    for j, w in enumerate(ridge_weights(fit_spec, y[~held], l2_regs)):
+      accuracy[j], mse[j] = _scores(x_held @ w, y[held], labels[held])
   else:
-    for j, lam in enumerate(l2_regs):
-      accuracy[j], mse[j] = _scores(loo_predictions(spec, y, lam), y, labels)
+    for j, pred in enumerate(loo_predictions(spec, y, l2_regs)):
+      accuracy[j], mse[j] = _scores(pred, y, labels)
     if not use_accuracy:
       accuracy[:] = np.nan
   best = _choose(l2_regs, accuracy, mse, use_accuracy)
+  (weights,) = ridge_weights(spec, y, l2_regs[best:best + 1])
   return RidgeFit(
-      weights=ridge_weights(spec, y, l2_regs[best]), mean=mean, scale=scale,
+      weights=weights, mean=mean, scale=scale,
       l2_reg=float(l2_regs[best]), l2_regs=l2_regs, selection_accuracy=accuracy,
       selection_mse=mse)
