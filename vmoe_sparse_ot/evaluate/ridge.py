@@ -19,7 +19,7 @@ diagonalised once: X^T X (p x p) when p <= n, else the kernel X X^T (n x n). Eit
 gives the thin SVD X = U diag(sigma) V^T, after which every L2 strength costs only
 matrix products: W(lam) = V diag(sigma / (sigma^2 + lam)) U^T Y.
 
-Choosing the L2 strength without the test split (`select_l2`):
+Choosing the L2 strength without the test split (`fit(..., selection=...)`):
 - 'loo' (default): leave-one-out on the few-shot training set, in closed form from
   the same decomposition. With the hat matrix H = U diag(sigma^2/(sigma^2+lam)) U^T,
   the prediction for example i from a fit without it is
@@ -39,8 +39,9 @@ Choosing the L2 strength without the test split (`select_l2`):
   the ridge classifier approaches the prototype rule argmax_c <x, x_c> on
   standardised features, a sound 1-shot classifier.
 
-Everything runs in float64 numpy on the host: the systems are at most
-(features + 1)-dimensional, and double precision keeps small L2 strengths exact.
+Everything runs in float64 numpy on the host: the eigenproblem is
+min(n, features + 1)-dimensional, and double precision keeps small L2 strengths
+exact. Cost per fit: one eigendecomposition plus O(n r c) per strength.
 """
 from typing import Iterator, NamedTuple, Sequence
 
