@@ -31,7 +31,9 @@ def _manager(workdir: str, *, max_to_keep: int | None = None, async_save: bool =
              read_only: bool = False) -> ocp.CheckpointManager:
   options = ocp.CheckpointManagerOptions(
       max_to_keep=max_to_keep, create=not read_only, read_only=read_only,
-      enable_async_checkpointing=async_save)
+      enable_async_checkpointing=async_save,
+      # A save cut short by a kill leaves a temporary directory; drop it on restart.
+      cleanup_tmp_directories=not read_only)
   handlers = {'params': ocp.StandardCheckpointHandler(),
               'state': ocp.StandardCheckpointHandler(), 'meta': ocp.JsonCheckpointHandler()}
   return ocp.CheckpointManager(checkpoint_dir(workdir), options=options,

@@ -6,6 +6,7 @@ expert parameters, `nn.EXPERT_PARAMS_REGEX`, whose leading E axis is split over
 """
 from __future__ import annotations
 
+import math
 import re
 from typing import Any, Mapping, Sequence
 
@@ -18,11 +19,17 @@ AXES = ('data', 'expert')
 BATCH_SPEC = P(AXES)
 
 
-def make_mesh(mesh_config: Mapping[str, Any], devices: Sequence[Any] | None = None) -> Mesh:
-  """Mesh of shape (data, expert) over all (global) devices; data=-1 takes the rest."""
+def make_mesh(mesh_config: Mapping[str, Any], devices: Sequence[Any] | None = None,
+              num_experts: int | None = None) -> Mesh:
+  """Mesh of shape (data, expert) over all (global) devices; data=-1 takes the rest.
+
+  expert=-1 picks gcd(devices, num_experts): as many expert shards as both allow.
+  """
   devices = list(jax.devices() if devices is None else devices)
   n = len(devices)
   expert, data = int(mesh_config['expert']), int(mesh_config['data'])
+  if expert == -1:
+    expert = math.gcd(n, int(num_experts or 1))
   if expert <= 0 or n % expert:
     raise ValueError(f'config.mesh.expert={expert} must be positive and divide the '
                      f'{n} devices')

@@ -89,7 +89,7 @@ def make_train_step(model, tx: optax.GradientTransformation, schedule: optax.Sch
     metrics = {
         'loss': loss, 'cross_entropy': ce, 'auxiliary_loss': aux['auxiliary_loss'],
         'accuracy': jnp.mean(jnp.argmax(logits, -1) == batch['label']),
-        'grad_norm': optax.global_norm(grads), 'learning_rate': schedule(step - 1),
+        'grad_norm': optax.tree.norm(grads), 'learning_rate': schedule(step - 1),
         **_flatten_routing(aux.get('routing', {})),
     }
     return params, opt_state, metrics
@@ -155,7 +155,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
   config_lib.validate(config)
   model = nn.build_model(config.model)
   os.makedirs(workdir, exist_ok=True)
-  mesh = partitioning.make_mesh(config.mesh, devices)
+  num_experts = config.model.encoder.moe.num_experts if config.model.name == 'vit_moe' else 1
+  mesh = partitioning.make_mesh(config.mesh, devices, num_experts)
   batch_size = _per_process(config.batch_size, 'batch_size', mesh.size)
   eval_batch_size = _per_process(config.eval_batch_size, 'eval_batch_size', mesh.size)
   train_steps = int(config.train_steps)

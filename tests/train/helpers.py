@@ -1,0 +1,72 @@
+"""Shared helpers for trainer tests: a shrunken tiny config and subprocess commands."""
+import os
+import pathlib
+import subprocess
+import sys
+
+from vmoe_sparse_ot.train import config as config_lib
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+TINY = str(ROOT / 'configs' / 'vmoe_tiny_mnist.py')
+
+# Overrides that shrink the tiny MNIST config so a step takes milliseconds.
+SMALL = {
+    'model.hidden_size': 32,
+    'model.encoder.num_layers': 2,
+    'model.encoder.num_heads': 2,
+    'model.encoder.mlp_dim': 64,
+    'model.encoder.moe.num_experts': 4,
+    'model.encoder.moe.group_size': 32,
+    'model.patch_size': (7, 7),
+    'dataset.train_split': 'train[:4096]',
+    'dataset.eval_split': 'test[:300]',
+    'dataset.shuffle_buffer': 1024,
+    'batch_size': 16,
+    'eval_batch_size': 64,
+    'schedule.warmup_steps': 5,
+    'log_every_steps': 5,
+    'eval_every_steps': 0,
+    'checkpoint.every_steps': 1000,
+}
+
+
+def small_config(arg='router=topk', **overrides):
+  """The tiny config with SMALL and `overrides` ('a.b' keys written as a__b) applied."""
+  config = config_lib.load_config_file(f'{TINY}:{arg}')
+  values = dict(SMALL)
+  values.update({k.replace('__', '.'): v for k, v in overrides.items()})
+  for key, value in values.items():
+    node = config
+    *parents, leaf = key.split('.')
+    for part in parents:
+      node = node[part]
+    node[leaf] = value
+  return config
+
+
+def cli_args(workdir, arg='router=topk', **overrides):
+  """Command-line flags equivalent to `small_config(arg, **overrides)`."""
+  values = dict(SMALL)
+  values.update({k.replace('__', '.'): v for k, v in overrides.items()})
+  flags = [f'--config={TINY}:{arg}', f'--workdir={workdir}']
+  for key, value in values.items():
+    if isinstance(value, tuple):
+      value = '(' + ','.join(str(v) for v in value) + ')'
+    flags.append(f'--config.{key}={value}')
+  return flags
+
+
+def main_command(*flags):
+  return [sys.executable, '-m', 'vmoe_sparse_ot.main', *flags]
+
+
+def env(num_devices=None):
+  e = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3')
+  if num_devices is not None:
+    e['XLA_FLAGS'] = f'--xla_force_host_platform_device_count={num_devices}'
+  return e
+
+
+def run(cmd, num_devices=None, timeout=240):
+  return subprocess.run(cmd, env=env(num_devices), capture_output=True, text=True,
+                        timeout=timeout, cwd=ROOT)

@@ -1,0 +1,73 @@
+"""Command line end to end: SIGKILL after a checkpoint, restart, same final params."""
+import os
+import re
+import signal
+import subprocess
+import time
+
+import jax
+import numpy as np
+
+from vmoe_sparse_ot.train import checkpoints
+from vmoe_sparse_ot.train import trainer
+from tests.train import helpers
+
+OVERRIDES = dict(train_steps=30, checkpoint__every_steps=4, log_every_steps=4,
+                 eval_every_steps=0)
+
+
+def _finished_steps(workdir):
+  directory = os.path.join(workdir, 'checkpoints')
+  if not os.path.isdir(directory):
+    return []
+  return sorted(int(d) for d in os.listdir(directory) if d.isdigit())
+
+
+def test_kill_and_resume_matches_uninterrupted_run(tmp_path):
+  killed = str(tmp_path / 'killed')
+  cmd = helpers.main_command(*helpers.cli_args(killed, 'router=topk', **OVERRIDES))
+  proc = subprocess.Popen(cmd, env=helpers.env(num_devices=1), cwd=helpers.ROOT,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+  try:
+    deadline = time.time() + 180
+    while not _finished_steps(killed) and proc.poll() is None and time.time() < deadline:
+      time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    _, err = proc.communicate(timeout=30)
+  finally:
+    if proc.poll() is None:
+      proc.kill()
+  assert proc.returncode == -signal.SIGKILL, err[-3000:]
+  steps_at_kill = _finished_steps(killed)
+  assert steps_at_kill and steps_at_kill[-1] < 30, steps_at_kill
+
+  resumed = helpers.run(cmd, num_devices=1)
+  assert resumed.returncode == 0, resumed.stderr[-3000:]
+  assert f'Resumed from step {steps_at_kill[-1]}' in resumed.stderr
+  assert re.search(r'Final test\[:300\] accuracy at step 30: \d+\.\d\d% \(300 examples',
+                   resumed.stdout), resumed.stdout
+  # Progress report with steps/s and ETA, TensorBoard event files.
+  assert re.search(r'step \d+/30: loss .* steps/s, .* images/s, ETA', resumed.stderr)
+  assert any(f.startswith('events.out.tfevents') for f in os.listdir(killed))
+
+  reference = str(tmp_path / 'reference')
+  trainer.train_and_evaluate(helpers.small_config('router=topk', **OVERRIDES), reference,
+                             devices=jax.devices()[:1])
+  got, got_step = checkpoints.restore_params(killed)
+  want, want_step = checkpoints.restore_params(reference)
+  assert got_step == want_step == 30
+  for (path, a), b in zip(jax.tree_util.tree_flatten_with_path(got)[0], jax.tree.leaves(want)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b), err_msg=str(path))
+
+
+def test_cli_rejects_config_typos_and_unknown_routers(tmp_path):
+  typo = helpers.run(helpers.main_command(f'--config={helpers.TINY}', f'--workdir={tmp_path}',
+                                          '--config.model.encoder.moe.routr.name=topk'))
+  assert typo.returncode == 2
+  assert "Unknown config key 'routr'" in typo.stderr
+  assert 'valid keys under config.model.encoder.moe: dispatcher, group_size' in typo.stderr
+  router = helpers.run(helpers.main_command(f'--config={helpers.TINY}:router=bogus',
+                                            f'--workdir={tmp_path}'))
+  assert router.returncode == 2
+  assert re.search(r"router.name must be one of \[.*'sparse_ot'.*\], got 'bogus'",
+                   router.stderr), router.stderr[-2000:]
