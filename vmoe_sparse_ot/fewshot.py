@@ -6,8 +6,9 @@ Restores the parameters of checkpoint N (the latest by default) from
 DIR/checkpoints, builds `config.model`, evaluates every dataset of
 `config.fewshot.datasets` with the protocol of `vmoe_sparse_ot.evaluate.fewshot`,
 prints a table and writes DIR/fewshot/results.json (atomically: a temporary file
-renamed into place). With more than one device the batch is split over a 1-D
-'data' mesh of all devices and the parameters are replicated.
+renamed into place). Parameters are laid out on the training mesh
+(`config.mesh`; expert parameters split over 'expert') and each batch is split
+over all its devices.
 
 A missing checkpoint, a checkpoint whose parameters do not fit `config.model`, or
 a dataset that cannot be loaded ends the job with exit status 1 and a message
@@ -23,12 +24,12 @@ import jax
 import ml_collections
 import numpy as np
 from absl import app, flags
-from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from jax.sharding import PartitionSpec
 from ml_collections import config_flags
 
 from vmoe_sparse_ot import nn
 from vmoe_sparse_ot.evaluate import fewshot
-from vmoe_sparse_ot.train import checkpoints
+from vmoe_sparse_ot.train import checkpoints, partitioning
 
 _CONFIG = config_flags.DEFINE_config_file(
     'config', None, 'Config file of the training run (ml_collections).', lock_config=True)
@@ -59,11 +60,6 @@ def check_params_match(params: Any, model, config: ml_collections.ConfigDict) ->
                                      else ''))
 
 
-def _mesh() -> Mesh | None:
-  devices = jax.devices()
-  return Mesh(np.array(devices), ('data',)) if len(devices) > 1 else None
-
-
 def run(config: ml_collections.ConfigDict, workdir: str, step: int | None = None) -> dict:
   """Evaluates checkpoint `step` (latest if None) of `workdir`; returns what it writes.
 
@@ -75,9 +71,10 @@ def run(config: ml_collections.ConfigDict, workdir: str, step: int | None = None
   params, step = checkpoints.restore_params(workdir, step)
   model = nn.build_model(config.model)
   check_params_match(params, model, config)
-  mesh = _mesh()
-  if mesh is not None:
-    params = jax.device_put(params, NamedSharding(mesh, PartitionSpec()))
+  # The training layout: expert parameters split over 'expert', the rest replicated.
+  mesh = partitioning.make_mesh(config.mesh)
+  params = jax.device_put(params, partitioning.param_shardings(
+      mesh, params, [(nn.EXPERT_PARAMS_REGEX, PartitionSpec('expert'))]))
   evaluator = fewshot.make_evaluator(config, model, mesh=mesh)
   results = evaluator.run(params)
   payload = {

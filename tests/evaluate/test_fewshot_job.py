@@ -102,9 +102,12 @@ def test_job_evaluates_latest_checkpoint_prints_table_and_writes_json(setup):
   assert not [p for p in os.listdir(workdir / 'fewshot') if p != 'results.json']
 
 
-def test_run_evaluates_the_requested_step(setup):
+def test_run_evaluates_the_requested_step_on_an_expert_sharded_mesh(setup):
   config_path, workdir = setup
-  payload = job.run(config_lib.load_config_file(str(config_path)), str(workdir), step=3)
+  config = config_lib.load_config_file(str(config_path))
+  config.unlock()
+  config.mesh.expert = 2  # 8 fake devices as 4 x 2: expert parameters split in two.
+  payload = job.run(config, str(workdir), step=3)
   assert payload['step'] == 3
   with open(workdir / 'fewshot' / 'results.json') as f:
     assert json.load(f)['step'] == 3
