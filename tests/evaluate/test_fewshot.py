@@ -7,17 +7,15 @@ import pytest
 from clu import metric_writers
 from jax.sharding import Mesh
 
+from tests.evaluate.helpers import clusters
 from vmoe_sparse_ot import nn
 from vmoe_sparse_ot.evaluate import features, fewshot
 
 L2_REGS = tuple(2.0**k for k in range(-10, 20))
 
 
-def _gaussians(seed, num_classes=5, per_class=30, dim=16, noise=0.1):
-  rng = np.random.default_rng(seed)
-  centres = np.random.default_rng(123).normal(size=(num_classes, dim)) * 2.0
-  labels = rng.permutation(np.repeat(np.arange(num_classes), per_class))
-  return centres[labels] + noise * rng.normal(size=(len(labels), dim)), labels
+def _gaussians(seed, noise=0.1):
+  return clusters(seed, num_classes=5, per_class=30, dim=16, noise=noise)
 
 
 def _protocol(**overrides):

@@ -2,6 +2,7 @@
 import numpy as np
 import pytest
 
+from tests.evaluate.helpers import clusters
 from vmoe_sparse_ot.evaluate import ridge
 
 L2_REGS = tuple(2.0**k for k in range(-10, 20))
@@ -50,22 +51,11 @@ def test_loo_predictions_match_refitting_without_each_example(n, p):
                                  rtol=1e-6, atol=1e-8)
 
 
-def _separable(rng, num_classes, per_class, dim=32, noise=0.05):
-  centres = rng.normal(size=(num_classes, dim)) * 3.0
-  labels = np.repeat(np.arange(num_classes), per_class)
-  return centres[labels] + noise * rng.normal(size=(len(labels), dim)), labels
-
-
 @pytest.mark.parametrize('selection', ridge.SELECTION_MODES)
 @pytest.mark.parametrize('shot', [1, 5])
 def test_separable_features_are_classified_perfectly(selection, shot):
-  rng = np.random.default_rng(2)
-  train_x, train_y = _separable(rng, 10, shot)
-  # Same centres for the test set: redraw with the same generator state.
-  rng = np.random.default_rng(2)
-  centres = rng.normal(size=(10, 32)) * 3.0
-  test_y = np.repeat(np.arange(10), 50)
-  test_x = centres[test_y] + 0.05 * rng.normal(size=(len(test_y), 32))
+  train_x, train_y = clusters(2, 10, shot)
+  test_x, test_y = clusters(3, 10, 50)
   fit = ridge.fit(train_x, train_y, num_classes=10, l2_regs=L2_REGS, selection=selection)
   assert fit.l2_reg in L2_REGS
   accuracy = np.mean(np.argmax(fit.predict(test_x), axis=1) == test_y)
@@ -80,16 +70,14 @@ def test_selection_uses_accuracy_then_mse_then_larger_l2():
 
 
 def test_one_shot_selects_by_loo_mse_and_flags_no_accuracy():
-  rng = np.random.default_rng(3)
-  x, y = _separable(rng, 4, 1)
+  x, y = clusters(3, 4, 1)
   fit = ridge.fit(x, y, num_classes=4, l2_regs=L2_REGS, selection='holdout')
   assert np.all(np.isnan(fit.selection_accuracy))
   assert fit.l2_reg == L2_REGS[int(np.argmin(fit.selection_mse))]
 
 
 def test_fit_weights_are_refitted_on_all_examples_at_chosen_l2():
-  rng = np.random.default_rng(4)
-  x, y = _separable(rng, 3, 6, dim=5, noise=1.0)
+  x, y = clusters(4, 3, 6, dim=5, noise=1.0)
   for selection in ridge.SELECTION_MODES:
     fit = ridge.fit(x, y, num_classes=3, l2_regs=L2_REGS, selection=selection, seed=7)
     design = ridge.design_matrix(x, *ridge.standardization(x))
