@@ -23,7 +23,9 @@ from typing import Any, Callable, Dict, Mapping, Optional
 import jax
 import jax.numpy as jnp
 
+from vmoe_sparse_ot import ot
 from vmoe_sparse_ot.nn import routing as rt
+from vmoe_sparse_ot.nn.sparse_ot_solver import sparse_semi_dual_adam
 
 Array = jax.Array
 
@@ -32,9 +34,10 @@ COMMON_KEYS = ("name", "num_selected_experts", "capacity_factor", "capacity",
                "noise_std", "batch_priority", "importance_loss_weight",
                "load_loss_weight", "sbase", "sparse_ot")
 SBASE_KEYS = ("epsilon", "num_iters")
-SPARSE_OT_KEYS = ("form", "solver", "num_steps", "learning_rate", "gamma")
+SPARSE_OT_KEYS = ("form", "solver", "num_steps", "learning_rate", "gamma", "implementation")
 SPARSE_OT_FORMS = ("expert_choice", "token_choice")
 SPARSE_OT_SOLVERS = ("adam", "lbfgs")
+SPARSE_OT_IMPLEMENTATIONS = ("fast", "reference")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,6 +58,7 @@ class RouterOptions:
   sparse_ot_num_steps: int = 50
   sparse_ot_learning_rate: float = 1e-2
   sparse_ot_gamma: float = 1.0
+  sparse_ot_implementation: str = "fast"
 
 
 def _check_keys(cfg: Mapping[str, Any], valid, where: str) -> None:
@@ -93,6 +97,7 @@ def parse_router_options(cfg: Mapping[str, Any]) -> RouterOptions:
       sparse_ot_num_steps=int(sot.get("num_steps", d.sparse_ot_num_steps)),
       sparse_ot_learning_rate=float(sot.get("learning_rate", d.sparse_ot_learning_rate)),
       sparse_ot_gamma=float(sot.get("gamma", d.sparse_ot_gamma)),
+      sparse_ot_implementation=sot.get("implementation", d.sparse_ot_implementation),
   )
   if opts.num_selected_experts < 1:
     raise ValueError(f"num_selected_experts must be >= 1, got {opts.num_selected_experts}")
@@ -102,6 +107,18 @@ def parse_router_options(cfg: Mapping[str, Any]) -> RouterOptions:
   if opts.sparse_ot_solver not in SPARSE_OT_SOLVERS:
     raise ValueError(f"model.encoder.moe.router.sparse_ot.solver must be one of "
                      f"{list(SPARSE_OT_SOLVERS)}, got {opts.sparse_ot_solver!r}")
+  if opts.sparse_ot_implementation not in SPARSE_OT_IMPLEMENTATIONS:
+    raise ValueError(f"model.encoder.moe.router.sparse_ot.implementation must be one of "
+                     f"{list(SPARSE_OT_IMPLEMENTATIONS)}, got {opts.sparse_ot_implementation!r}")
+  if opts.sparse_ot_gamma <= 0 or opts.sparse_ot_learning_rate <= 0 or \
+      opts.sparse_ot_num_steps < 1:
+    raise ValueError("model.encoder.moe.router.sparse_ot: gamma and learning_rate must be "
+                     "> 0 and num_steps >= 1, got "
+                     f"{opts.sparse_ot_gamma}, {opts.sparse_ot_learning_rate}, "
+                     f"{opts.sparse_ot_num_steps}")
+  if opts.sbase_num_iters < 1:
+    raise ValueError(f"model.encoder.moe.router.sbase.num_iters must be >= 1, "
+                     f"got {opts.sbase_num_iters}")
   if opts.sbase_epsilon <= 0:
     raise ValueError(f"model.encoder.moe.router.sbase.epsilon must be > 0, "
                      f"got {opts.sbase_epsilon}")
@@ -178,7 +195,6 @@ def _uniform_marginals(s: int, e: int, dtype):
 def route_sbase(logits: Array, token_mask: Array, opts: RouterOptions, capacity: int,
                 train: bool, rng: Optional[Array]) -> rt.Routing:
   del train, rng
-  from vmoe_sparse_ot import ot  # Imported lazily: only this router needs it.
   _, s, e = logits.shape
   k = min(opts.num_selected_experts, e)
   a, b = _uniform_marginals(s, e, jnp.float32)
@@ -198,7 +214,6 @@ _PAD_COST = 100.0
 
 def sparse_ot_plan(cost: Array, a: Array, b: Array, k: int, opts: RouterOptions) -> Array:
   """Plan (m, n) of the sparsity-constrained semi-dual, <= k nonzeros per column."""
-  from vmoe_sparse_ot import ot
   kwargs = {"max_iter": opts.sparse_ot_num_steps, "tol": 0.0}
   if opts.sparse_ot_solver == "adam":
     kwargs["learning_rate"] = opts.sparse_ot_learning_rate
@@ -224,11 +239,18 @@ def sparse_ot_plans(logits: Array, token_mask: Array, opts: RouterOptions,
   a = mask                                                               # (G, S)
   b = jnp.broadcast_to(jnp.sum(mask, axis=1, keepdims=True) / e, mask.shape[:1] + (e,))
   if opts.sparse_ot_form == "expert_choice":
-    return jax.vmap(lambda c, a, b: sparse_ot_plan(c, a, b, capacity, opts))(cost, a, b)
+    return _solve_plans(cost, a, b, capacity, opts)
   # Rows are experts (mass S/E), columns tokens (mass 1), <= K nonzeros per token.
   k = min(opts.num_selected_experts, e)
-  plan_t = jax.vmap(lambda c, a, b: sparse_ot_plan(c.T, b, a, k, opts))(cost, a, b)
-  return jnp.swapaxes(plan_t, 1, 2)
+  return jnp.swapaxes(_solve_plans(jnp.swapaxes(cost, 1, 2), b, a, k, opts), 1, 2)
+
+
+def _solve_plans(cost: Array, a: Array, b: Array, k: int, opts: RouterOptions) -> Array:
+  """(G, m, n) plans of G semi-duals, <= k nonzeros per column."""
+  if opts.sparse_ot_solver == "adam" and opts.sparse_ot_implementation == "fast":
+    return sparse_semi_dual_adam(cost, a, b, k, opts.sparse_ot_gamma,
+                                 opts.sparse_ot_num_steps, opts.sparse_ot_learning_rate)
+  return jax.vmap(lambda c, a, b: sparse_ot_plan(c, a, b, k, opts))(cost, a, b)
 
 
 def route_sparse_ot(logits: Array, token_mask: Array, opts: RouterOptions, capacity: int,

@@ -1,0 +1,134 @@
+"""Train-step time of a small V-MoE per router, and of the dense ViT, in one run.
+
+One step = forward, backward and an optax Adam update, jitted and warm (compiled
+and run `--warmup` times first). Models are timed round-robin (`--rounds` rounds
+of `--steps` steps each) so that load from other processes hits them alike; the
+reported time per model is the best round's mean step time (and the median round's).
+
+    python benchmarks/routers.py [--batch 128] [--json out.json]
+
+Targets (issue 3): sparse_ot <= 1.10x topk; topk MoE <= 1.25x dense ViT.
+"""
+import argparse
+import json
+import statistics
+import time
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from vmoe_sparse_ot import nn as vnn
+from vmoe_sparse_ot.nn.config import default_model_config
+
+
+def make_config(args, name: str, router: str = "topk"):
+  cfg = default_model_config()
+  cfg.name = name
+  cfg.num_classes = 10
+  cfg.patch_size = (args.patch, args.patch)
+  cfg.hidden_size = args.hidden
+  cfg.encoder.num_layers = args.layers
+  cfg.encoder.num_heads = args.heads
+  cfg.encoder.mlp_dim = args.mlp
+  cfg.encoder.moe.num_experts = args.experts
+  cfg.encoder.moe.group_size = args.group_size
+  cfg.encoder.moe.dispatcher = args.dispatcher
+  cfg.encoder.moe.router.name = router
+  return cfg
+
+
+def make_step(model, tx):
+  def loss_fn(params, images, labels, rng):
+    k1, k2 = jax.random.split(rng)
+    logits, aux = model.apply({"params": params}, images, train=True,
+                              rngs={"dropout": k1, "gating": k2})
+    loss = optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
+    return loss + aux["auxiliary_loss"]
+
+  @jax.jit
+  def step(params, opt_state, images, labels, rng):
+    loss, grads = jax.value_and_grad(loss_fn)(params, images, labels, rng)
+    updates, opt_state = tx.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state, loss
+
+  return step
+
+
+def main(argv=None):
+  p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  p.add_argument("--routers", default="topk,sbase,sparse_ot,expert_choice")
+  p.add_argument("--batch", type=int, default=128)
+  p.add_argument("--image", type=int, default=32)
+  p.add_argument("--patch", type=int, default=4)
+  p.add_argument("--hidden", type=int, default=64)
+  p.add_argument("--layers", type=int, default=4)
+  p.add_argument("--heads", type=int, default=4)
+  p.add_argument("--mlp", type=int, default=128)
+  p.add_argument("--experts", type=int, default=8)
+  p.add_argument("--group_size", type=int, default=64)
+  p.add_argument("--dispatcher", default="indices")
+  p.add_argument("--steps", type=int, default=5)
+  p.add_argument("--rounds", type=int, default=5)
+  p.add_argument("--warmup", type=int, default=2)
+  p.add_argument("--json", default=None, help="also write the results here")
+  args = p.parse_args(argv)
+
+  images = jax.random.normal(jax.random.key(0), (args.batch, args.image, args.image, 3))
+  labels = jax.random.randint(jax.random.key(1), (args.batch,), 0, 10)
+  tx = optax.adam(1e-3)
+  models = {"dense": make_config(args, "vit")}
+  for r in args.routers.split(","):
+    models[r] = make_config(args, "vit_moe", r)
+
+  state = {}
+  for name, cfg in models.items():
+    model = vnn.build_model(cfg)
+    params = jax.jit(lambda k, m=model: m.init({"params": k}, images, train=False))(
+        jax.random.key(2))["params"]
+    step = make_step(model, tx)
+    opt_state = tx.init(params)
+    t0 = time.perf_counter()
+    for i in range(args.warmup):
+      params, opt_state, loss = step(params, opt_state, images, labels, jax.random.key(i))
+    jax.block_until_ready(loss)
+    print(f"{name}: compiled + {args.warmup} warm-up steps in {time.perf_counter() - t0:.1f} s")
+    state[name] = [step, params, opt_state]
+
+  rounds = {name: [] for name in models}
+  for r in range(args.rounds):
+    for name, st in state.items():
+      step, params, opt_state = st
+      t0 = time.perf_counter()
+      for i in range(args.steps):
+        params, opt_state, loss = step(params, opt_state, images, labels, jax.random.key(i))
+      jax.block_until_ready((params, loss))
+      rounds[name].append((time.perf_counter() - t0) / args.steps)
+      st[1], st[2] = params, opt_state
+
+  best = {n: min(v) for n, v in rounds.items()}
+  median = {n: statistics.median(v) for n, v in rounds.items()}
+  ratios = {}
+  if "topk" in best:
+    ratios["topk/dense"] = best["topk"] / best["dense"]
+    for n in best:
+      if n not in ("dense", "topk"):
+        ratios[f"{n}/topk"] = best[n] / best["topk"]
+  tokens = (args.image // args.patch) ** 2 + 1
+  print(f"\nbatch {args.batch}, {tokens} tokens/image, D={args.hidden}, L={args.layers}, "
+        f"H={args.mlp}, E={args.experts}, S={args.group_size}, K=2, "
+        f"dispatcher={args.dispatcher}, devices={jax.devices()[0].platform}")
+  print(f"{'model':<14}{'best ms/step':>14}{'median ms/step':>16}{'best vs dense':>15}")
+  for n in models:
+    print(f"{n:<14}{1e3 * best[n]:>14.1f}{1e3 * median[n]:>16.1f}"
+          f"{best[n] / best['dense']:>14.2f}x")
+  for k, v in ratios.items():
+    print(f"{k}: {v:.3f}")
+  if args.json:
+    with open(args.json, "w") as f:
+      json.dump({"args": vars(args), "best_s": best, "median_s": median,
+                 "rounds_s": rounds, "ratios": ratios}, f, indent=2)
+
+
+if __name__ == "__main__":
+  main()
