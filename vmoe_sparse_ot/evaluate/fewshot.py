@@ -20,15 +20,15 @@ import ml_collections
 import numpy as np
 from absl import logging
 
-from vmoe_sparse_ot.evaluate import features as features_lib
 from vmoe_sparse_ot.evaluate import config as fewshot_config
+from vmoe_sparse_ot.evaluate import features as features_lib
 from vmoe_sparse_ot.evaluate import ridge
 from vmoe_sparse_ot.evaluate.config import default_fewshot_config, transfer_datasets
 
 __all__ = [
     'DatasetError', 'FewShotDataset', 'FewShotEvaluator', 'PeriodicFewShot',
     'default_fewshot_config', 'evaluate_features', 'make_evaluator', 'metric_name',
-    'sample_few_shot', 'transfer_datasets',
+    'metrics_from_results', 'sample_few_shot', 'transfer_datasets',
 ]
 
 
