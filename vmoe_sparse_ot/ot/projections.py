@@ -101,17 +101,21 @@ def simplex_threshold(x: Array, b=1.0, axis: int = -1, mask: Array | None = None
     return (s - b) / jnp.maximum(cnt, 1).astype(x.dtype), cnt
 
   tau0, cnt0 = tau_of(mask)
+  max_rounds = x.shape[axis] + 2  # Michelot needs at most m rounds; guards NaNs
 
   def cond(carry):
-    _, cnt, prev_cnt = carry
-    return jnp.any(cnt != prev_cnt)
+    i, _, cnt, prev_cnt = carry
+    return (i < max_rounds) & jnp.any(cnt != prev_cnt)
 
   def body(carry):
-    tau, cnt, _ = carry
+    i, tau, cnt, _ = carry
     new_tau, new_cnt = tau_of(mask & (x > tau))
-    return new_tau, new_cnt, cnt
+    # Nothing above tau only happens for b == 0, where tau = max(x) is a root.
+    keep = new_cnt == 0
+    return (i + 1, jnp.where(keep, tau, new_tau), jnp.where(keep, cnt, new_cnt), cnt)
 
-  tau, _, _ = lax.while_loop(cond, body, (tau0, cnt0, jnp.full_like(cnt0, -1)))
+  _, tau, _, _ = lax.while_loop(
+      cond, body, (jnp.asarray(0), tau0, cnt0, jnp.full_like(cnt0, -1)))
   return tau
 
 

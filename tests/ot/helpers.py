@@ -1,0 +1,39 @@
+"""Shared helpers for the OT tests."""
+import contextlib
+import io
+import itertools
+
+import numpy as np
+
+
+def pot():
+  """POT, imported lazily (conftest at the root keeps TensorFlow out of it)."""
+  import ot as pot_module
+  return pot_module
+
+
+def quiet(fn, *args, **kwargs):
+  """Calls fn silencing stdout (POT's sparse simplex projection prints per call)."""
+  with contextlib.redirect_stdout(io.StringIO()):
+    return fn(*args, **kwargs)
+
+
+def problem(m, n, seed=0, uniform=True):
+  """A small OT problem: squared Euclidean cost between 2-d point clouds in [0, 1]."""
+  rng = np.random.RandomState(seed)
+  X, Y = rng.randn(m, 2), rng.randn(n, 2)
+  C = ((X[:, None] - Y[None]) ** 2).sum(-1)
+  C /= C.max()
+  if uniform:
+    a, b = np.full(m, 1.0 / m), np.full(n, 1.0 / n)
+  else:
+    a, b = rng.rand(m) + 0.5, rng.rand(n) + 0.5
+    a /= a.sum()
+    b /= b.sum()
+  return a, b, C
+
+
+def supports(m, k):
+  """All supports of size 1..k of range(m)."""
+  for size in range(1, min(k, m) + 1):
+    yield from itertools.combinations(range(m), size)

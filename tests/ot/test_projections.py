@@ -1,0 +1,234 @@
+"""Projections, conjugates and the k-support norm against brute force."""
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from tests.ot.helpers import supports
+from vmoe_sparse_ot import ot
+
+
+def np_proj_simplex(v, b):
+  """Sort-based projection onto {t >= 0, sum t = b} (Duchi et al. 2008)."""
+  u = np.sort(v)[::-1]
+  css = np.cumsum(u) - b
+  rho = np.nonzero(u - css / np.arange(1, len(v) + 1) > 0)[0][-1]
+  return np.maximum(v - css[rho] / (rho + 1), 0)
+
+
+def brute_sparse_simplex(s, k, b, gamma=1.0):
+  """argmax / max of <s, t> - gamma/2 ||t||^2 over t in b*simplex, ||t||_0 <= k."""
+  best, best_t = -np.inf, None
+  for S in supports(len(s), k):
+    S = list(S)
+    t = np.zeros_like(s)
+    t[S] = np_proj_simplex(s[S] / gamma, b)
+    val = s @ t - 0.5 * gamma * t @ t
+    if val > best + 1e-12:
+      best, best_t = val, t
+  return best, best_t
+
+
+def brute_sparse_nonneg(s, k, gamma=1.0):
+  best, best_t = 0.0, np.zeros_like(s)
+  for S in supports(len(s), k):
+    S = list(S)
+    t = np.zeros_like(s)
+    t[S] = np.maximum(s[S], 0) / gamma
+    val = s @ t - 0.5 * gamma * t @ t
+    if val > best + 1e-12:
+      best, best_t = val, t
+  return best, best_t
+
+
+def brute_psi(t, k):
+  """1/2 min sum t_i^2 / lambda_i, sum lambda = k, 0 < lambda <= 1, by bisection on
+  the KKT form lambda_i = min(1, |t_i| / theta)."""
+  z = np.abs(t)
+  if np.count_nonzero(z) <= k:
+    return 0.5 * z @ z
+  lo, hi = 0.0, z.sum() / k
+  for _ in range(200):
+    th = 0.5 * (lo + hi)
+    if np.minimum(1, z / th).sum() > k:
+      lo = th
+    else:
+      hi = th
+  lam = np.minimum(1, z / hi)
+  nz = z > 0
+  return 0.5 * np.sum(z[nz] ** 2 / lam[nz])
+
+
+@pytest.mark.parametrize("m,k", [(4, 1), (5, 2), (6, 3), (6, 6)])
+def test_sparse_simplex_projection_is_the_brute_force_argmax(m, k):
+  rng = np.random.RandomState(m * 10 + k)
+  for trial in range(5):
+    s = rng.randn(m)
+    b = [1.0, 0.3, 2.0][trial % 3]
+    for gamma in (1.0, 0.2):
+      val_bf, t_bf = brute_sparse_simplex(s, k, b, gamma)
+      reg = ot.SparsityConstrained(k=k, gamma=gamma)
+      val, t, _ = reg.conj_simplex(jnp.asarray(s)[:, None], jnp.asarray([b]), axis=0)
+      np.testing.assert_allclose(np.asarray(t)[:, 0], t_bf, atol=1e-12)
+      np.testing.assert_allclose(float(val[0]), val_bf, rtol=1e-12, atol=1e-12)
+    # The projection itself (gamma = 1): nearest point of the non-convex set.
+    p = ot.projection_sparse_simplex(jnp.asarray(s), k, b)
+    _, t_bf = brute_sparse_simplex(s, k, b)
+    np.testing.assert_allclose(np.asarray(p), t_bf, atol=1e-12)
+    assert np.count_nonzero(np.asarray(p)) <= k
+
+
+@pytest.mark.parametrize("m,k", [(4, 1), (5, 2), (6, 4)])
+def test_sparse_nonneg_projection_and_conj_plus_brute_force(m, k):
+  rng = np.random.RandomState(m + k)
+  for _ in range(5):
+    s = rng.randn(m)
+    for gamma in (1.0, 0.5):
+      val_bf, t_bf = brute_sparse_nonneg(s, k, gamma)
+      reg = ot.SparsityConstrained(k=k, gamma=gamma)
+      val, t = reg.conj_plus(jnp.asarray(s)[:, None], axis=0)
+      np.testing.assert_allclose(np.asarray(t)[:, 0], t_bf, atol=1e-12)
+      np.testing.assert_allclose(float(val[0]), val_bf, atol=1e-12)
+    np.testing.assert_allclose(
+        np.asarray(ot.projection_sparse_nonneg(jnp.asarray(s), k)),
+        brute_sparse_nonneg(s, k)[1], atol=1e-12)
+
+
+def test_table1_closed_forms_and_k1_limit():
+  rng = np.random.RandomState(0)
+  s = rng.randn(7)
+  gamma, b = 0.7, 0.4
+  # Top-k: gamma/2 sum_{i<=k} 1[u_[i] >= tau] (u_[i]^2 - tau^2), u = s / gamma.
+  k = 3
+  reg = ot.SparsityConstrained(k=k, gamma=gamma)
+  val, t, dval = reg.conj_simplex(jnp.asarray(s)[:, None], jnp.asarray([b]), 0)
+  u = np.sort(s / gamma)[::-1][:k]
+  tau = float(dval[0]) / gamma
+  np.testing.assert_allclose(np.sum(np.maximum(u - tau, 0)), b, rtol=1e-12)
+  expect = 0.5 * gamma * np.sum((u >= tau) * (u ** 2 - tau ** 2))
+  np.testing.assert_allclose(float(val[0]), expect, rtol=1e-12)
+  # k = 1 (Prop. limit cases): b max(s) - gamma/2 b^2 and 1/(2 gamma) max [s]_+^2.
+  reg1 = ot.SparsityConstrained(k=1, gamma=gamma)
+  v1, t1, _ = reg1.conj_simplex(jnp.asarray(s)[:, None], jnp.asarray([b]), 0)
+  np.testing.assert_allclose(float(v1[0]), b * s.max() - 0.5 * gamma * b * b, rtol=1e-12)
+  assert np.asarray(t1)[np.argmax(s), 0] == pytest.approx(b)
+  vp, _ = reg1.conj_plus(jnp.asarray(s)[:, None], 0)
+  np.testing.assert_allclose(float(vp[0]), max(s.max(), 0) ** 2 / (2 * gamma), rtol=1e-12)
+  # Squared L2 and negentropy rows of Table 1.
+  vl2, _ = ot.SquaredL2(gamma).conj_plus(jnp.asarray(s)[:, None], 0)
+  np.testing.assert_allclose(float(vl2[0]), np.sum(np.maximum(s, 0) ** 2) / (2 * gamma))
+  ve, te, _ = ot.NegEntropy(gamma).conj_simplex(jnp.asarray(s)[:, None], jnp.asarray([b]), 0)
+  lse = np.log(np.sum(np.exp(s / gamma)))
+  np.testing.assert_allclose(float(ve[0]), gamma * b * lse - gamma * b * np.log(b), rtol=1e-12)
+  np.testing.assert_allclose(np.asarray(te)[:, 0].sum(), b)
+
+
+def test_k_at_least_m_is_squared_l2():
+  rng = np.random.RandomState(1)
+  S = jnp.asarray(rng.randn(5, 4))
+  b = jnp.asarray([0.1, 0.2, 0.3, 0.4])
+  for k in (5, 9):
+    v, t, d = ot.SparsityConstrained(k=k, gamma=0.3).conj_simplex(S, b, 0)
+    v2, t2, d2 = ot.SquaredL2(0.3).conj_simplex(S, b, 0)
+    np.testing.assert_allclose(np.asarray(v), np.asarray(v2))
+    np.testing.assert_allclose(np.asarray(t), np.asarray(t2))
+  p = ot.projection_sparse_simplex(S, 7, b, axis=0)
+  expect = np.stack([np_proj_simplex(np.asarray(S)[:, j], float(b[j])) for j in range(4)], 1)
+  np.testing.assert_allclose(np.asarray(p), expect, atol=1e-12)
+
+
+def test_top_k_mask_matches_lax_top_k_with_ties_and_batches():
+  x = jnp.asarray([[3.0, 1.0, 3.0, 2.0, 3.0], [0.0, 0.0, 0.0, 0.0, 1.0]])
+  mask, vals = ot.top_k_mask(x, 2, axis=-1)
+  np.testing.assert_array_equal(np.asarray(mask), [[1, 0, 1, 0, 0], [1, 0, 0, 0, 1]])
+  np.testing.assert_array_equal(np.asarray(vals), [[3, 3], [1, 0]])
+  rng = np.random.RandomState(2)
+  x = jnp.asarray(rng.randint(0, 4, size=(3, 4, 9)).astype(np.float64))
+  for k in (1, 3, 9):
+    mask, vals = ot.top_k_mask(x, k, axis=-1)
+    v_ref, i_ref = jax.lax.top_k(x, k)
+    ref = np.zeros(x.shape, bool)
+    np.put_along_axis(ref, np.asarray(i_ref), True, axis=-1)
+    np.testing.assert_array_equal(np.asarray(mask), ref)
+    np.testing.assert_array_equal(np.asarray(vals), np.asarray(v_ref))
+  # axis=0 on a matrix equals the transposed axis=-1.
+  m0, _ = ot.top_k_mask(x[0], 2, axis=0)
+  m1, _ = ot.top_k_mask(x[0].T, 2, axis=-1)
+  np.testing.assert_array_equal(np.asarray(m0), np.asarray(m1).T)
+
+
+def test_projections_are_batched_over_leading_axes():
+  rng = np.random.RandomState(3)
+  x = rng.randn(2, 3, 6)
+  b = rng.rand(2, 3) + 0.1
+  p = ot.projection_sparse_simplex(jnp.asarray(x), 2, jnp.asarray(b))
+  ps = ot.projection_simplex(jnp.asarray(x), jnp.asarray(b))
+  pn = ot.projection_sparse_nonneg(jnp.asarray(x), 2)
+  for i, j in itertools.product(range(2), range(3)):
+    np.testing.assert_allclose(np.asarray(p[i, j]), brute_sparse_simplex(x[i, j], 2, b[i, j])[1],
+                               atol=1e-12)
+    np.testing.assert_allclose(np.asarray(ps[i, j]), np_proj_simplex(x[i, j], b[i, j]),
+                               atol=1e-12)
+    np.testing.assert_allclose(np.asarray(pn[i, j]), brute_sparse_nonneg(x[i, j], 2)[1])
+
+
+@pytest.mark.parametrize("k", [1, 2, 3, 5])
+def test_squared_k_support_norm_against_bisection(k):
+  rng = np.random.RandomState(k)
+  for trial in range(8):
+    t = rng.randn(6) * rng.rand(6)
+    if trial % 3 == 0:
+      t[:2] = 0.0  # zeros
+    if trial % 4 == 1:
+      t[3] = t[1]  # ties
+    got = float(ot.squared_k_support_norm(jnp.asarray(t), k))
+    np.testing.assert_allclose(got, brute_psi(t, k), rtol=1e-9, atol=1e-14)
+  # k = 1: 1/2 ||t||_1^2; k >= m or ||t||_0 <= k: 1/2 ||t||^2.
+  t = rng.randn(6)
+  np.testing.assert_allclose(float(ot.squared_k_support_norm(jnp.asarray(t), 1)),
+                             0.5 * np.abs(t).sum() ** 2)
+  np.testing.assert_allclose(float(ot.squared_k_support_norm(jnp.asarray(t), 6)), 0.5 * t @ t)
+  t[k:] = 0.0
+  np.testing.assert_allclose(float(ot.squared_k_support_norm(jnp.asarray(t), k)), 0.5 * t @ t)
+
+
+def psi_gradient(t, k):
+  """t / lambda* with lambda* the minimiser in Psi's definition (by bisection)."""
+  z = np.abs(t)
+  lo, hi = 0.0, z.sum() / k
+  for _ in range(200):
+    th = 0.5 * (lo + hi)
+    if np.minimum(1, z / th).sum() > k:
+      lo = th
+    else:
+      hi = th
+  return t / np.minimum(1, z / hi)
+
+
+def test_psi_is_the_biconjugate_on_the_simplex():
+  """Omega**_b = Psi on b*simplex (Prop. biconjugates): <s, t> - Omega*_b(s) <= Psi(t)
+  for every s, with equality at s = grad Psi(t)."""
+  rng = np.random.RandomState(5)
+  k, gamma = 2, 1.0
+  reg = ot.SparsityConstrained(k=k, gamma=gamma)
+  for b in (1.0, 0.3):
+    t = np.abs(rng.randn(5)) + 0.05
+    t *= b / t.sum()
+    psi = float(ot.squared_k_support_norm(jnp.asarray(t), k))
+    S = rng.randn(5, 2000) * 2
+    vals, _, _ = reg.conj_simplex(jnp.asarray(S), jnp.full((2000,), b), 0)
+    assert np.all(t @ S - np.asarray(vals) <= psi + 1e-12)
+    s_star = psi_gradient(t, k)
+    v_star, t_star, _ = reg.conj_simplex(jnp.asarray(s_star)[:, None], jnp.asarray([b]), 0)
+    np.testing.assert_allclose(t @ s_star - float(v_star[0]), psi, rtol=1e-8)
+
+
+def test_simplex_threshold_with_mask_and_zero_mass():
+  x = jnp.asarray([[0.5, -1.0, 2.0, 0.1]]).T
+  tau = ot.simplex_threshold(x, jnp.asarray([0.0]), axis=0)
+  assert float(jnp.sum(jnp.maximum(x - tau, 0))) == pytest.approx(0.0, abs=1e-12)
+  v, t, _ = ot.SparsityConstrained(2, 1.0).conj_simplex(x, jnp.asarray([0.0]), 0)
+  np.testing.assert_allclose(np.asarray(t), 0.0)
+  assert float(v[0]) == pytest.approx(0.0, abs=1e-12)
