@@ -72,7 +72,8 @@ def run(config: ml_collections.ConfigDict, workdir: str, step: int | None = None
   model = nn.build_model(config.model)
   check_params_match(params, model, config)
   # The training layout: expert parameters split over 'expert', the rest replicated.
-  mesh = partitioning.make_mesh(config.mesh)
+  num_experts = config.model.encoder.moe.num_experts if config.model.name == 'vit_moe' else 1
+  mesh = partitioning.make_mesh(config.mesh, num_experts=num_experts)
   params = jax.device_put(params, partitioning.param_shardings(
       mesh, params, [(nn.EXPERT_PARAMS_REGEX, PartitionSpec('expert'))]))
   evaluator = fewshot.make_evaluator(config, model, mesh=mesh)
