@@ -75,3 +75,26 @@ def test_unknown_router_and_bad_sections_fail_clearly():
                      r"'sgd'\]"):
     config_lib.validate(config)
   assert TINY.endswith('vmoe_tiny_mnist.py')
+
+
+@pytest.mark.parametrize('name', ['vmoe_b32.py', 'vmoe_b16.py'])
+def test_paper_configs_one_step_dry_run_shrunken(name, tmp_path):
+  import jax  # pylint: disable=g-import-not-at-top
+  from vmoe_sparse_ot.train import trainer  # pylint: disable=g-import-not-at-top
+  config = load(name)
+  m = config.model
+  # Shrink sizes, keep the structure (Every-2 MoE, K=2, capacity, router, optimizer).
+  m.hidden_size, m.representation_size = 32, 32
+  m.encoder.num_layers, m.encoder.num_heads, m.encoder.mlp_dim = 2, 2, 64
+  m.encoder.moe.num_experts, m.encoder.moe.group_size = 4, 8
+  m.encoder.moe.router.capacity = 4
+  m.encoder.moe.router.sparse_ot.num_steps = 5
+  # An embedded dataset stands in for ImageNet (natural-image path: crop and flip).
+  config.dataset.name, config.dataset.data_dir = 'sklearn_digits', None
+  config.dataset.train_split, config.dataset.eval_split = 'train', 'test[:16]'
+  config.dataset.image_size, config.dataset.shuffle_buffer = 32, 64
+  config.batch_size, config.eval_batch_size, config.train_steps = 8, 8, 1
+  config.fewshot.every_steps = 0
+  summary = trainer.train_and_evaluate(config, str(tmp_path), devices=jax.devices()[:1])
+  assert summary['step'] == 1 and len(summary['losses']) == 1
+  assert summary['eval']['num_examples'] == 16

@@ -65,12 +65,18 @@ def test_expert_params_split_over_expert_axis_and_state_on_mesh():
   tx = opt.make_optimizer(config.optimizer, optax.constant_schedule(1e-3), abstract)
   state_shardings = partitioning.opt_state_shardings(tx, jax.eval_shape(tx.init, abstract),
                                                      shardings, mesh)
-  params = jax.jit(lambda k: model.init({'params': k, 'gating': k, 'dropout': k},
-                                        jnp.zeros((1, 28, 28, 1)), train=False)['params'],
-                   out_shardings=shardings)(jax.random.key(0))
-  state = jax.jit(tx.init, out_shardings=state_shardings)(params)
+  mu = next(s for s in state_shardings if hasattr(s, 'mu')).mu  # The Adam state.
+  assert mu['encoder']['encoderblock_1']['moe']['experts']['wi_kernel'].spec == P('expert')
+  # optax's step count would land on device 0 alone; here it is replicated on the mesh.
+  small = {'experts': jnp.ones((4, 3)), 'dense': jnp.ones((3,))}
+  small_shardings = partitioning.param_shardings(mesh, small, [('experts', P('expert'))])
+  small = jax.device_put(small, small_shardings)
+  tx = opt.make_optimizer(config.optimizer, optax.constant_schedule(1e-3), small)
+  state = jax.jit(tx.init, out_shardings=partitioning.opt_state_shardings(
+      tx, jax.eval_shape(tx.init, small), small_shardings, mesh))(small)
   count = [x for x in jax.tree.leaves(state) if x.ndim == 0][0]
   assert count.sharding.mesh.shape == mesh.shape and count.sharding.spec == P()
+  assert len(count.sharding.device_set) == 8
   with pytest.raises(ValueError, match='divide'):
     partitioning.make_mesh({'data': -1, 'expert': 3})
   assert dict(partitioning.make_mesh({'data': -1, 'expert': -1}, num_experts=4).shape) == {

@@ -209,7 +209,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
     else:
       params = jax.jit(init_params, out_shardings=params_sharding)(init_key)
       opt_state = jax.jit(tx.init, out_shardings=opt_sharding)(params)
-    root_key = jax.device_put(root_key, replicated)
+      # A jit, not device_put: the mesh may span devices of other processes.
+      root_key = jax.jit(lambda k: k, out_shardings=replicated)(root_key)
 
     num_params = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(abstract_params))
     logging.info('Model %s with %.2fM parameters, router %s; mesh %s; %d process(es)',
