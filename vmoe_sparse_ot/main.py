@@ -14,6 +14,8 @@ import logging as std_logging
 import os
 import sys
 
+os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')  # Before TensorFlow loads (via data).
+
 from absl import app
 from absl import flags
 from absl import logging
