@@ -78,9 +78,13 @@ def adam(fun: Callable, x0: Array, *, max_iter: int, tol: float, learning_rate: 
 
 
 def lbfgs(fun: Callable, x0: Array, *, max_iter: int, tol: float, history: int = 10,
-          c1: float = 1e-4, max_linesearch: int = 30) -> OptState:
-  """L-BFGS ascent with Armijo backtracking. Stops when max|grad| <= tol, after
-  max_iter iterations, or when the line search can no longer increase the value."""
+          ftol: float = 0.0, c1: float = 1e-4, max_linesearch: int = 30) -> OptState:
+  """L-BFGS ascent with Armijo backtracking. Stops when max|grad| <= tol, when an
+  iteration increases the value by <= ftol * |value| (ftol > 0), after max_iter
+  iterations, or when the line search can no longer increase the value.
+
+  The ftol test is what ends runs on non-smooth objectives (k binding: the optimum
+  sits on a kink where the gradient does not vanish)."""
   dtype = x0.dtype
   d = x0.shape[0]
   M = history
@@ -165,6 +169,8 @@ def lbfgs(fun: Callable, x0: Array, *, max_iter: int, tol: float, history: int =
     g = jnp.where(ok, g_new, c.g)
     # No strict decrease means the value is at rounding level: stop.
     stalled = ~ok | ~(f_new < c.f)
+    if ftol > 0:
+      stalled = stalled | (c.f - f_new <= ftol * jnp.abs(f_new))
     return Carry(c.it + 1, c.evals + n, x, f, g, S, Y, rho, gamma0, stalled)
 
   init = Carry(jnp.asarray(0, jnp.int32), jnp.asarray(1, jnp.int32), x0, f0, g0,

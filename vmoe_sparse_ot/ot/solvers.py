@@ -97,7 +97,7 @@ def _prepare_init(init, m: int, n: int, formulation: str, dtype):
 def solve(a, b, C, regularizer: Regularizer, formulation: str = "semi_dual",
           solver: str = "lbfgs", max_iter: int = 1000, tol: float = 1e-6,
           learning_rate: float = 1e-2, init: Optional[Any] = None,
-          history: int = 10) -> OTResult:
+          history: int = 10, ftol: float = 0.0) -> OTResult:
   """Solves regularized OT: min_T <T, C> + sum_j Omega(t_j) over couplings of a, b.
 
   Args:
@@ -116,6 +116,9 @@ def solve(a, b, C, regularizer: Regularizer, formulation: str = "semi_dual",
     learning_rate: Adam step size (ignored by L-BFGS).
     init: warm start: alpha (m,), (alpha, beta), or a previous OTResult.
     history: L-BFGS memory size.
+    ftol: L-BFGS also stops once an iteration improves the objective by at most
+      ftol * |objective| (0: off). Needed to stop on non-smooth problems (binding
+      k puts the optimum on a kink, where the gradient does not vanish).
 
   Returns:
     OTResult. Float dtype follows the inputs (float32 or float64 under x64).
@@ -134,6 +137,7 @@ def solve(a, b, C, regularizer: Regularizer, formulation: str = "semi_dual",
   max_iter = validation.check_int("max_iter", max_iter, 1)
   history = validation.check_int("history", history, 1)
   tol = validation.check_nonneg_float("tol", tol)
+  ftol = validation.check_nonneg_float("ftol", ftol)
   learning_rate = validation.check_pos_float("learning_rate", learning_rate)
   if not validation.is_concrete(learning_rate):
     raise ValueError("learning_rate must be a Python float (static), not a traced value")
@@ -148,13 +152,13 @@ def solve(a, b, C, regularizer: Regularizer, formulation: str = "semi_dual",
   C = jnp.asarray(C, dtype)
   return _solve(a, b, C, regularizer, alpha0, beta0, formulation=formulation,
                 solver=solver, max_iter=max_iter, tol=tol, learning_rate=learning_rate,
-                history=history)
+                history=history, ftol=ftol)
 
 
 @functools.partial(jax.jit, static_argnames=(
-    "formulation", "solver", "max_iter", "tol", "learning_rate", "history"))
+    "formulation", "solver", "max_iter", "tol", "learning_rate", "history", "ftol"))
 def _solve(a, b, C, reg, alpha0, beta0, *, formulation, solver, max_iter, tol,
-           learning_rate, history) -> OTResult:
+           learning_rate, history, ftol) -> OTResult:
   m, n = C.shape
   if formulation == "semi_dual":
     def fun(x):
@@ -169,7 +173,7 @@ def _solve(a, b, C, reg, alpha0, beta0, *, formulation, solver, max_iter, tol,
   if solver == "adam":
     st = optim.adam(fun, x0, max_iter=max_iter, tol=tol, learning_rate=learning_rate)
   else:
-    st = optim.lbfgs(fun, x0, max_iter=max_iter, tol=tol, history=history)
+    st = optim.lbfgs(fun, x0, max_iter=max_iter, tol=tol, history=history, ftol=ftol)
 
   if formulation == "semi_dual":
     alpha = st.x
