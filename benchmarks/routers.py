@@ -11,8 +11,16 @@ Targets (issue 3): sparse_ot <= 1.10x topk; topk MoE <= 1.25x dense ViT.
 """
 import argparse
 import json
+import os
 import statistics
+import sys
 import time
+
+if "--threads" in sys.argv:      # must be set before JAX starts
+  _n = sys.argv[sys.argv.index("--threads") + 1]
+  os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
+                             f" --xla_cpu_multi_thread_eigen={'false' if _n == '1' else 'true'}"
+                             f" intra_op_parallelism_threads={_n}")
 
 import jax
 import jax.numpy as jnp
@@ -22,7 +30,7 @@ from vmoe_sparse_ot import nn as vnn
 from vmoe_sparse_ot.nn.config import default_model_config
 
 
-def make_config(args, name: str, router: str = "topk"):
+def make_config(args, name: str, router: str = "topk", mlp_dim=None):
   cfg = default_model_config()
   cfg.name = name
   cfg.num_classes = 10
@@ -30,7 +38,7 @@ def make_config(args, name: str, router: str = "topk"):
   cfg.hidden_size = args.hidden
   cfg.encoder.num_layers = args.layers
   cfg.encoder.num_heads = args.heads
-  cfg.encoder.mlp_dim = args.mlp
+  cfg.encoder.mlp_dim = mlp_dim or args.mlp
   cfg.encoder.moe.num_experts = args.experts
   cfg.encoder.moe.group_size = args.group_size
   cfg.encoder.moe.dispatcher = args.dispatcher
@@ -71,13 +79,24 @@ def main(argv=None):
   p.add_argument("--steps", type=int, default=5)
   p.add_argument("--rounds", type=int, default=5)
   p.add_argument("--warmup", type=int, default=2)
+  p.add_argument("--threads", default=None, help="XLA CPU intra-op threads (1: single)")
+  p.add_argument("--clock", default="wall", choices=("wall", "cpu"),
+                 help="wall time, or this process's CPU time (steadier on a shared "
+                      "machine; use with --threads 1)")
   p.add_argument("--json", default=None, help="also write the results here")
   args = p.parse_args(argv)
 
   images = jax.random.normal(jax.random.key(0), (args.batch, args.image, args.image, 3))
   labels = jax.random.randint(jax.random.key(1), (args.batch,), 0, 10)
   tx = optax.adam(1e-3)
-  models = {"dense": make_config(args, "vit")}
+  # 'dense': the same sizes. 'dense_active': the same active parameters -- every
+  # MLP widened so that the total MLP width equals the MoE model's active one
+  # (each token goes through K = 2 experts in the L/2 MoE blocks).
+  layers = len(vnn.vit.parse_moe_layers("every_2", args.layers))
+  k = default_model_config().encoder.moe.router.num_selected_experts
+  active_mlp = args.mlp * (args.layers + layers * (k - 1)) // args.layers
+  models = {"dense": make_config(args, "vit"),
+            "dense_active": make_config(args, "vit", mlp_dim=active_mlp)}
   for r in args.routers.split(","):
     models[r] = make_config(args, "vit_moe", r)
 
@@ -95,15 +114,16 @@ def main(argv=None):
     print(f"{name}: compiled + {args.warmup} warm-up steps in {time.perf_counter() - t0:.1f} s")
     state[name] = [step, params, opt_state]
 
+  clock = time.perf_counter if args.clock == "wall" else time.process_time
   rounds = {name: [] for name in models}
   for r in range(args.rounds):
     for name, st in state.items():
       step, params, opt_state = st
-      t0 = time.perf_counter()
+      t0 = clock()
       for i in range(args.steps):
         params, opt_state, loss = step(params, opt_state, images, labels, jax.random.key(i))
       jax.block_until_ready((params, loss))
-      rounds[name].append((time.perf_counter() - t0) / args.steps)
+      rounds[name].append((clock() - t0) / args.steps)
       st[1], st[2] = params, opt_state
 
   best = {n: min(v) for n, v in rounds.items()}
@@ -111,13 +131,16 @@ def main(argv=None):
   ratios = {}
   if "topk" in best:
     ratios["topk/dense"] = best["topk"] / best["dense"]
+    ratios["topk/dense_active"] = best["topk"] / best["dense_active"]
     for n in best:
-      if n not in ("dense", "topk"):
+      if n not in ("dense", "dense_active", "topk"):
         ratios[f"{n}/topk"] = best[n] / best["topk"]
   tokens = (args.image // args.patch) ** 2 + 1
   print(f"\nbatch {args.batch}, {tokens} tokens/image, D={args.hidden}, L={args.layers}, "
-        f"H={args.mlp}, E={args.experts}, S={args.group_size}, K=2, "
-        f"dispatcher={args.dispatcher}, devices={jax.devices()[0].platform}")
+        f"H={args.mlp} (dense_active: {active_mlp}), E={args.experts}, S={args.group_size}, "
+        f"K={k}, "
+        f"dispatcher={args.dispatcher}, {jax.devices()[0].platform}, "
+        f"threads={args.threads or 'default'}, clock={args.clock}")
   print(f"{'model':<14}{'best ms/step':>14}{'median ms/step':>16}{'best vs dense':>15}")
   for n in models:
     print(f"{n:<14}{1e3 * best[n]:>14.1f}{1e3 * median[n]:>16.1f}"

@@ -28,31 +28,46 @@ from vmoe_sparse_ot import ot
 Array = jax.Array
 
 
-def top_k_members(u: Array, k: int) -> Array:
-  """bool (m, N): the k largest entries of each column of u (m, N); ties -> lower index."""
-  m = u.shape[0]
-  if k >= m:
-    return jnp.ones(u.shape, bool)
+def _distinct_top_values(u: Array, k: int) -> Array:
+  """(k, ...): the k largest distinct values along axis 0 of u (m, ...), decreasing.
+
+  One reduction per value; -inf once a column has fewer than k distinct values.
+  """
   neg_inf = jnp.array(-jnp.inf, u.dtype)
   v = jnp.full((1,) + u.shape[1:], jnp.inf, u.dtype)
   values = []
-  for _ in range(k):                      # k largest distinct values, decreasing
+  for _ in range(k):
     v = jnp.max(jnp.where(u < v, u, neg_inf), axis=0, keepdims=True)
     values.append(v)
-  values = jnp.concatenate(values, axis=0)                               # (k, N)
-  # The k-th largest value (with multiplicity) is the first distinct value whose
-  # count of entries >= it reaches k; with fewer than k distinct values -inf does.
+  return jnp.concatenate(values, axis=0)
+
+
+def top_k_members(u: Array, k: int) -> Array:
+  """bool (m, ...): the k largest entries along axis 0 of u; ties -> lower index."""
+  if k >= u.shape[0]:
+    return jnp.ones(u.shape, bool)
+  values = _distinct_top_values(u, k)
+  kth = values[-1:]
+  no_ties = jnp.all(jnp.sum(u >= kth, axis=0) == k)
+  return jax.lax.cond(no_ties, lambda: u >= kth, lambda: _members_with_ties(u, values, k))
+
+
+def _members_with_ties(u: Array, values: Array, k: int) -> Array:
+  """Top-k members along axis 0 given the k largest distinct values (k, ...)."""
+  # With fewer than k distinct values, -inf entries of `values` count all m >= k.
   counts = jnp.sum(u[None] >= values[:, None], axis=1)                   # (k, N)
   first = jnp.argmax(counts >= k, axis=0)
   kth = jnp.take_along_axis(values, first[None], axis=0)                 # (1, N)
   above = u > kth
   at = u == kth
   room = k - jnp.sum(above, axis=0, keepdims=True)
-  # Only a tie at the k-th value needs ranks among the tied entries (rare).
-  ranks = jax.lax.cond(jnp.any(jnp.sum(at, axis=0, keepdims=True) > room),
-                       lambda: jnp.cumsum(at, axis=0, dtype=jnp.int32),
-                       lambda: at.astype(jnp.int32))
+  ranks = jnp.cumsum(at, axis=0, dtype=jnp.int32)
   return above | (at & (ranks <= room))
+
+
+def _members_and_threshold_with_ties(u, values, k, b):
+  member = _members_with_ties(u, values, k)
+  return member, ot.simplex_threshold(u, b, axis=0, mask=member)
 
 
 def sparse_semi_dual_adam(C: Array, a: Array, b: Array, k: int, gamma: float,
@@ -66,24 +81,38 @@ def sparse_semi_dual_adam(C: Array, a: Array, b: Array, k: int, gamma: float,
     learning_rate: Adam step size; alpha starts at 0, as in `ot.solve`.
   """
   g, m, n = C.shape
-  ct = jnp.transpose(C, (1, 0, 2)).reshape(m, g * n) / gamma            # (m, G*n)
-  b_flat = b.reshape(1, g * n)
+  ct = jnp.transpose(C, (1, 0, 2)) / gamma                               # (m, G, n)
+  b_flat = b[None]                                                       # (1, G, n)
 
-  def plan(alpha):                                                       # alpha (G, m)
-    u = jnp.repeat(alpha.T, n, axis=1) / gamma - ct
-    member = top_k_members(u, k)
-    tau = ot.simplex_threshold(u, b_flat, axis=0, mask=member)
-    return jnp.where(member, jnp.maximum(u - tau, 0), 0)                 # (m, G*n)
+  def plan(alpha):                                                       # alpha (m, G)
+    # Materialise u once: the k passes below would otherwise each recompute it.
+    u = jax.lax.optimization_barrier(alpha[:, :, None] / gamma - ct)    # (m, G, n)
+    if k >= m:
+      member = jnp.ones(u.shape, bool)
+      tau = ot.simplex_threshold(u, b_flat, axis=0)
+    else:
+      # Without ties among the k largest (the common case), they are exactly the
+      # entries >= the k-th distinct value and the threshold only needs those k
+      # values; otherwise fall back to tie-ranked members and a masked threshold.
+      values = _distinct_top_values(u, k)
+      kth = values[-1:]
+      no_ties = jnp.all(jnp.sum(u >= kth, axis=0) == k)
+      member, tau = jax.lax.cond(
+          no_ties,
+          lambda: (u >= kth, ot.simplex_threshold(values, b_flat, axis=0)),
+          lambda: _members_and_threshold_with_ties(u, values, k, b_flat))
+    return jnp.where(member, jnp.maximum(u - tau, 0), 0)                 # (m, G, n)
 
+  # alpha is kept as (m, G), the layout u is built in.
   tx = optax.adam(learning_rate)
-  alpha0 = jnp.zeros((g, m), C.dtype)
+  alpha0 = jnp.zeros((m, g), C.dtype)
+  a_t = a.T
 
   def step(_, carry):
     alpha, opt_state = carry
-    row_mass = jnp.sum(plan(alpha).reshape(m, g, n), axis=2).T          # (G, m)
-    grad = a - row_mass                                # d semi-dual / d alpha
+    grad = a_t - jnp.sum(plan(alpha), axis=2)          # d semi-dual / d alpha
     updates, opt_state = tx.update(-grad, opt_state)   # ascent
     return optax.apply_updates(alpha, updates), opt_state
 
   alpha, _ = jax.lax.fori_loop(0, num_steps, step, (alpha0, tx.init(alpha0)))
-  return jnp.transpose(plan(alpha).reshape(m, g, n), (1, 0, 2))
+  return jnp.transpose(plan(alpha), (1, 0, 2))
