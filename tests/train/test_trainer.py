@@ -72,3 +72,17 @@ def test_nan_loss_stops_naming_the_step_and_keeps_last_good_checkpoint(tmp_path)
   assert good_step == bad_step - 1
   assert f'step {good_step} in' in str(e.value)
   assert all(np.isfinite(x).all() for x in jax.tree.leaves(params))
+
+
+def test_periodic_fewshot_runs_first_every_n_and_last_step(monkeypatch, tmp_path):
+  from vmoe_sparse_ot.evaluate import fewshot  # pylint: disable=g-import-not-at-top
+  calls = []
+
+  def fake_make_evaluator(config, model, mesh=None):
+    del config, model, mesh
+    return lambda params: calls.append(params) or {'fewshot/digits/1shot': 0.5}
+
+  monkeypatch.setattr(fewshot, 'make_evaluator', fake_make_evaluator)
+  config = small_config('router=topk', train_steps=5, fewshot__every_steps=2)
+  trainer.train_and_evaluate(config, str(tmp_path), devices=jax.devices()[:1])
+  assert len(calls) == 4  # Steps 1 (first), 2, 4 and 5 (last).

@@ -20,6 +20,8 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
+from vmoe_sparse_ot.train import config as config_lib
+
 ITEMS = ('params', 'state', 'meta')
 
 
@@ -53,7 +55,7 @@ def check_compatible(meta: dict[str, Any], model_config: dict[str, Any],
   problems = []
   saved_config = meta.get('model_config', {})
   if saved_config != model_config:
-    flat_saved, flat_now = _flatten(saved_config), _flatten(model_config)
+    flat_saved, flat_now = config_lib.flatten(saved_config), config_lib.flatten(model_config)
     for key in sorted(set(flat_saved) | set(flat_now)):
       if flat_saved.get(key, '<absent>') != flat_now.get(key, '<absent>'):
         problems.append(f'model.{key}: checkpoint {flat_saved.get(key, "<absent>")!r}, '
@@ -69,15 +71,6 @@ def check_compatible(meta: dict[str, Any], model_config: dict[str, Any],
     raise ValueError(
         f'The checkpoint in {directory} does not match the config; use a fresh --workdir '
         f'or the config it was trained with. Differences:\n  {shown}{more}')
-
-
-def _flatten(tree: Any, prefix: str = '') -> dict[str, Any]:
-  if isinstance(tree, dict):
-    out = {}
-    for k, v in tree.items():
-      out.update(_flatten(v, f'{prefix}{k}.'))
-    return out
-  return {prefix[:-1]: list(tree) if isinstance(tree, tuple) else tree}
 
 
 class Checkpointer:

@@ -132,6 +132,17 @@ def validate(config: Mapping[str, Any]) -> None:
   re.compile(config['optimizer']['weight_decay_regex'])
 
 
+def flatten(tree: Mapping[str, Any], prefix: str = '') -> dict[str, Any]:
+  """{'a.b.c': leaf} of a nested dict (tuples become lists, as JSON returns them)."""
+  out = {}
+  for key, value in tree.items():
+    if isinstance(value, Mapping):
+      out.update(flatten(value, f'{prefix}{key}.'))
+    else:
+      out[f'{prefix}{key}'] = list(value) if isinstance(value, tuple) else value
+  return out
+
+
 def _check_keys(cfg: Mapping[str, Any], reference: Mapping[str, Any], where: str) -> None:
   unknown = sorted(set(cfg.keys()) - set(reference.keys()))
   if unknown:

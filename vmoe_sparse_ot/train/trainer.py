@@ -159,7 +159,6 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
   mesh = partitioning.make_mesh(config.mesh, devices, num_experts)
   batch_size = _per_process(config.batch_size, 'batch_size', mesh.size)
   eval_batch_size = _per_process(config.eval_batch_size, 'eval_batch_size', mesh.size)
-  train_steps = int(config.train_steps)
   ds_cfg = config.dataset
   image_shape = (1, ds_cfg.image_size, ds_cfg.image_size, ds_cfg.channels)
 
@@ -176,132 +175,146 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
   abstract_params = jax.eval_shape(init_params, init_key)
   rules = [(nn.EXPERT_PARAMS_REGEX, P('expert'))]
   params_sharding = partitioning.param_shardings(mesh, abstract_params, rules)
-  schedule = optimizer_lib.make_schedule(config.schedule, train_steps)
+  schedule = optimizer_lib.make_schedule(config.schedule, int(config.train_steps))
   tx = optimizer_lib.make_optimizer(config.optimizer, schedule, abstract_params)
   abstract_opt_state = jax.eval_shape(tx.init, abstract_params)
   opt_sharding = partitioning.opt_state_shardings(tx, abstract_opt_state, params_sharding, mesh)
   replicated = partitioning.replicated(mesh)
   batch_sharding = partitioning.batch_sharding(mesh)
-  state_sharding = {'opt_state': opt_sharding, 'rng': replicated}
 
   ckpt = checkpoints.Checkpointer(workdir, keep=config.checkpoint.keep,
                                   async_save=config.checkpoint.async_save)
   model_config = _model_config_dict(config)
   data_meta = _data_position_meta(config)
   start_step = ckpt.latest_step() or 0
-  with jax.set_mesh(mesh):
-    if start_step:
-      meta = ckpt.restore_meta(start_step)
-      checkpoints.check_compatible(meta, model_config, abstract_params, ckpt.directory)
-      if meta.get('data') != data_meta:
-        raise ValueError(
-            f'The checkpoint in {ckpt.directory} was trained on a different input stream '
-            f'{meta.get("data")}; this config gives {data_meta}. Use a fresh --workdir.')
-      with_sharding = lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s)
-      abstract_state = {
-          'opt_state': jax.tree.map(with_sharding, abstract_opt_state, opt_sharding),
-          'rng': jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=replicated)}
-      params, state = ckpt.restore(
-          start_step, jax.tree.map(with_sharding, abstract_params, params_sharding),
-          abstract_state)
-      opt_state, root_key = state['opt_state'], jax.random.wrap_key_data(state['rng'])
-      logging.info('Resumed from step %d of %s', start_step, ckpt.directory)
-    else:
-      params = jax.jit(init_params, out_shardings=params_sharding)(init_key)
-      opt_state = jax.jit(tx.init, out_shardings=opt_sharding)(params)
-      # A jit, not device_put: the mesh may span devices of other processes.
-      root_key = jax.jit(lambda k: k, out_shardings=replicated)(root_key)
+  try:
+    with jax.set_mesh(mesh):
+      if start_step:
+        params, opt_state, root_key = _restore(
+            ckpt, start_step, model_config, data_meta, abstract_params, params_sharding,
+            abstract_opt_state, opt_sharding, replicated)
+      else:
+        params = jax.jit(init_params, out_shardings=params_sharding)(init_key)
+        opt_state = jax.jit(tx.init, out_shardings=opt_sharding)(params)
+        # A jit, not device_put: the mesh may span devices of other processes.
+        root_key = jax.jit(lambda k: k, out_shardings=replicated)(root_key)
+      return _train_loop(
+          config, workdir, model, mesh, tx, schedule, ckpt, params, opt_state, root_key,
+          start_step, meta={'model_config': model_config, 'data': data_meta,
+                            'param_shapes': checkpoints.param_shapes(abstract_params)},
+          shardings=(params_sharding, opt_sharding, replicated, batch_sharding),
+          batch_sizes=(batch_size, eval_batch_size))
+  finally:
+    ckpt.close()  # Waits for a save in flight.
 
-    num_params = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(abstract_params))
-    logging.info('Model %s with %.2fM parameters, router %s; mesh %s; %d process(es)',
-                 config.model.name, num_params / 1e6, config.model.encoder.moe.router.name,
-                 dict(mesh.shape), jax.process_count())
 
-    train_step = jax.jit(
-        make_train_step(model, tx, schedule),
-        in_shardings=(params_sharding, opt_sharding, batch_sharding, replicated, replicated),
-        out_shardings=(params_sharding, opt_sharding, replicated), donate_argnums=(0, 1))
-    eval_step = jax.jit(make_eval_step(model), in_shardings=(params_sharding, batch_sharding),
-                        out_shardings=replicated)
+def _restore(ckpt, step, model_config, data_meta, abstract_params, params_sharding,
+             abstract_opt_state, opt_sharding, replicated):
+  """(params, opt_state, root_key) of checkpoint `step`, after checking it fits."""
+  meta = ckpt.restore_meta(step)
+  checkpoints.check_compatible(meta, model_config, abstract_params, ckpt.directory)
+  if meta.get('data') != data_meta:
+    raise ValueError(
+        f'The checkpoint in {ckpt.directory} was trained on a different input stream '
+        f'{meta.get("data")}; this config gives {data_meta}. Use a fresh --workdir.')
+  with_sharding = lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s)
+  abstract_state = {
+      'opt_state': jax.tree.map(with_sharding, abstract_opt_state, opt_sharding),
+      'rng': jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=replicated)}
+  params, state = ckpt.restore(
+      step, jax.tree.map(with_sharding, abstract_params, params_sharding), abstract_state)
+  logging.info('Resumed from step %d of %s', step, ckpt.directory)
+  return params, state['opt_state'], jax.random.wrap_key_data(state['rng'])
 
-    writer = metric_writers.create_default_writer(
-        workdir, just_logging=jax.process_index() > 0, asynchronous=False)
-    if start_step == 0:
-      writer.write_hparams({k: v for k, v in _flatten_config(config).items()
-                            if isinstance(v, (int, float, str, bool))})
-    fewshot = _make_fewshot(config, model, mesh, writer)
-    eval_ds = _dataset(config, ds_cfg.eval_split, eval_batch_size, training=False)
-    train_iter = iter(_dataset(config, ds_cfg.train_split, batch_size, training=True,
-                               start_step=start_step).as_numpy_iterator())
 
-    def save(step):
-      state = {'opt_state': opt_state, 'rng': jax.random.key_data(root_key)}
-      ckpt.save(step, params, state, {
-          'step': step, 'model_config': model_config, 'data': data_meta,
-          'param_shapes': checkpoints.param_shapes(abstract_params)})
+def _train_loop(config, workdir, model, mesh, tx, schedule, ckpt, params, opt_state,
+                root_key, start_step, *, meta, shardings, batch_sizes):
+  """Steps `start_step + 1 .. train_steps`: log, evaluate, few-shot, checkpoint."""
+  params_sharding, opt_sharding, replicated, batch_sharding = shardings
+  batch_size, eval_batch_size = batch_sizes
+  train_steps = int(config.train_steps)
+  ds_cfg = config.dataset
+  num_params = sum(int(np.prod(s)) for s in meta['param_shapes'].values())
+  logging.info('Model %s with %.2fM parameters, router %s; mesh %s; %d process(es)',
+               config.model.name, num_params / 1e6, config.model.encoder.moe.router.name,
+               dict(mesh.shape), jax.process_count())
 
-    summary: dict[str, Any] = {'step': start_step, 'losses': []}
-    interval_start, interval_steps, loss_sum = time.time(), 0, 0.0
-    steady = {'time': 0.0, 'steps': 0}
-    eval_metrics = None
-    for step in range(start_step + 1, train_steps + 1):
-      batch = data_lib.to_global(next(train_iter), batch_sharding)
-      params, opt_state, metrics = train_step(params, opt_state, batch, root_key,
-                                              jnp.asarray(step, jnp.int32))
-      loss, grad_norm = (float(v) for v in jax.device_get(
-          (metrics['loss'], metrics['grad_norm'])))
-      if not (math.isfinite(loss) and math.isfinite(grad_norm)):
-        ckpt.wait()
-        last_good = ckpt.latest_step()
-        ckpt.close()
-        raise NonFiniteLossError(
-            f'Non-finite training loss {loss} (gradient norm {grad_norm}) at step {step}; '
-            f'stopping. The last good checkpoint is '
-            + (f'step {last_good} in {ckpt.directory}.' if last_good else 'none (no step '
-               'was saved yet).'))
-      loss_sum += loss
-      interval_steps += 1
-      summary['losses'].append(loss)
+  train_step = jax.jit(
+      make_train_step(model, tx, schedule),
+      in_shardings=(params_sharding, opt_sharding, batch_sharding, replicated, replicated),
+      out_shardings=(params_sharding, opt_sharding, replicated), donate_argnums=(0, 1))
+  eval_step = jax.jit(make_eval_step(model), in_shardings=(params_sharding, batch_sharding),
+                      out_shardings=replicated)
+  writer = metric_writers.create_default_writer(
+      workdir, just_logging=jax.process_index() > 0, asynchronous=False)
+  if start_step == 0:
+    writer.write_hparams({k: v for k, v in config_lib.flatten(config.to_dict()).items()
+                          if isinstance(v, (int, float, str, bool))})
+  fewshot = _make_fewshot(config, model, mesh, writer)
+  eval_ds = _dataset(config, ds_cfg.eval_split, eval_batch_size, training=False)
+  train_iter = iter(_dataset(config, ds_cfg.train_split, batch_size, training=True,
+                             start_step=start_step).as_numpy_iterator())
 
-      if step % config.log_every_steps == 0 or step == train_steps:
-        elapsed = time.time() - interval_start
-        steps_per_sec = interval_steps / max(elapsed, 1e-9)
-        if step - interval_steps > start_step:  # Not the first interval (compilation).
-          steady['time'] += elapsed
-          steady['steps'] += interval_steps
-        scalars = {k: float(v) for k, v in jax.device_get(metrics).items()}
-        scalars.update({'loss': loss_sum / interval_steps, 'steps_per_sec': steps_per_sec,
-                        'images_per_sec': steps_per_sec * config.batch_size})
-        writer.write_scalars(step, scalars)
-        logging.info('step %d/%d: loss %.4f, train acc %.3f, %.2f steps/s, %.0f images/s, '
-                     'ETA %s', step, train_steps, scalars['loss'], scalars['accuracy'],
-                     steps_per_sec, scalars['images_per_sec'],
-                     _format_duration((train_steps - step) / max(steps_per_sec, 1e-9)))
-        interval_start, interval_steps, loss_sum = time.time(), 0, 0.0
+  summary: dict[str, Any] = {'step': start_step, 'losses': []}
+  interval_start, interval_steps = time.time(), 0
+  steady = {'time': 0.0, 'steps': 0}  # Throughput after the first (compiling) interval.
+  eval_metrics = None
+  for step in range(start_step + 1, train_steps + 1):
+    batch = data_lib.to_global(next(train_iter), batch_sharding)
+    params, opt_state, metrics = train_step(params, opt_state, batch, root_key,
+                                            jnp.asarray(step, jnp.int32))
+    loss, grad_norm = (float(v) for v in jax.device_get((metrics['loss'],
+                                                          metrics['grad_norm'])))
+    if not (math.isfinite(loss) and math.isfinite(grad_norm)):
+      writer.flush()
+      ckpt.wait()
+      last_good = ckpt.latest_step()
+      raise NonFiniteLossError(
+          f'Non-finite training loss {loss} (gradient norm {grad_norm}) at step {step}; '
+          'stopping. The last good checkpoint is '
+          + (f'step {last_good} in {ckpt.directory}.' if last_good else
+             'none (no step was saved yet).'))
+    summary['losses'].append(loss)
+    interval_steps += 1
 
-      if step == train_steps or (config.eval_every_steps and
-                                 step % config.eval_every_steps == 0):
-        t0 = time.time()
-        eval_metrics = evaluate(eval_step, params, eval_ds, batch_sharding)
-        writer.write_scalars(step, {f'eval/{k}': v for k, v in eval_metrics.items()})
-        logging.info('eval at step %d on %s: loss %.4f, top-1 accuracy %.4f (%d examples, '
-                     '%.1fs)', step, ds_cfg.eval_split, eval_metrics['loss'],
-                     eval_metrics['accuracy'], eval_metrics['num_examples'], time.time() - t0)
-        interval_start += time.time() - t0  # Keep evaluation out of steps/s.
+    if step % config.log_every_steps == 0 or step == train_steps:
+      elapsed = time.time() - interval_start
+      steps_per_sec = interval_steps / max(elapsed, 1e-9)
+      if step - interval_steps > start_step:
+        steady['time'] += elapsed
+        steady['steps'] += interval_steps
+      scalars = {k: float(v) for k, v in jax.device_get(metrics).items()}
+      scalars.update({'loss': float(np.mean(summary['losses'][-interval_steps:])),
+                      'steps_per_sec': steps_per_sec,
+                      'images_per_sec': steps_per_sec * config.batch_size})
+      writer.write_scalars(step, scalars)
+      logging.info('step %d/%d: loss %.4f, train acc %.3f, %.2f steps/s, %.0f images/s, '
+                   'ETA %s', step, train_steps, scalars['loss'], scalars['accuracy'],
+                   steps_per_sec, scalars['images_per_sec'],
+                   _format_duration((train_steps - step) / max(steps_per_sec, 1e-9)))
+      interval_start, interval_steps = time.time(), 0
 
-      if fewshot is not None:
-        t0 = time.time()
-        fewshot(step, params)
-        interval_start += time.time() - t0
-
-      if step % config.checkpoint.every_steps == 0 or step == train_steps:
-        save(step)
-      summary['step'] = step
-
-    if eval_metrics is None:  # Nothing left to train: evaluate the restored params.
+    pause = time.time()  # Evaluation stays out of steps/s.
+    if step == train_steps or (config.eval_every_steps and
+                               step % config.eval_every_steps == 0):
       eval_metrics = evaluate(eval_step, params, eval_ds, batch_sharding)
-    ckpt.close()
-    writer.flush()
+      writer.write_scalars(step, {f'eval/{k}': v for k, v in eval_metrics.items()})
+      logging.info('eval at step %d on %s: loss %.4f, top-1 accuracy %.4f (%d examples, '
+                   '%.1fs)', step, ds_cfg.eval_split, eval_metrics['loss'],
+                   eval_metrics['accuracy'], eval_metrics['num_examples'],
+                   time.time() - pause)
+    if fewshot is not None:
+      fewshot(step, params)
+    interval_start += time.time() - pause
+
+    if step % config.checkpoint.every_steps == 0 or step == train_steps:
+      ckpt.save(step, params, {'opt_state': opt_state, 'rng': jax.random.key_data(root_key)},
+                dict(meta, step=step))
+    summary['step'] = step
+
+  if eval_metrics is None:  # Nothing left to train: evaluate the restored params.
+    eval_metrics = evaluate(eval_step, params, eval_ds, batch_sharding)
+  writer.flush()
 
   summary['eval'] = eval_metrics
   if summary['losses']:
@@ -313,16 +326,3 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
     with open(os.path.join(workdir, 'summary.json'), 'w') as f:
       json.dump({k: v for k, v in summary.items() if k != 'losses'}, f, indent=2)
   return summary
-
-
-def _flatten_config(config: ml_collections.ConfigDict) -> dict[str, Any]:
-  out = {}
-
-  def walk(node, prefix):
-    for k, v in node.items():
-      if isinstance(v, (dict, ml_collections.ConfigDict)):
-        walk(v, f'{prefix}{k}.')
-      else:
-        out[f'{prefix}{k}'] = v
-  walk(config, '')
-  return out
