@@ -165,7 +165,7 @@ def main(argv=None):
   p.add_argument("--repeats", type=int, default=5, help="warm runs per problem (median)")
   p.add_argument("--tol", type=float, default=1e-9, help="our gradient tolerance")
   p.add_argument("--max-iter", type=int, default=500, help="our iteration budget")
-  p.add_argument("--ftol", type=float, default=1e-9,
+  p.add_argument("--ftol", type=float, default=1e-8,
                  help="our relative-improvement stop (the k-binding optimum is a kink)")
   p.add_argument("--quick", action="store_true", help="small grid, 8 POT router problems")
   run(p.parse_args(argv))

@@ -28,8 +28,49 @@ def _expand(v, x: Array, axis: int) -> Array:
   return v
 
 
+def _use_keys(x: Array) -> bool:
+  return bool(jax.config.jax_enable_x64) and x.dtype in (jnp.float32, jnp.float64)
+
+
+def _sort_keys(x: Array, axis: int):
+  """int64 keys ordered like (value decreasing, index increasing), all distinct.
+
+  The float's bits are mapped to an order-preserving integer; its lowest
+  ceil(log2 m) bits are replaced by (m - 1 - index). float32 keeps every bit;
+  float64 keeps 52 - ceil(log2 m) mantissa bits (2e-13 relative for m = 1000), so
+  only entries closer than that are ranked by index instead of value.
+  """
+  m = x.shape[axis]
+  nb = max(1, (m - 1).bit_length())
+  if x.dtype == jnp.float32:
+    bits = lax.bitcast_convert_type(x, jnp.int32)
+    ordered = jnp.where(bits < 0, bits ^ jnp.int32(0x7FFFFFFF), bits).astype(jnp.int64) << 32
+    shift = 0
+  else:
+    bits = lax.bitcast_convert_type(x, jnp.int64)
+    ordered = jnp.where(bits < 0, bits ^ jnp.int64(0x7FFFFFFFFFFFFFFF), bits)
+    shift = nb
+  idx = lax.broadcasted_iota(jnp.int64, x.shape, axis)
+  high = (ordered >> shift) << shift if shift else ordered
+  return high | (m - 1 - idx), shift, nb
+
+
+def _decode_keys(keys: Array, dtype, shift: int, nb: int) -> Array:
+  if dtype == jnp.float32:
+    ordered = (keys >> 32).astype(jnp.int32)
+    bits = jnp.where(ordered < 0, ordered ^ jnp.int32(0x7FFFFFFF), ordered)
+    return lax.bitcast_convert_type(bits, jnp.float32)
+  ordered = (keys >> nb) << nb
+  bits = jnp.where(ordered < 0, ordered ^ jnp.int64(0x7FFFFFFFFFFFFFFF), ordered)
+  return lax.bitcast_convert_type(bits, jnp.float64)
+
+
 def top_k_mask(x: Array, k: int, axis: int = -1) -> Tuple[Array, Array]:
   """The k largest entries of `x` along `axis`, without sorting.
+
+  Ties are broken by the lower index (the set `lax.top_k` picks). With 64-bit
+  enabled, one max-reduction per selected entry over packed (value, index) keys;
+  otherwise two reductions per entry (value, then index).
 
   Args:
     x: array (..., m, ...).
@@ -37,17 +78,27 @@ def top_k_mask(x: Array, k: int, axis: int = -1) -> Tuple[Array, Array]:
     axis: the axis of length m.
 
   Returns:
-    mask: bool array of x's shape, exactly k True per slice (ties broken by the
-      lower index).
-    values: array with `axis` of length k, the selected values in decreasing order.
+    mask: bool array of x's shape, exactly k True per slice.
+    values: array with `axis` of length k, the selected values in decreasing
+      order (float64 under the packed keys: rounded down to 52 - ceil(log2 m)
+      mantissa bits; exact otherwise).
   """
   axis = axis % x.ndim
   m = x.shape[axis]
   if not 1 <= k <= m:
     raise ValueError(f"k must be in [1, {m}], got {k}")
-  idx = lax.broadcasted_iota(jnp.int32, x.shape, axis)
   red_shape = list(x.shape)
   red_shape[axis] = 1
+  if _use_keys(x):
+    keys, shift, nb = _sort_keys(x, axis)
+    lo = jnp.iinfo(jnp.int64).min
+    prev = jnp.full(red_shape, jnp.iinfo(jnp.int64).max, jnp.int64)
+    picked = []
+    for _ in range(k):
+      prev = jnp.max(jnp.where(keys < prev, keys, lo), axis=axis, keepdims=True)
+      picked.append(prev)
+    return keys >= prev, _decode_keys(jnp.concatenate(picked, axis), x.dtype, shift, nb)
+  idx = lax.broadcasted_iota(jnp.int32, x.shape, axis)
   prev_v = jnp.full(red_shape, jnp.inf, x.dtype)
   prev_i = jnp.full(red_shape, -1, jnp.int32)
   neg_inf = jnp.array(-jnp.inf, x.dtype)
@@ -138,20 +189,36 @@ def projection_sparse_simplex(x: Array, k: int, b=1.0, axis: int = -1) -> Array:
 def sparse_simplex_parts(x: Array, k: int, b=1.0, axis: int = -1):
   """Top-k sparsemax with its internals.
 
-  Returns (t, tau, (values, rho)): the projection, the threshold (keepdims) and
-  the sorted top-k values with the number of active ones (None for k >= m, when
-  the plain simplex projection is used).
+  Returns (t, tau, (count, sum_sq)): the projection, the threshold (keepdims),
+  and over the active entries (t > 0) their number and the sum of their squared
+  values (both keepdims; used for the conjugate's value). For k >= m the plain
+  simplex projection is used.
   """
   axis = axis % x.ndim
   m = x.shape[axis]
   b = _expand(b, x, axis)
   if k >= m:
     tau = simplex_threshold(x, b, axis)
-    return jnp.maximum(x - tau, 0), tau, None
+    active = x > tau
+    xa = jnp.where(active, x, 0)
+    count = jnp.sum(active, axis=axis, keepdims=True).astype(x.dtype)
+    return jnp.maximum(x - tau, 0), tau, (count, jnp.sum(xa * xa, axis=axis, keepdims=True))
   mask, values = top_k_mask(x, k, axis)
-  tau, rho = _threshold_from_sorted(values, b, axis)
-  t = jnp.where(mask, jnp.maximum(x - tau, 0), 0)
-  return t, tau, (values, rho)
+  tau, _ = _threshold_from_sorted(values, b, axis)
+  # One pass for the active set's statistics. Under packed float64 keys the
+  # sorted values are rounded, so tau is recomputed exactly from them
+  # (sum_active (x - tau) = b); entries within rounding of tau stay in the set
+  # with t clipped at 0.
+  active = mask & (x > tau)
+  xa = jnp.where(active, x, 0)
+  n_act = jnp.sum(active, axis=axis, keepdims=True)
+  s1 = jnp.sum(xa, axis=axis, keepdims=True)
+  sum_sq = jnp.sum(xa * xa, axis=axis, keepdims=True)
+  count = n_act.astype(x.dtype)
+  if _use_keys(x) and x.dtype == jnp.float64:
+    tau = jnp.where(n_act > 0, (s1 - b) / jnp.maximum(count, 1), tau)  # n_act = 0 iff b = 0
+  t = jnp.where(active, jnp.maximum(x - tau, 0), 0)
+  return t, tau, (count, sum_sq)
 
 
 def projection_sparse_nonneg(x: Array, k: int, axis: int = -1) -> Array:

@@ -192,20 +192,16 @@ class SparsityConstrained(Regularizer):
     bb = _bexpand(b, s, axis)
     if self.k == 1:
       # Prop. limit cases: b max(s) - gamma/2 b^2, the mass on the first argmax.
-      mask, values = projections.top_k_mask(s, 1, axis)
-      smax = jnp.squeeze(values, axis)
+      mask, _ = projections.top_k_mask(s, 1, axis)
+      smax = jnp.max(s, axis=axis)
       bsq = jnp.squeeze(bb, axis)
       t = jnp.where(mask, bb, 0).astype(s.dtype)
       val = bsq * smax - 0.5 * self.gamma * bsq * bsq
       return val, t, smax - self.gamma * bsq
     u = s / self.gamma
-    t, tau, (values, rho) = projections.sparse_simplex_parts(u, self.k, bb, axis)
-    shape = [1] * values.ndim
-    shape[axis] = self.k
-    r = jnp.arange(1, self.k + 1, dtype=s.dtype).reshape(shape)
-    active = r <= rho
-    val = 0.5 * self.gamma * jnp.sum(
-        jnp.where(active, values * values - tau * tau, 0), axis=axis)
+    t, tau, (count, sum_sq) = projections.sparse_simplex_parts(u, self.k, bb, axis)
+    # gamma/2 sum_active (u_i^2 - tau^2) (Table 1).
+    val = 0.5 * self.gamma * jnp.squeeze(sum_sq - count * tau * tau, axis)
     return val, t, self.gamma * jnp.squeeze(tau, axis)
 
   def primal(self, t, axis=0):
