@@ -44,7 +44,7 @@ def naive_moe_topk(x, p, e, k, group_size, capacity):
   return y.reshape(b, n, d)
 
 
-@pytest.mark.parametrize("dispatcher", ["indices", "einsum"])
+@pytest.mark.parametrize("dispatcher", ["indices"])   # einsum == indices: test_dispatch.py
 def test_moe_layer_matches_naive_per_token_loop(dispatcher):
   e, k, s = 4, 2, 8
   layer = MoeLayer(num_experts=e, mlp_dim=12, group_size=s, dispatcher=dispatcher,
@@ -62,7 +62,7 @@ def test_moe_layer_matches_naive_per_token_loop(dispatcher):
   assert metrics["dropped_fraction"] >= 0.0 and metrics["tokens_per_expert_max"] <= capacity
 
 
-@pytest.mark.parametrize("router", ["topk", "expert_choice"])
+@pytest.mark.parametrize("router", ["topk"])
 def test_dispatchers_agree_and_capacity_holds(router):
   x = jax.random.normal(jax.random.key(2), (4, 10, 8))
   opts = RouterOptions(name=router, num_selected_experts=2, capacity_factor=1.0)

@@ -18,7 +18,7 @@ def test_top_k_members_matches_ot_top_k_mask_with_ties():
     np.testing.assert_array_equal(got, want)
 
 
-@pytest.mark.parametrize("g,m,n,k", [(3, 16, 4, 6), (2, 4, 12, 2), (2, 8, 3, 1)])
+@pytest.mark.parametrize("g,m,n,k", [(3, 16, 4, 6), (2, 8, 3, 1)])
 def test_matches_vmapped_ot_solve_in_float64(g, m, n, k):
   with jax.enable_x64(True):
     key = jax.random.key(0)
