@@ -23,7 +23,6 @@ if "--threads" in sys.argv:      # must be set before JAX starts
                              f" intra_op_parallelism_threads={_n}")
 
 import jax
-import jax.numpy as jnp
 import optax
 
 from vmoe_sparse_ot import nn as vnn

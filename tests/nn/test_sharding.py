@@ -1,7 +1,6 @@
 """Forward on 8 fake CPU devices with experts sharded over 'expert' == one device."""
 import re
 
-import flax
 import numpy as np
 import pytest
 import jax

@@ -154,3 +154,15 @@ def test_config_errors_list_valid_values():
   cfg.name = "resnet"
   with pytest.raises(ValueError, match="vit_moe"):
     vnn.build_model(cfg)
+
+
+def test_variant_sets_vit_sizes_and_patch():
+  cfg = tiny_config()
+  cfg.variant = "S/16"
+  model = vnn.build_model(cfg)
+  assert (model.hidden_size, model.num_layers, model.num_heads, model.mlp_dim,
+          model.patch_size) == (384, 12, 6, 1536, (16, 16))
+  assert model.moe_layers == (1, 3, 5, 7, 9, 11)          # every_2
+  cfg.variant = "Q/16"
+  with pytest.raises(ValueError, match="'Ti', 'S', 'B', 'L', 'H'"):
+    vnn.build_model(cfg)

@@ -19,7 +19,7 @@ from vmoe_sparse_ot.nn.vit import VisionTransformer, parse_moe_layers
 EXPERT_PARAMS_REGEX = r"^(.*/)?moe/experts/[^/]+$"
 MODELS = ("vit_moe", "vit")
 
-_MODEL_KEYS = ("name", "num_classes", "patch_size", "hidden_size", "classifier",
+_MODEL_KEYS = ("name", "variant", "num_classes", "patch_size", "hidden_size", "classifier",
                "representation_size", "head_bias_init", "encoder")
 _ENCODER_KEYS = ("num_layers", "num_heads", "mlp_dim", "dropout_rate",
                  "attention_dropout_rate", "moe")
@@ -35,6 +35,15 @@ def _check_keys(cfg: Mapping[str, Any], valid, where: str) -> None:
 
 def _pair(x) -> tuple:
   return (int(x), int(x)) if isinstance(x, int) else tuple(int(v) for v in x)
+
+
+def parse_variant(variant: str) -> tuple:
+  """'B/16' -> (hidden_size, num_layers, num_heads, mlp_dim, (16, 16))."""
+  size, _, patch = str(variant).partition("/")
+  if size not in config.VIT_SIZES or not patch.isdigit() or int(patch) < 1:
+    raise ValueError(f"model.variant must be SIZE/PATCH with SIZE in "
+                     f"{list(config.VIT_SIZES)} (e.g. 'B/32'), got {variant!r}")
+  return config.VIT_SIZES[size] + ((int(patch), int(patch)),)
 
 
 def build_model(model_config: Mapping[str, Any]) -> nn.Module:
@@ -53,7 +62,11 @@ def build_model(model_config: Mapping[str, Any]) -> nn.Module:
   if classifier not in _CLASSIFIERS:
     raise ValueError(f"model.classifier must be one of {list(_CLASSIFIERS)}, "
                      f"got {classifier!r}")
-  num_layers = int(enc["num_layers"])
+  num_layers, num_heads = int(enc["num_layers"]), int(enc["num_heads"])
+  hidden_size, mlp_dim = int(cfg["hidden_size"]), int(enc["mlp_dim"])
+  patch_size = _pair(cfg["patch_size"])
+  if cfg.get("variant") is not None:
+    hidden_size, num_layers, num_heads, mlp_dim, patch_size = parse_variant(cfg["variant"])
   moe_layers, moe = (), None
   if name == "vit_moe":
     moe_cfg = enc["moe"]
@@ -72,11 +85,11 @@ def build_model(model_config: Mapping[str, Any]) -> nn.Module:
   rep = cfg.get("representation_size")
   return VisionTransformer(
       num_classes=int(cfg["num_classes"]),
-      patch_size=_pair(cfg["patch_size"]),
-      hidden_size=int(cfg["hidden_size"]),
+      patch_size=patch_size,
+      hidden_size=hidden_size,
       num_layers=num_layers,
-      num_heads=int(enc["num_heads"]),
-      mlp_dim=int(enc["mlp_dim"]),
+      num_heads=num_heads,
+      mlp_dim=mlp_dim,
       classifier=classifier,
       representation_size=None if rep is None else int(rep),
       head_bias_init=float(cfg.get("head_bias_init", 0.0)),

@@ -44,11 +44,25 @@ def default_router_config() -> ml_collections.ConfigDict:
   })
 
 
+# (hidden_size, num_layers, num_heads, mlp_dim) of the ViT sizes (Dosovitskiy et al.).
+VIT_SIZES = {
+    'Ti': (192, 12, 3, 768),
+    'S': (384, 12, 6, 1536),
+    'B': (768, 12, 12, 3072),
+    'L': (1024, 24, 16, 4096),
+    'H': (1280, 32, 16, 5120),
+}
+
+
 def default_model_config() -> ml_collections.ConfigDict:
   """A small V-MoE; the paper's B/32 and B/16 override sizes in `configs/`."""
   return ml_collections.ConfigDict({
       # 'vit_moe' (MoE layers placed by encoder.moe.layers) or 'vit' (dense ViT).
       'name': 'vit_moe',
+      # Optional ViT size 'S/32', 'B/16', 'L/14', ... (sizes Ti, S, B, L, H;
+      # any patch): overrides hidden_size, encoder.num_layers/num_heads/mlp_dim
+      # and patch_size. None: use those keys as set.
+      'variant': ml_collections.FieldReference(None, field_type=str),
       'num_classes': 10,
       'patch_size': (4, 4),
       'hidden_size': 64,

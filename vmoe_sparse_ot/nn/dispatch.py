@@ -17,7 +17,6 @@ from vmoe_sparse_ot.nn.routing import Routing
 Array = jax.Array
 
 
-
 def _indices_dispatch(x: Array, r: Routing) -> Array:
   g, e, c = r.token_index.shape
   buf = jnp.take_along_axis(x, r.token_index.reshape(g, e * c, 1), axis=1)

@@ -11,7 +11,7 @@ expert buffers (E, G*C, D) and expert parameters over 'expert', so XLA moves
 tokens between the two layouts with all-to-alls.
 """
 import math
-from typing import Any, Callable
+from typing import Callable
 
 import flax.linen as nn
 import jax

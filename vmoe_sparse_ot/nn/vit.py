@@ -7,13 +7,12 @@ blocks of multi-head self-attention and MLP (or MoE), final LayerNorm, pooling
 
 Shapes: B images, N tokens per image, D hidden size, H MLP hidden size.
 """
-from typing import Any, Dict, Optional, Sequence, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from vmoe_sparse_ot.nn import routers
 from vmoe_sparse_ot.nn.moe import MoeLayer
 from vmoe_sparse_ot.nn.sharding import constrain
 
