@@ -15,6 +15,7 @@ import ml_collections
 
 from vmoe_sparse_ot.evaluate.config import default_fewshot_config
 from vmoe_sparse_ot.evaluate.config import transfer_datasets
+from vmoe_sparse_ot.nn.config import VIT_SIZES
 from vmoe_sparse_ot.nn.config import default_model_config
 
 OPTIMIZERS = ('adam', 'adamw', 'sgd')
@@ -176,12 +177,6 @@ def explain_override(config: Mapping[str, Any], overrides: Sequence[str]) -> str
   return None
 
 
-# V-MoE paper architectures (Riquelme et al. 2021) as used in the sparse-OT paper.
-_VIT_SIZES = {  # variant: (hidden_size, num_layers, mlp_dim, num_heads)
-    'S': (512, 8, 2048, 8),
-    'B': (768, 12, 3072, 12),
-    'L': (1024, 24, 4096, 16),
-}
 # TFDS names with their label counts. ImageNet-21k is not registered in TFDS 4.9
 # (the V-MoE authors used their own builder); a user-registered one works as is.
 PAPER_DATASETS = {'imagenet2012': 1000, 'imagenet21k': 21_843}
@@ -193,6 +188,9 @@ PAPER_TRAIN_STEPS = 7 * 305_000_000 // PAPER_BATCH_SIZE
 def paper_vmoe_config(variant: str, patch: int, arg: str | None) -> ml_collections.ConfigDict:
   """V-MoE {variant}/{patch}, Every-2, E=32, K=2, capacity 16 (k=16 for sparse_ot).
 
+  ViT sizes from `nn.config.VIT_SIZES`, written out as keys (model.variant stays
+  None) so that the config shows them and overrides can shrink them.
+
   Adam (b1 0.9, b2 0.999) with decoupled weight decay 0.1, 10k warmup steps then
   linear decay to 1e-5, peak learning rate 8e-4 (V-MoE Table 8 for B/32, B/16),
   global batch 4096, 224x224 inputs with inception crop and flip. `arg` takes
@@ -201,7 +199,7 @@ def paper_vmoe_config(variant: str, patch: int, arg: str | None) -> ml_collectio
   args = parse_arg(arg, router='sparse_ot', dataset='imagenet2012', data_dir='')
   if args.dataset not in PAPER_DATASETS:
     raise ValueError(f'dataset={args.dataset!r}; valid: {sorted(PAPER_DATASETS)}')
-  hidden, layers, mlp, heads = _VIT_SIZES[variant]
+  hidden, layers, heads, mlp = VIT_SIZES[variant]
   config = base_config()
   m = config.model
   m.name = 'vit_moe'
