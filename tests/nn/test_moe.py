@@ -66,19 +66,19 @@ def test_moe_layer_matches_naive_per_token_loop(dispatcher):
 def test_dispatchers_agree_and_capacity_holds(router):
   x = jax.random.normal(jax.random.key(2), (4, 10, 8))
   opts = RouterOptions(name=router, num_selected_experts=2, capacity_factor=1.0)
-  outs = {}
-  for name in ("indices", "einsum"):
-    layer = MoeLayer(num_experts=4, mlp_dim=16, group_size=16, dispatcher=name, router=opts)
-    params = _init(layer, x)
+  layers = {name: MoeLayer(num_experts=4, mlp_dim=16, group_size=16, dispatcher=name,
+                           router=opts) for name in ("indices", "einsum")}
+  params = _init(layers["indices"], x)       # the parameters do not depend on it
 
-    def f(p, name=name, layer=layer):
-      y, aux, m = layer.apply({"params": p}, x, train=True,
-                              rngs={"gating": jax.random.key(3)})
-      return jnp.sum(jnp.sin(y)) + aux, (y, m)
+  def f(p, name):
+    y, aux, m = layers[name].apply({"params": p}, x, train=True,
+                                   rngs={"gating": jax.random.key(3)})
+    return jnp.sum(jnp.sin(y)) + aux, (y, m)
 
-    outs[name] = jax.jit(jax.value_and_grad(f, has_aux=True))(params)
-  (v1, (y1, m1)), g1 = outs["indices"]
-  (v2, (y2, m2)), g2 = outs["einsum"]
+  (v1, (y1, m1)), g1 = jax.jit(lambda p: jax.value_and_grad(
+      lambda p: f(p, "indices"), has_aux=True)(p))(params)
+  (v2, (y2, m2)), g2 = jax.jit(lambda p: jax.value_and_grad(
+      lambda p: f(p, "einsum"), has_aux=True)(p))(params)
   np.testing.assert_allclose(y1, y2, rtol=1e-5, atol=1e-6)
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6), g1, g2)
   assert m1["tokens_per_expert_max"] <= compute_capacity(16, 4, 2, 1.0) == 8
