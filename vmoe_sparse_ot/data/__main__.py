@@ -4,20 +4,17 @@ Idempotent: a prepared dataset is only reported. Training prepares on first use
 anyway; this makes the step explicit (and timed) in scripts.
 """
 import argparse
-import os
 import time
 
-os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
-
-from vmoe_sparse_ot.data import embedded  # pylint: disable=g-import-not-at-top,wrong-import-position
+from vmoe_sparse_ot.data import embedded
 
 
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__)
   parser.add_argument('names', nargs='*', default=sorted(embedded.BUILDERS),
-                      help=f'datasets to prepare (default: all of {sorted(embedded.BUILDERS)})')
-  parser.add_argument('--data_dir', default=None,
-                      help='TFDS data_dir (default: $VMOE_DATA_DIR or ~/.cache/vmoe_sparse_ot/tfds)')
+                      help=f'datasets to prepare (default: {sorted(embedded.BUILDERS)})')
+  parser.add_argument('--data_dir', default=None, help='TFDS data_dir (default: '
+                      '$VMOE_DATA_DIR or ~/.cache/vmoe_sparse_ot/tfds)')
   args = parser.parse_args()
   for name in args.names:
     start = time.time()
