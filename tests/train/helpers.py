@@ -33,12 +33,15 @@ SMALL = {
 }
 
 
+def _values(overrides):
+  """SMALL updated with `overrides`, whose 'a.b' keys are written a__b."""
+  return {**SMALL, **{k.replace('__', '.'): v for k, v in overrides.items()}}
+
+
 def small_config(arg='router=topk', **overrides):
-  """The tiny config with SMALL and `overrides` ('a.b' keys written as a__b) applied."""
+  """The tiny config with SMALL and `overrides` applied."""
   config = config_lib.load_config_file(f'{TINY}:{arg}')
-  values = dict(SMALL)
-  values.update({k.replace('__', '.'): v for k, v in overrides.items()})
-  for key, value in values.items():
+  for key, value in _values(overrides).items():
     node = config
     *parents, leaf = key.split('.')
     for part in parents:
@@ -49,10 +52,8 @@ def small_config(arg='router=topk', **overrides):
 
 def cli_args(workdir, arg='router=topk', **overrides):
   """Command-line flags equivalent to `small_config(arg, **overrides)`."""
-  values = dict(SMALL)
-  values.update({k.replace('__', '.'): v for k, v in overrides.items()})
   flags = [f'--config={TINY}:{arg}', f'--workdir={workdir}']
-  for key, value in values.items():
+  for key, value in _values(overrides).items():
     if isinstance(value, tuple):
       value = '(' + ','.join(str(v) for v in value) + ')'
     flags.append(f'--config.{key}={value}')

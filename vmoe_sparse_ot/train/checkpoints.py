@@ -21,6 +21,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from vmoe_sparse_ot.train import config as config_lib
+from vmoe_sparse_ot.train import partitioning
 
 ITEMS = ('params', 'state', 'meta')
 
@@ -45,7 +46,7 @@ def _manager(workdir: str, *, max_to_keep: int | None = None, async_save: bool =
 def param_shapes(params: Any) -> dict[str, list[int]]:
   """{'a/b/kernel': shape} for a params tree of arrays or ShapeDtypeStructs."""
   flat = jax.tree_util.tree_flatten_with_path(params)[0]
-  return {'/'.join(str(getattr(k, 'key', k)) for k in path): list(np.shape(leaf))
+  return {partitioning.path_name(path): list(np.shape(leaf))
           for path, leaf in flat}
 
 

@@ -7,6 +7,8 @@ from typing import Any, Mapping
 import jax
 import optax
 
+from vmoe_sparse_ot.train import partitioning
+
 
 def make_schedule(schedule: Mapping[str, Any], train_steps: int) -> optax.Schedule:
   """Linear warmup from 0 to `peak_value`, then linear / cosine decay or constant.
@@ -37,7 +39,7 @@ def weight_decay_mask(params: Any, regex: str) -> Any:
   """Bool tree: True where the '/'-joined parameter path matches `regex`."""
   pattern = re.compile(regex)
   return jax.tree_util.tree_map_with_path(
-      lambda path, _: bool(pattern.search('/'.join(str(getattr(k, 'key', k)) for k in path))),
+      lambda path, _: bool(pattern.search(partitioning.path_name(path))),
       params)
 
 

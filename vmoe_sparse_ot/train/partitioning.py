@@ -42,7 +42,8 @@ def make_mesh(mesh_config: Mapping[str, Any], devices: Sequence[Any] | None = No
                        devices=devices)
 
 
-def _path(path) -> str:
+def path_name(path) -> str:
+  """'encoder/encoderblock_1/moe/experts/wi_kernel' for a jax tree key path."""
   return '/'.join(str(getattr(k, 'key', getattr(k, 'name', k))) for k in path)
 
 
@@ -51,7 +52,7 @@ def param_specs(params: Any, rules: Sequence[tuple[str, P]]) -> Any:
   compiled = [(re.compile(regex), spec) for regex, spec in rules]
 
   def spec_for(path, _):
-    name = _path(path)
+    name = path_name(path)
     for pattern, spec in compiled:
       if pattern.search(name):
         return spec
@@ -67,7 +68,7 @@ def check_divisible(abstract: Any, specs: Any, mesh: Mesh) -> None:
         continue
       size = int(np.prod([mesh.shape[a] for a in ((axes,) if isinstance(axes, str) else axes)]))
       if dim % size:
-        raise ValueError(f'parameter {_path(path)} of shape {leaf.shape} cannot be split '
+        raise ValueError(f'parameter {path_name(path)} of shape {leaf.shape} cannot be split '
                          f'{size} ways over mesh axis {axes!r}: choose config.mesh.expert '
                          'dividing the number of experts')
   jax.tree_util.tree_map_with_path(check, abstract, specs)
