@@ -41,7 +41,7 @@ def _parse_flags(argv: list[str]) -> list[str]:
   """absl parsing, but a typo in a --config.* override names the valid keys."""
   try:
     return flags.FLAGS(argv)
-  except (KeyError, AttributeError, flags.Error) as e:
+  except (KeyError, AttributeError, ValueError, flags.Error) as e:
     config_spec = next((a.split('=', 1)[1] for a in argv if a.startswith('--config=')), None)
     overrides = [a for a in argv if a.startswith('--config.')]
     message = None
@@ -51,7 +51,11 @@ def _parse_flags(argv: list[str]) -> list[str]:
                                               overrides)
       except Exception:  # pylint: disable=broad-except
         message = None
-    print(f'Error: {message or e}', file=sys.stderr)
+    if message is None:
+      # config_flags embeds the config file's traceback; its last line is the cause.
+      lines = [line for line in str(e).splitlines() if line.strip()]
+      message = lines[-1] if lines else repr(e)
+    print(f'Error: {message}', file=sys.stderr)
     sys.exit(2)
 
 
@@ -82,10 +86,10 @@ def main(argv: list[str]) -> None:
   logging.get_absl_handler().addFilter(_QuietLibraries())
   config = _CONFIG.value
   try:
-    config_lib.validate(config)
+    config_lib.validate(config)  # A config file that failed to load raises OSError here.
     from vmoe_sparse_ot import nn  # pylint: disable=g-import-not-at-top
     nn.build_model(config.model)  # Validates model and router options before any work.
-  except ValueError as e:
+  except (OSError, ValueError) as e:
     print(f'Error: invalid config: {e}', file=sys.stderr)
     sys.exit(2)
   initialize_distributed(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)

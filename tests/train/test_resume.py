@@ -66,6 +66,11 @@ def test_cli_rejects_config_typos_and_unknown_routers(tmp_path):
   assert typo.returncode == 2
   assert "Unknown config key 'routr'" in typo.stderr
   assert 'valid keys under config.model.encoder.moe: dispatcher, group_size' in typo.stderr
+  short = helpers.run(helpers.main_command(f'--config={helpers.TINY}:routr=topk',
+                                           f'--workdir={tmp_path}'))
+  assert short.returncode == 2
+  assert "unknown config argument 'routr'; valid keys: ['router', 'steps']" in short.stderr
+  assert 'Traceback' not in short.stderr
   router = helpers.run(helpers.main_command(f'--config={helpers.TINY}:router=bogus',
                                             f'--workdir={tmp_path}'))
   assert router.returncode == 2
