@@ -119,3 +119,29 @@ def test_warm_start_and_float32_float64():
                  tol=1e-6)
   assert r32.plan.dtype == jnp.float32
   assert float(r32.value) == pytest.approx(float(res.value), rel=1e-5)
+
+
+def test_lbfgs_stop_rules_rtol_and_ftol_with_patience():
+  """rtol (predicted remaining gain) stops early on a smooth problem within the
+  precision asked; on a kinked (k binding) one ftol stops far earlier than a tight
+  solve, close to its value, and patience=2 goes further than patience=1."""
+  a, b, C = problem(40, 30, seed=2, uniform=False)
+  a, b, C = map(jnp.asarray, (a, b, C))
+  smooth = ot.SquaredL2(0.5)
+  ref = ot.solve(a, b, C, smooth, **TIGHT)
+  res = ot.solve(a, b, C, smooth, tol=1e-12, max_iter=2000, rtol=1e-8)
+  gap = (float(ref.value) - float(res.value)) / abs(float(ref.value))
+  assert 0 <= gap <= 1e-6  # within the asked precision (model estimate, 100x margin)
+  assert int(res.num_evals) < int(ref.num_evals)
+  kinked = ot.SparsityConstrained(k=2, gamma=0.1)
+  ref = ot.solve(a, b, C, kinked, tol=1e-12, max_iter=3000, ftol=1e-14)
+  res = ot.solve(a, b, C, kinked, tol=1e-12, max_iter=3000, ftol=1e-7, patience=2,
+                 rtol=1e-9)
+  gap = (float(ref.value) - float(res.value)) / abs(float(ref.value))
+  assert -1e-9 <= gap <= 1e-3
+  assert 2 * int(res.num_evals) < int(ref.num_evals)
+  # patience=1 stops no later than patience=2 (same iterates until the first stop).
+  res1 = ot.solve(a, b, C, kinked, tol=1e-12, max_iter=3000, ftol=1e-7, patience=1,
+                  rtol=1e-9)
+  assert int(res1.num_iter) <= int(res.num_iter)
+  assert float(res1.value) <= float(res.value)

@@ -78,13 +78,22 @@ def adam(fun: Callable, x0: Array, *, max_iter: int, tol: float, learning_rate: 
 
 
 def lbfgs(fun: Callable, x0: Array, *, max_iter: int, tol: float, history: int = 10,
-          ftol: float = 0.0, c1: float = 1e-4, max_linesearch: int = 30) -> OptState:
+          ftol: float = 0.0, patience: int = 1, rtol: float = 0.0, c1: float = 1e-4,
+          max_linesearch: int = 30) -> OptState:
   """L-BFGS ascent with Armijo backtracking. Stops when max|grad| <= tol, when an
   iteration increases the value by <= ftol * |value| (ftol > 0), after max_iter
   iterations, or when the line search can no longer increase the value.
 
   The ftol test is what ends runs on non-smooth objectives (k binding: the optimum
-  sits on a kink where the gradient does not vanish)."""
+  sits on a kink where the gradient does not vanish). It fires only after
+  `patience` consecutive small improvements: a single short step (the line search
+  backtracking across a kink) is not a sign of convergence, so a looser ftol with
+  patience > 1 stops sooner than a tight ftol without false stops.
+
+  rtol > 0 stops once the quasi-Newton model predicts that at most rtol * |value|
+  is left to gain: -g^T p / 2 (p the L-BFGS step, g^T p < 0) is the model's
+  increase at its maximiser, the Newton decrement's estimate of the suboptimality.
+  The test is made before the line search, so a stop costs no evaluation."""
   dtype = x0.dtype
   d = x0.shape[0]
   M = history
@@ -121,6 +130,7 @@ def lbfgs(fun: Callable, x0: Array, *, max_iter: int, tol: float, history: int =
     rho: Array
     gamma0: Array
     stalled: Array
+    small: Array
 
   def cond(c: Carry):
     keep = (c.it < max_iter) & ~c.stalled
@@ -151,10 +161,17 @@ def lbfgs(fun: Callable, x0: Array, *, max_iter: int, tol: float, history: int =
       t_new = jnp.where(jnp.isfinite(ft), jnp.clip(t_q, 0.1 * t, 0.5 * t), 0.5 * t)
       return jnp.where(ok, t, t_new), ft, gt, ok, n + 1
 
+    # Predicted remaining gain small enough: stop without evaluating (ok = True
+    # makes the line search loop run zero times; the step is not taken).
+    if rtol > 0:
+      done = ~bad & (c.it > 0) & (-0.5 * gp <= rtol * jnp.abs(c.f))
+    else:
+      done = jnp.asarray(False)
     t0 = jnp.where(c.it == 0, jnp.minimum(1.0, 1.0 / jnp.maximum(jnp.sqrt(-gp), tiny)),
                    1.0).astype(dtype)
     t, f_new, g_new, ok, n = lax.while_loop(
-        ls_cond, ls_body, (t0, c.f, c.g, jnp.asarray(False), jnp.asarray(0, jnp.int32)))
+        ls_cond, ls_body, (t0, c.f, c.g, done, jnp.asarray(0, jnp.int32)))
+    ok = ok & ~done
     s = t * p
     y = g_new - c.g
     sy = jnp.dot(s, y)
@@ -168,13 +185,19 @@ def lbfgs(fun: Callable, x0: Array, *, max_iter: int, tol: float, history: int =
     f = jnp.where(ok, f_new, c.f)
     g = jnp.where(ok, g_new, c.g)
     # No strict decrease means the value is at rounding level: stop.
-    stalled = ~ok | ~(f_new < c.f)
+    stalled = ~ok | ~(f_new < c.f) | done
+    small = c.small
     if ftol > 0:
-      stalled = stalled | (c.f - f_new <= ftol * jnp.abs(f_new))
-    return Carry(c.it + 1, c.evals + n, x, f, g, S, Y, rho, gamma0, stalled)
+      # Both the achieved and the predicted gain must be small: a short step
+      # alone (backtracking across a kink) is no sign of convergence.
+      tiny_gain = (c.f - f_new <= ftol * jnp.abs(f_new)) & (-0.5 * gp <= ftol * jnp.abs(c.f))
+      small = jnp.where(tiny_gain, small + 1, 0)
+      stalled = stalled | (small >= patience)
+    return Carry(c.it + (~done).astype(c.it.dtype), c.evals + n, x, f, g, S, Y, rho, gamma0,
+                 stalled, small)
 
   init = Carry(jnp.asarray(0, jnp.int32), jnp.asarray(1, jnp.int32), x0, f0, g0,
                jnp.zeros((M, d), dtype), jnp.zeros((M, d), dtype), jnp.zeros((M,), dtype),
-               jnp.asarray(1.0, dtype), jnp.asarray(False))
+               jnp.asarray(1.0, dtype), jnp.asarray(False), jnp.asarray(0, jnp.int32))
   c = lax.while_loop(cond, body, init)
   return OptState(c.x, -c.f, -c.g, c.it, c.evals, _gnorm(c.g))

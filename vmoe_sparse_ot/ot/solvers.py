@@ -97,7 +97,8 @@ def _prepare_init(init, m: int, n: int, formulation: str, dtype):
 def solve(a, b, C, regularizer: Regularizer, formulation: str = "semi_dual",
           solver: str = "lbfgs", max_iter: int = 1000, tol: float = 1e-6,
           learning_rate: float = 1e-2, init: Optional[Any] = None,
-          history: int = 10, ftol: float = 0.0) -> OTResult:
+          history: int = 10, ftol: float = 0.0, patience: int = 1,
+          rtol: float = 0.0) -> OTResult:
   """Solves regularized OT: min_T <T, C> + sum_j Omega(t_j) over couplings of a, b.
 
   Args:
@@ -117,8 +118,14 @@ def solve(a, b, C, regularizer: Regularizer, formulation: str = "semi_dual",
     init: warm start: alpha (m,), (alpha, beta), or a previous OTResult.
     history: L-BFGS memory size.
     ftol: L-BFGS also stops once an iteration improves the objective by at most
-      ftol * |objective| (0: off). Needed to stop on non-smooth problems (binding
+      ftol * |objective| and its model predicts no more than that is left
+      (-g^T p / 2; both, so a short step across a kink does not stop it; 0: off). Needed to stop on non-smooth problems (binding
       k puts the optimum on a kink, where the gradient does not vanish).
+    patience: L-BFGS: the ftol test must hold this many iterations in a row.
+    rtol: L-BFGS also stops once its quasi-Newton model predicts a remaining
+      increase of at most rtol * |objective| (-g^T p / 2; 0: off). Compares the
+      progress still attainable with the precision asked, so it stops near the
+      optimum on smooth and kinked problems alike, at no extra evaluation.
 
   Returns:
     OTResult. Float dtype follows the inputs (float32 or float64 under x64).
@@ -136,8 +143,10 @@ def solve(a, b, C, regularizer: Regularizer, formulation: str = "semi_dual",
   validation.check_choice("solver", solver, SOLVERS)
   max_iter = validation.check_int("max_iter", max_iter, 1)
   history = validation.check_int("history", history, 1)
+  patience = validation.check_int("patience", patience, 1)
   tol = validation.check_nonneg_float("tol", tol)
   ftol = validation.check_nonneg_float("ftol", ftol)
+  rtol = validation.check_nonneg_float("rtol", rtol)
   learning_rate = validation.check_pos_float("learning_rate", learning_rate)
   if not validation.is_concrete(learning_rate):
     raise ValueError("learning_rate must be a Python float (static), not a traced value")
@@ -152,13 +161,14 @@ def solve(a, b, C, regularizer: Regularizer, formulation: str = "semi_dual",
   C = jnp.asarray(C, dtype)
   return _solve(a, b, C, regularizer, alpha0, beta0, formulation=formulation,
                 solver=solver, max_iter=max_iter, tol=tol, learning_rate=learning_rate,
-                history=history, ftol=ftol)
+                history=history, ftol=ftol, patience=patience, rtol=rtol)
 
 
 @functools.partial(jax.jit, static_argnames=(
-    "formulation", "solver", "max_iter", "tol", "learning_rate", "history", "ftol"))
+    "formulation", "solver", "max_iter", "tol", "learning_rate", "history", "ftol",
+    "patience", "rtol"))
 def _solve(a, b, C, reg, alpha0, beta0, *, formulation, solver, max_iter, tol,
-           learning_rate, history, ftol) -> OTResult:
+           learning_rate, history, ftol, patience, rtol) -> OTResult:
   m, n = C.shape
   if formulation == "semi_dual":
     def fun(x):
@@ -173,7 +183,8 @@ def _solve(a, b, C, reg, alpha0, beta0, *, formulation, solver, max_iter, tol,
   if solver == "adam":
     st = optim.adam(fun, x0, max_iter=max_iter, tol=tol, learning_rate=learning_rate)
   else:
-    st = optim.lbfgs(fun, x0, max_iter=max_iter, tol=tol, history=history, ftol=ftol)
+    st = optim.lbfgs(fun, x0, max_iter=max_iter, tol=tol, history=history, ftol=ftol,
+                     patience=patience, rtol=rtol)
 
   if formulation == "semi_dual":
     alpha = st.x
