@@ -176,7 +176,13 @@ def lbfgs(fun: Callable, x0: Array, *, max_iter: int, tol: float, history: int =
     y = g_new - c.g
     sy = jnp.dot(s, y)
     yy = jnp.dot(y, y)
-    upd = ok & (sy > jnp.finfo(dtype).eps * yy) & (sy > 0)
+    # A gradient change at rounding level is not curvature: on a piecewise-linear
+    # stretch of the objective y is pure noise (float32: ~1e-8 |g|), and sy / yy
+    # would then scale the next step by orders of magnitude, far past where the
+    # objective can still be evaluated accurately. Keep only pairs whose y stands
+    # out of the noise of the gradients it is the difference of.
+    y_noise = jnp.sqrt(jnp.finfo(dtype).eps) * jnp.maximum(_gnorm(c.g), _gnorm(g_new))
+    upd = ok & (sy > jnp.finfo(dtype).eps * yy) & (sy > 0) & (_gnorm(y) > y_noise)
     S = jnp.where(upd, jnp.concatenate([c.S[1:], s[None]], 0), c.S)
     Y = jnp.where(upd, jnp.concatenate([c.Y[1:], y[None]], 0), c.Y)
     rho = jnp.where(upd, jnp.concatenate([c.rho[1:], (1 / jnp.where(upd, sy, 1))[None]]), c.rho)
