@@ -27,7 +27,7 @@ from absl import app, flags
 from jax.sharding import PartitionSpec
 from ml_collections import config_flags
 
-from vmoe_sparse_ot import nn
+from vmoe_sparse_ot import nn, quiet_logs
 from vmoe_sparse_ot.evaluate import fewshot
 from vmoe_sparse_ot.train import checkpoints, partitioning
 
@@ -129,6 +129,7 @@ def format_table(payload: dict) -> str:
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
+  quiet_logs.quiet_library_logs()
   try:
     payload = run(_CONFIG.value, _WORKDIR.value, _STEP.value)
   except (FileNotFoundError, CheckpointMismatchError, fewshot.DatasetError) as e:

@@ -10,7 +10,6 @@ resumes from the latest checkpoint in --workdir.
 """
 from __future__ import annotations
 
-import logging as std_logging
 import os
 import sys
 
@@ -21,6 +20,7 @@ from absl import flags
 from absl import logging
 from ml_collections import config_flags
 
+from vmoe_sparse_ot import quiet_logs
 from vmoe_sparse_ot.train import config as config_lib
 
 _CONFIG = config_flags.DEFINE_config_file(
@@ -73,17 +73,10 @@ def initialize_distributed(coordinator_address: str | None, num_processes: int,
                              num_processes=num_processes, process_id=process_id)
 
 
-class _QuietLibraries(std_logging.Filter):
-  """Drops the INFO chatter of Orbax (dozens of lines per save); keeps warnings."""
-
-  def filter(self, record: std_logging.LogRecord) -> bool:
-    return record.levelno >= std_logging.WARNING or '/orbax/' not in record.pathname
-
-
 def main(argv: list[str]) -> None:
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
-  logging.get_absl_handler().addFilter(_QuietLibraries())
+  quiet_logs.quiet_library_logs()
   config = _CONFIG.value
   try:
     config_lib.validate(config)  # A config file that failed to load raises OSError here.
