@@ -43,12 +43,9 @@ def brute_sparse_nonneg(s, k, gamma=1.0):
   return best, best_t
 
 
-def brute_psi(t, k):
-  """1/2 min sum t_i^2 / lambda_i, sum lambda = k, 0 < lambda <= 1, by bisection on
-  the KKT form lambda_i = min(1, |t_i| / theta)."""
-  z = np.abs(t)
-  if np.count_nonzero(z) <= k:
-    return 0.5 * z @ z
+def _psi_lambda(z, k):
+  """lambda* = min(1, z / theta) of Psi's definition for z = |t|, theta by bisection
+  on sum_i lambda_i = k."""
   lo, hi = 0.0, z.sum() / k
   for _ in range(200):
     th = 0.5 * (lo + hi)
@@ -56,7 +53,16 @@ def brute_psi(t, k):
       lo = th
     else:
       hi = th
-  lam = np.minimum(1, z / hi)
+  return np.minimum(1, z / hi)
+
+
+def brute_psi(t, k):
+  """1/2 min sum t_i^2 / lambda_i, sum lambda = k, 0 < lambda <= 1, by bisection on
+  the KKT form lambda_i = min(1, |t_i| / theta)."""
+  z = np.abs(t)
+  if np.count_nonzero(z) <= k:
+    return 0.5 * z @ z
+  lam = _psi_lambda(z, k)
   nz = z > 0
   return 0.5 * np.sum(z[nz] ** 2 / lam[nz])
 
@@ -197,14 +203,7 @@ def test_squared_k_support_norm_against_bisection(k):
 def psi_gradient(t, k):
   """t / lambda* with lambda* the minimiser in Psi's definition (by bisection)."""
   z = np.abs(t)
-  lo, hi = 0.0, z.sum() / k
-  for _ in range(200):
-    th = 0.5 * (lo + hi)
-    if np.minimum(1, z / th).sum() > k:
-      lo = th
-    else:
-      hi = th
-  return t / np.minimum(1, z / hi)
+  return t / _psi_lambda(z, k)
 
 
 def test_psi_is_the_biconjugate_on_the_simplex():

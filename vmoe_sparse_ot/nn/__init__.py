@@ -13,7 +13,7 @@ import flax.linen as nn
 
 from vmoe_sparse_ot.nn import config
 from vmoe_sparse_ot.nn.dispatch import DISPATCHERS
-from vmoe_sparse_ot.nn.routers import ROUTERS, RouterOptions, parse_router_options
+from vmoe_sparse_ot.nn.routers import ROUTERS, RouterOptions, check_keys, parse_router_options
 from vmoe_sparse_ot.nn.vit import VisionTransformer, parse_moe_layers
 
 EXPERT_PARAMS_REGEX = r"^(.*/)?moe/experts/[^/]+$"
@@ -25,12 +25,6 @@ _ENCODER_KEYS = ("num_layers", "num_heads", "mlp_dim", "dropout_rate",
                  "attention_dropout_rate", "moe")
 _MOE_KEYS = ("layers", "num_experts", "group_size", "dispatcher", "router")
 _CLASSIFIERS = ("token", "gap")
-
-
-def _check_keys(cfg: Mapping[str, Any], valid, where: str) -> None:
-  unknown = sorted(set(cfg.keys()) - set(valid))
-  if unknown:
-    raise ValueError(f"unknown option(s) {unknown} in {where}; valid options: {sorted(valid)}")
 
 
 def _pair(x) -> tuple:
@@ -52,12 +46,12 @@ def build_model(model_config: Mapping[str, Any]) -> nn.Module:
   All options are validated here, before anything is traced or compiled.
   """
   cfg = model_config
-  _check_keys(cfg, _MODEL_KEYS, "model")
+  check_keys(cfg, _MODEL_KEYS, "model")
   name = cfg.get("name", "vit_moe")
   if name not in MODELS:
     raise ValueError(f"model.name must be one of {list(MODELS)}, got {name!r}")
   enc = cfg["encoder"]
-  _check_keys(enc, _ENCODER_KEYS, "model.encoder")
+  check_keys(enc, _ENCODER_KEYS, "model.encoder")
   classifier = cfg.get("classifier", "token")
   if classifier not in _CLASSIFIERS:
     raise ValueError(f"model.classifier must be one of {list(_CLASSIFIERS)}, "
@@ -70,7 +64,7 @@ def build_model(model_config: Mapping[str, Any]) -> nn.Module:
   moe_layers, moe = (), None
   if name == "vit_moe":
     moe_cfg = enc["moe"]
-    _check_keys(moe_cfg, _MOE_KEYS, "model.encoder.moe")
+    check_keys(moe_cfg, _MOE_KEYS, "model.encoder.moe")
     dispatcher = moe_cfg.get("dispatcher", "indices")
     if dispatcher not in DISPATCHERS:
       raise ValueError(f"model.encoder.moe.dispatcher must be one of {sorted(DISPATCHERS)}, "

@@ -61,7 +61,8 @@ class RouterOptions:
   sparse_ot_implementation: str = "fast"
 
 
-def _check_keys(cfg: Mapping[str, Any], valid, where: str) -> None:
+def check_keys(cfg: Mapping[str, Any], valid, where: str) -> None:
+  """Raises ValueError naming unknown keys of `cfg` (at config path `where`) and the valid ones."""
   unknown = sorted(set(cfg.keys()) - set(valid))
   if unknown:
     raise ValueError(f"unknown option(s) {unknown} in {where}; valid options: {sorted(valid)}")
@@ -70,15 +71,15 @@ def _check_keys(cfg: Mapping[str, Any], valid, where: str) -> None:
 def parse_router_options(cfg: Mapping[str, Any]) -> RouterOptions:
   """Validates a router config dict (see `nn.config.default_router_config`)."""
   cfg = dict(cfg)
-  _check_keys(cfg, COMMON_KEYS, "model.encoder.moe.router")
+  check_keys(cfg, COMMON_KEYS, "model.encoder.moe.router")
   name = cfg.get("name", "topk")
   if name not in ROUTERS:
     raise ValueError(f"model.encoder.moe.router.name must be one of {sorted(ROUTERS)}, "
                      f"got {name!r}")
   sbase = dict(cfg.get("sbase", {}) or {})
-  _check_keys(sbase, SBASE_KEYS, "model.encoder.moe.router.sbase")
+  check_keys(sbase, SBASE_KEYS, "model.encoder.moe.router.sbase")
   sot = dict(cfg.get("sparse_ot", {}) or {})
-  _check_keys(sot, SPARSE_OT_KEYS, "model.encoder.moe.router.sparse_ot")
+  check_keys(sot, SPARSE_OT_KEYS, "model.encoder.moe.router.sparse_ot")
   d = RouterOptions()
   opts = RouterOptions(
       name=name,
