@@ -53,9 +53,12 @@ def test_weak_duality_pointwise_and_at_the_optimum():
   # one selection breaks the row marginals (appendix, "dual-primal link"). Resolve
   # the ties as the appendix does -- a convex combination of the tied selections
   # that meets the marginals -- and check S* = P_Psi(T*), Psi computed exactly.
+  # At a kink L-BFGS pins alpha* down to ~1e-7 only (runs with different memory
+  # sizes or summation orders land 1e-12 apart in value, 3e-7 apart in alpha),
+  # which moves the tie-resolved row sums by up to ~1e-5.
   T_star, violation = resolve_ties(np.asarray(rs.alpha), a, b, C, k, gamma)
-  assert violation < 1e-6
-  np.testing.assert_allclose(T_star.sum(1), a, atol=1e-6)
+  assert violation < 1e-5
+  np.testing.assert_allclose(T_star.sum(1), a, atol=1e-5)
   np.testing.assert_allclose(T_star.sum(0), b, atol=1e-12)
   assert np.any((T_star > 1e-9).sum(0) > k)  # a genuine convex relaxation
   p_psi = float(ot.primal_objective(jnp.asarray(T_star), C, reg))

@@ -8,6 +8,7 @@ import pytest
 
 from tests.ot.helpers import supports
 from vmoe_sparse_ot import ot
+from vmoe_sparse_ot.ot import projections
 
 
 def np_proj_simplex(v, b):
@@ -163,6 +164,68 @@ def test_top_k_mask_matches_lax_top_k_with_ties_and_batches():
   m0, _ = ot.top_k_mask(x[0], 2, axis=0)
   m1, _ = ot.top_k_mask(x[0].T, 2, axis=-1)
   np.testing.assert_array_equal(np.asarray(m0), np.asarray(m1).T)
+
+
+def _check_top_k_against_lax(x):
+  for k in (1, 3, x.shape[-1]):
+    vals, idx = projections.top_k(x, k, axis=-1)
+    v_ref, i_ref = jax.lax.top_k(x, k)
+    np.testing.assert_array_equal(np.asarray(idx), np.asarray(i_ref))
+    np.testing.assert_array_equal(np.asarray(vals), np.asarray(v_ref))
+    assert vals.dtype == x.dtype and idx.dtype == jnp.int32
+  # axis=0 on a matrix equals the transposed axis=-1.
+  v0, i0 = projections.top_k(x[0], 2, axis=0)
+  v1, i1 = projections.top_k(x[0].T, 2, axis=-1)
+  np.testing.assert_array_equal(np.asarray(i0), np.asarray(i1).T)
+  np.testing.assert_array_equal(np.asarray(v0), np.asarray(v1).T)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_top_k_values_and_indices_match_lax_top_k_with_ties(dtype):
+  """Packed 64-bit keys (x64 on): float64 and float32 inputs."""
+  rng = np.random.RandomState(2)
+  _check_top_k_against_lax(jnp.asarray(rng.randint(0, 4, size=(3, 4, 9)).astype(dtype)))
+  # Exact values are read back even where float64 keys round them (m = 1000:
+  # 10 index bits replace mantissa bits), and distinct values stay in order.
+  x = jnp.asarray(rng.randn(2, 1000).astype(dtype))
+  vals, idx = projections.top_k(x, 7, axis=-1)
+  v_ref, i_ref = jax.lax.top_k(x, 7)
+  np.testing.assert_array_equal(np.asarray(vals), np.asarray(v_ref))
+  np.testing.assert_array_equal(np.asarray(idx), np.asarray(i_ref))
+
+
+@pytest.mark.float32
+def test_top_k_without_x64_matches_lax_top_k_with_ties():
+  """Two reductions per entry (no 64-bit keys)."""
+  rng = np.random.RandomState(2)
+  _check_top_k_against_lax(jnp.asarray(rng.randint(0, 4, size=(3, 4, 9)).astype(np.float32)))
+
+
+def test_densify_places_values_at_indices():
+  vals = jnp.asarray([[1.5, -2.0], [0.0, 4.0]])          # k = 2 along axis 0, n = 2
+  idx = jnp.asarray([[3, 0], [1, 2]], jnp.int32)
+  out = projections.densify(vals, idx, 5, axis=0)
+  expect = np.zeros((5, 2))
+  expect[3, 0], expect[1, 0], expect[0, 1], expect[2, 1] = 1.5, 0.0, -2.0, 4.0
+  np.testing.assert_array_equal(np.asarray(out), expect)
+
+
+@pytest.mark.parametrize("k", [1, 2, 4])
+def test_compact_sparse_simplex_equals_the_dense_projection(k):
+  """sparse_simplex_topk's k entries, densified, are the top-k sparsemax; its
+  tau, count and sum_sq are the threshold and active-set statistics."""
+  rng = np.random.RandomState(k)
+  x = rng.randn(9, 5)
+  b = rng.rand(5) + 0.2
+  sp = projections.sparse_simplex_topk(jnp.asarray(x), k, jnp.asarray(b), axis=0)
+  dense = np.asarray(projections.densify(sp.values, sp.indices, 9, axis=0))
+  for j in range(5):
+    _, t_ref = brute_sparse_simplex(x[:, j], k, b[j])
+    np.testing.assert_allclose(dense[:, j], t_ref, atol=1e-12)
+    act = t_ref > 0
+    assert float(sp.count[0, j]) == act.sum()
+    np.testing.assert_allclose(float(sp.sum_sq[0, j]), np.sum(x[act, j] ** 2), rtol=1e-12)
+    np.testing.assert_allclose(x[act, j] - float(sp.tau[0, j]), t_ref[act], atol=1e-12)
 
 
 def test_projections_are_batched_over_leading_axes():

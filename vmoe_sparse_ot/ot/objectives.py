@@ -12,7 +12,8 @@ from typing import Tuple
 import jax
 import jax.numpy as jnp
 
-from vmoe_sparse_ot.ot.regularizers import Regularizer
+from vmoe_sparse_ot.ot import projections
+from vmoe_sparse_ot.ot.regularizers import Regularizer, SparsityConstrained
 
 Array = jax.Array
 
@@ -23,9 +24,19 @@ def semi_dual_value_and_grad(alpha: Array, a: Array, b: Array, C: Array,
 
   Returns (value, gradient a - T 1_n, plan T (m, n)), T = semi-dual plan.
   """
-  vals, T, _ = reg.conj_simplex(alpha[:, None] - C, b, axis=0)
+  m = C.shape[0]
+  if isinstance(reg, SparsityConstrained) and reg.k < m:
+    # Compact columns: the row sums T 1_n are a scatter-add of the k * n nonzeros
+    # instead of a pass over an (m, n) plan; the dense plan is only formed if the
+    # caller uses it (inside the solvers' loops it is dead code).
+    vals, sp, _ = reg.conj_simplex_sparse(alpha[:, None] - C, b, axis=0)
+    row_sums = jnp.zeros_like(alpha).at[sp.indices].add(sp.values)
+    T = projections.densify(sp.values, sp.indices, m, axis=0)
+  else:
+    vals, T, _ = reg.conj_simplex(alpha[:, None] - C, b, axis=0)
+    row_sums = jnp.sum(T, axis=1)
   value = jnp.dot(alpha, a) - jnp.sum(vals)
-  return value, a - jnp.sum(T, axis=1), T
+  return value, a - row_sums, T
 
 
 def semi_dual_objective(alpha: Array, a: Array, b: Array, C: Array, reg: Regularizer) -> Array:

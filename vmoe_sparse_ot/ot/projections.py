@@ -5,13 +5,16 @@ the others, so an (m, n) matrix of columns is projected with `axis=0`.
 
 Top-k selection avoids sorting (slow on CPU, see DESIGN.md "timing facts"): k
 reduction passes find the k largest values in decreasing order, ties broken by
-the lower index (the same set `lax.top_k` picks), and the selection mask is then
-formed densely by comparison -- no scatter, no gather, cheap under `vmap`.
-The simplex threshold tau comes from the k sorted values in O(k).
+the lower index (the same set `lax.top_k` picks). `top_k_mask` then forms the
+selection mask densely by comparison; `top_k` reads the positions off the packed
+keys and gathers the k exact values, so that everything after the selection
+(`sparse_simplex_topk`: threshold, projection, conjugate value) costs O(k) per
+slice instead of further passes over x. The simplex threshold tau comes from the
+k sorted values in O(k).
 """
 from __future__ import annotations
 
-from typing import Tuple
+from typing import NamedTuple, Tuple
 
 import jax
 import jax.numpy as jnp
@@ -65,6 +68,50 @@ def _decode_keys(keys: Array, dtype, shift: int, nb: int) -> Array:
   return lax.bitcast_convert_type(bits, jnp.float64)
 
 
+def _top_keys(x: Array, k: int, axis: int):
+  """k max-reduction passes over packed keys; returns (keys (k along axis), shift, nb)."""
+  red_shape = list(x.shape)
+  red_shape[axis] = 1
+  keys, shift, nb = _sort_keys(x, axis)
+  lo = jnp.iinfo(jnp.int64).min
+  prev = jnp.full(red_shape, jnp.iinfo(jnp.int64).max, jnp.int64)
+  picked = []
+  for _ in range(k):
+    prev = jnp.max(jnp.where(keys < prev, keys, lo), axis=axis, keepdims=True)
+    picked.append(prev)
+  return keys, jnp.concatenate(picked, axis), shift, nb
+
+
+def _top_pairs(x: Array, k: int, axis: int):
+  """Two reductions per entry (value, then index; no 64-bit keys needed).
+
+  Returns (values, indices) with `axis` of length k, in selection order.
+  """
+  m = x.shape[axis]
+  red_shape = list(x.shape)
+  red_shape[axis] = 1
+  idx = lax.broadcasted_iota(jnp.int32, x.shape, axis)
+  prev_v = jnp.full(red_shape, jnp.inf, x.dtype)
+  prev_i = jnp.full(red_shape, -1, jnp.int32)
+  neg_inf = jnp.array(-jnp.inf, x.dtype)
+  values, indices = [], []
+  for _ in range(k):
+    # Candidates come strictly after (prev_v, prev_i) in the order
+    # "value decreasing, then index increasing".
+    cand = (x < prev_v) | ((x == prev_v) & (idx > prev_i))
+    v = jnp.max(jnp.where(cand, x, neg_inf), axis=axis, keepdims=True)
+    i = jnp.min(jnp.where(cand & (x == v), idx, m), axis=axis, keepdims=True)
+    values.append(v)
+    indices.append(i)
+    prev_v, prev_i = v, i
+  return jnp.concatenate(values, axis), jnp.concatenate(indices, axis)
+
+
+def _check_k(k: int, m: int):
+  if not 1 <= k <= m:
+    raise ValueError(f"k must be in [1, {m}], got {k}")
+
+
 def top_k_mask(x: Array, k: int, axis: int = -1) -> Tuple[Array, Array]:
   """The k largest entries of `x` along `axis`, without sorting.
 
@@ -85,34 +132,59 @@ def top_k_mask(x: Array, k: int, axis: int = -1) -> Tuple[Array, Array]:
   """
   axis = axis % x.ndim
   m = x.shape[axis]
-  if not 1 <= k <= m:
-    raise ValueError(f"k must be in [1, {m}], got {k}")
-  red_shape = list(x.shape)
-  red_shape[axis] = 1
+  _check_k(k, m)
   if _use_keys(x):
-    keys, shift, nb = _sort_keys(x, axis)
-    lo = jnp.iinfo(jnp.int64).min
-    prev = jnp.full(red_shape, jnp.iinfo(jnp.int64).max, jnp.int64)
-    picked = []
-    for _ in range(k):
-      prev = jnp.max(jnp.where(keys < prev, keys, lo), axis=axis, keepdims=True)
-      picked.append(prev)
-    return keys >= prev, _decode_keys(jnp.concatenate(picked, axis), x.dtype, shift, nb)
+    keys, top, shift, nb = _top_keys(x, k, axis)
+    kth = lax.slice_in_dim(top, k - 1, k, axis=axis)
+    return keys >= kth, _decode_keys(top, x.dtype, shift, nb)
+  values, indices = _top_pairs(x, k, axis)
+  prev_v = lax.slice_in_dim(values, k - 1, k, axis=axis)
+  prev_i = lax.slice_in_dim(indices, k - 1, k, axis=axis)
   idx = lax.broadcasted_iota(jnp.int32, x.shape, axis)
-  prev_v = jnp.full(red_shape, jnp.inf, x.dtype)
-  prev_i = jnp.full(red_shape, -1, jnp.int32)
-  neg_inf = jnp.array(-jnp.inf, x.dtype)
-  values = []
-  for _ in range(k):
-    # Candidates come strictly after (prev_v, prev_i) in the order
-    # "value decreasing, then index increasing".
-    cand = (x < prev_v) | ((x == prev_v) & (idx > prev_i))
-    v = jnp.max(jnp.where(cand, x, neg_inf), axis=axis, keepdims=True)
-    i = jnp.min(jnp.where(cand & (x == v), idx, m), axis=axis, keepdims=True)
-    values.append(v)
-    prev_v, prev_i = v, i
   mask = (x > prev_v) | ((x == prev_v) & (idx <= prev_i))
-  return mask, jnp.concatenate(values, axis=axis)
+  return mask, values
+
+
+def top_k(x: Array, k: int, axis: int = -1) -> Tuple[Array, Array]:
+  """The k largest entries of `x` along `axis` and their positions, without sorting.
+
+  Same selection as `top_k_mask` (ties -> lower index). Values are exact (read
+  back from x at the selected positions). Under the packed float64 keys, entries
+  closer than 2^-(52 - ceil(log2 m)) relative are ranked by index, so the values
+  may be out of decreasing order by that much.
+
+  Returns:
+    values: x's dtype, `axis` of length k.
+    indices: int32, `axis` of length k, positions along `axis`.
+  """
+  axis = axis % x.ndim
+  m = x.shape[axis]
+  _check_k(k, m)
+  if not _use_keys(x):
+    values, indices = _top_pairs(x, k, axis)
+    return values, indices
+  _, top, shift, nb = _top_keys(x, k, axis)
+  low = (1 << 32) - 1 if x.dtype == jnp.float32 else (1 << nb) - 1
+  indices = ((m - 1) - (top & low)).astype(jnp.int32)
+  return jnp.take_along_axis(x, indices, axis=axis), indices
+
+
+def densify(values: Array, indices: Array, m: int, axis: int = -1) -> Array:
+  """Scatters `values` (k along `axis`) to positions `indices` of a length-m axis.
+
+  Written as k fused comparisons against an iota (no scatter: cheap under vmap);
+  indices along `axis` must be distinct.
+  """
+  axis = axis % values.ndim
+  shape = list(values.shape)
+  shape[axis] = m
+  pos = lax.broadcasted_iota(jnp.int32, shape, axis)
+  out = jnp.zeros(shape, values.dtype)
+  for r in range(values.shape[axis]):
+    v = lax.slice_in_dim(values, r, r + 1, axis=axis)
+    i = lax.slice_in_dim(indices, r, r + 1, axis=axis)
+    out = out + jnp.where(pos == i, v, 0)
+  return out
 
 
 def _threshold_from_sorted(values: Array, b: Array, axis: int) -> Tuple[Array, Array]:
@@ -186,8 +258,49 @@ def projection_sparse_simplex(x: Array, k: int, b=1.0, axis: int = -1) -> Array:
   return t
 
 
+class SparseSimplex(NamedTuple):
+  """Top-k sparsemax of the slices along `axis`, in compact form (k along `axis`).
+
+  values: the projection's entries at `indices` (zero where not active).
+  indices: int32 positions along the projected axis (distinct per slice).
+  tau: the threshold (keepdims): values = [x[indices] - tau]_+ on the active set.
+  count: number of active entries (values > 0 up to rounding; keepdims, float).
+  sum_sq: sum of x^2 over the active entries (keepdims; the conjugate's value).
+  """
+  values: Array
+  indices: Array
+  tau: Array
+  count: Array
+  sum_sq: Array
+
+
+def sparse_simplex_topk(x: Array, k: int, b=1.0, axis: int = -1) -> SparseSimplex:
+  """Top-k sparsemax in compact form: only the k selected entries are touched
+  after the selection passes, so the projection, the threshold and the
+  conjugate's value cost O(k) per slice instead of extra passes over x.
+
+  Requires 1 <= k <= m.
+  """
+  axis = axis % x.ndim
+  b = _expand(b, x, axis)
+  values, indices = top_k(x, k, axis)
+  tau, _ = _threshold_from_sorted(values, b, axis)
+  # Under the packed float64 keys near-ties (2^-(52 - ceil(log2 m)) relative)
+  # may be out of order, which can put tau off by that much: recompute it from
+  # the active set so that sum_active (x - tau) = b holds to rounding. Entries
+  # within rounding of tau stay in the set with t clipped at 0.
+  active = values > tau
+  n_act = jnp.sum(active, axis=axis, keepdims=True)
+  count = n_act.astype(x.dtype)
+  va = jnp.where(active, values, 0)
+  s1 = jnp.sum(va, axis=axis, keepdims=True)
+  tau = jnp.where(n_act > 0, (s1 - b) / jnp.maximum(count, 1), tau)  # n_act = 0 iff b = 0
+  t = jnp.where(active, jnp.maximum(values - tau, 0), 0)
+  return SparseSimplex(t, indices, tau, count, jnp.sum(va * va, axis=axis, keepdims=True))
+
+
 def sparse_simplex_parts(x: Array, k: int, b=1.0, axis: int = -1):
-  """Top-k sparsemax with its internals.
+  """Top-k sparsemax with its internals, dense.
 
   Returns (t, tau, (count, sum_sq)): the projection, the threshold (keepdims),
   and over the active entries (t > 0) their number and the sum of their squared
@@ -196,29 +309,15 @@ def sparse_simplex_parts(x: Array, k: int, b=1.0, axis: int = -1):
   """
   axis = axis % x.ndim
   m = x.shape[axis]
-  b = _expand(b, x, axis)
   if k >= m:
+    b = _expand(b, x, axis)
     tau = simplex_threshold(x, b, axis)
     active = x > tau
     xa = jnp.where(active, x, 0)
     count = jnp.sum(active, axis=axis, keepdims=True).astype(x.dtype)
     return jnp.maximum(x - tau, 0), tau, (count, jnp.sum(xa * xa, axis=axis, keepdims=True))
-  mask, values = top_k_mask(x, k, axis)
-  tau, _ = _threshold_from_sorted(values, b, axis)
-  # One pass for the active set's statistics. Under packed float64 keys the
-  # sorted values are rounded, so tau is recomputed exactly from them
-  # (sum_active (x - tau) = b); entries within rounding of tau stay in the set
-  # with t clipped at 0.
-  active = mask & (x > tau)
-  xa = jnp.where(active, x, 0)
-  n_act = jnp.sum(active, axis=axis, keepdims=True)
-  s1 = jnp.sum(xa, axis=axis, keepdims=True)
-  sum_sq = jnp.sum(xa * xa, axis=axis, keepdims=True)
-  count = n_act.astype(x.dtype)
-  if _use_keys(x) and x.dtype == jnp.float64:
-    tau = jnp.where(n_act > 0, (s1 - b) / jnp.maximum(count, 1), tau)  # n_act = 0 iff b = 0
-  t = jnp.where(active, jnp.maximum(x - tau, 0), 0)
-  return t, tau, (count, sum_sq)
+  sp = sparse_simplex_topk(x, k, b, axis)
+  return densify(sp.values, sp.indices, m, axis), sp.tau, (sp.count, sp.sum_sq)
 
 
 def projection_sparse_nonneg(x: Array, k: int, axis: int = -1) -> Array:

@@ -189,20 +189,31 @@ class SparsityConstrained(Regularizer):
     m = s.shape[axis]
     if self.k >= m:
       return SquaredL2(self.gamma).conj_simplex(s, b, axis)
+    val, sp, dval_db = self.conj_simplex_sparse(s, b, axis)
+    return val, projections.densify(sp.values, sp.indices, m, axis), dval_db
+
+  def conj_simplex_sparse(self, s, b, axis=0):
+    """`conj_simplex` with the maximiser in compact form (requires k < m).
+
+    Returns (value, `projections.SparseSimplex` (k entries along `axis`: the plan
+    column's nonzeros and their positions), d value / d b). After the top-k
+    selection everything costs O(k) per column, which is what makes the
+    semi-dual's evaluation cheap (`objectives.semi_dual_value_and_grad`).
+    """
+    axis = axis % s.ndim
     bb = _bexpand(b, s, axis)
     if self.k == 1:
       # Prop. limit cases: b max(s) - gamma/2 b^2, the mass on the first argmax.
-      mask, _ = projections.top_k_mask(s, 1, axis)
-      smax = jnp.max(s, axis=axis)
-      bsq = jnp.squeeze(bb, axis)
-      t = jnp.where(mask, bb, 0).astype(s.dtype)
-      val = bsq * smax - 0.5 * self.gamma * bsq * bsq
-      return val, t, smax - self.gamma * bsq
-    u = s / self.gamma
-    t, tau, (count, sum_sq) = projections.sparse_simplex_parts(u, self.k, bb, axis)
+      smax, idx = projections.top_k(s, 1, axis)
+      val = jnp.squeeze(bb * smax - 0.5 * self.gamma * bb * bb, axis)
+      sp = projections.SparseSimplex(jnp.broadcast_to(bb, smax.shape).astype(s.dtype), idx,
+                                     smax / self.gamma - bb, (bb > 0).astype(s.dtype),
+                                     jnp.where(bb > 0, smax * smax, 0) / self.gamma ** 2)
+      return val, sp, jnp.squeeze(smax - self.gamma * bb, axis)
+    sp = projections.sparse_simplex_topk(s / self.gamma, self.k, bb, axis)
     # gamma/2 sum_active (u_i^2 - tau^2) (Table 1).
-    val = 0.5 * self.gamma * jnp.squeeze(sum_sq - count * tau * tau, axis)
-    return val, t, self.gamma * jnp.squeeze(tau, axis)
+    val = 0.5 * self.gamma * jnp.squeeze(sp.sum_sq - sp.count * sp.tau * sp.tau, axis)
+    return val, sp, self.gamma * jnp.squeeze(sp.tau, axis)
 
   def primal(self, t, axis=0):
     return self.gamma * ksupport.squared_k_support_norm(t, self.k, axis)
