@@ -50,9 +50,17 @@ def dual_value_and_grad(alpha: Array, beta: Array, a: Array, b: Array, C: Array,
 
   Returns (value, (grad_alpha, grad_beta), plan T).
   """
-  vals, T = reg.conj_plus(alpha[:, None] + beta[None, :] - C, axis=0)
+  m = C.shape[0]
+  if isinstance(reg, SparsityConstrained) and reg.k < m:
+    # Compact columns, as in semi_dual_value_and_grad.
+    vals, p, idx = reg.conj_plus_sparse(alpha[:, None] + beta[None, :] - C, axis=0)
+    row_sums, col_sums = jnp.zeros_like(alpha).at[idx].add(p), jnp.sum(p, axis=0)
+    T = projections.densify(p, idx, m, axis=0)
+  else:
+    vals, T = reg.conj_plus(alpha[:, None] + beta[None, :] - C, axis=0)
+    row_sums, col_sums = jnp.sum(T, axis=1), jnp.sum(T, axis=0)
   value = jnp.dot(alpha, a) + jnp.dot(beta, b) - jnp.sum(vals)
-  return value, (a - jnp.sum(T, axis=1), b - jnp.sum(T, axis=0)), T
+  return value, (a - row_sums, b - col_sums), T
 
 
 def dual_objective(alpha: Array, beta: Array, a: Array, b: Array, C: Array,

@@ -180,8 +180,18 @@ class SparsityConstrained(Regularizer):
     m = s.shape[axis]
     if self.k >= m:
       return SquaredL2(self.gamma).conj_plus(s, axis)
-    p = projections.projection_sparse_nonneg(s, self.k, axis) / self.gamma
-    return 0.5 * self.gamma * jnp.sum(p * p, axis=axis), p
+    val, p, idx = self.conj_plus_sparse(s, axis)
+    return val, projections.densify(p, idx, m, axis)
+
+  def conj_plus_sparse(self, s, axis=0):
+    """`conj_plus` with the maximiser in compact form (requires k < m).
+
+    Returns (value, p, indices): the maximiser's k candidate entries
+    p = [top-k(s)]_+ / gamma and their int32 positions along `axis`.
+    """
+    values, idx = projections.top_k(s, self.k, axis)
+    p = jnp.maximum(values, 0) / self.gamma
+    return 0.5 * self.gamma * jnp.sum(p * p, axis=axis), p, idx
 
   def conj_simplex(self, s, b, axis=0):
     """gamma/2 sum_{i<=k} 1[u_[i] >= tau] (u_[i]^2 - tau^2), u = s / gamma."""
