@@ -28,6 +28,7 @@ from vmoe_sparse_ot.ot.projections import (
     projection_sparse_nonneg,
     projection_sparse_simplex,
     simplex_threshold,
+    top_k,
     top_k_mask,
 )
 from vmoe_sparse_ot.ot.regularizers import (
@@ -63,5 +64,6 @@ __all__ = [
     "sinkhorn",
     "solve",
     "squared_k_support_norm",
+    "top_k",
     "top_k_mask",
 ]
