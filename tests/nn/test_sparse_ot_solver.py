@@ -5,6 +5,7 @@ import jax
 import jax.numpy as jnp
 
 from vmoe_sparse_ot import ot
+from vmoe_sparse_ot.nn import sparse_ot_solver as sos
 from vmoe_sparse_ot.nn.sparse_ot_solver import sparse_semi_dual_adam, top_k_members
 
 
@@ -18,18 +19,71 @@ def test_top_k_members_matches_ot_top_k_mask_with_ties():
     np.testing.assert_array_equal(got, want)
 
 
-@pytest.mark.parametrize("g,m,n,k", [(3, 16, 4, 6), (2, 8, 3, 1)])
+def _reference_plans(C, a, b, k, gamma):
+  reg = ot.SparsityConstrained(k=k, gamma=gamma)
+  return jax.jit(jax.vmap(lambda c, a, b: ot.solve(
+      a, b, c, reg, formulation="semi_dual", solver="adam", max_iter=50,
+      learning_rate=1e-2, tol=0.0).plan))(C, a, b)
+
+
+def _has_boundary_tie(u, k):
+  """Whether some column's k-th and (k+1)-th largest entries are equal."""
+  s = -np.sort(-np.asarray(u), axis=-2)
+  return bool((s[..., k - 1, :] == s[..., k, :]).any())
+
+
+@pytest.mark.parametrize("g,m,n,k", [(3, 16, 4, 6), (2, 8, 3, 1), (2, 12, 3, 5), (1, 7, 2, 3)])
 def test_matches_vmapped_ot_solve_in_float64(g, m, n, k):
   with jax.enable_x64(True):
     key = jax.random.key(0)
     C = jax.random.uniform(key, (g, m, n), jnp.float64)
     a = jnp.ones((g, m), jnp.float64)
     b = jnp.full((g, n), m / n, jnp.float64)
-    reg = ot.SparsityConstrained(k=k, gamma=0.5)
-    want = jax.jit(jax.vmap(lambda c, a, b: ot.solve(
-        a, b, c, reg, formulation="semi_dual", solver="adam", max_iter=50,
-        learning_rate=1e-2, tol=0.0).plan))(C, a, b)
+    want = _reference_plans(C, a, b, k, 0.5)
     got = jax.jit(lambda c, a, b: sparse_semi_dual_adam(c, a, b, k, 0.5, 50, 1e-2))(C, a, b)
     assert got.dtype == jnp.float64
     np.testing.assert_allclose(got, want, atol=1e-10)
     assert ((np.asarray(got) > 0).sum(axis=1) <= k).all()
+
+
+@pytest.mark.parametrize("gamma", [1.0, 0.5])
+def test_matches_vmapped_ot_solve_with_ties_in_float64(gamma):
+  # Quantised costs and duplicated tokens: equal values inside and across the
+  # top-k boundary of a column (duplicate image patches give such ties).
+  rng = np.random.default_rng(1)
+  C = rng.integers(0, 4, size=(3, 16, 4)) / 4.0
+  C[:, 8:12] = C[:, 0:4]
+  C[2, :, 1] = 0.5                                       # one column all tied
+  k = 5
+  assert _has_boundary_tie(-C, k)
+  with jax.enable_x64(True):
+    C = jnp.asarray(C, jnp.float64)
+    a = jnp.ones(C.shape[:2], jnp.float64)
+    b = jnp.full((3, 4), 4.0, jnp.float64)
+    want = _reference_plans(C, a, b, k, gamma)
+    got = jax.jit(lambda c, a, b: sparse_semi_dual_adam(c, a, b, k, gamma, 50, 1e-2))(C, a, b)
+    np.testing.assert_allclose(got, want, atol=1e-10)
+    assert ((np.asarray(got) > 0).sum(axis=1) <= k).all()
+
+
+def test_distinct_top_values():
+  u = jnp.asarray([[3., 1.], [5., 1.], [3., 1.], [-1., 1.], [4., 0.]])
+  got = jax.jit(sos.distinct_top_values, static_argnums=1)(u, 4)
+  np.testing.assert_array_equal(got, [[5., 1.], [4., 0.], [3., -np.inf], [-1., -np.inf]])
+
+
+def test_no_tie_and_tie_paths_agree_on_distinct_values():
+  # The threshold with counts (any ties) must reduce to the sorted-prefix rule.
+  rng = np.random.default_rng(2)
+  u = jnp.asarray(rng.normal(size=(12, 30)).astype(np.float32))
+  b = jnp.asarray(rng.uniform(0.1, 3.0, size=(1, 30)).astype(np.float32))
+  k = 5
+  values = sos.distinct_top_values(u, k)
+  counts = jnp.broadcast_to(jnp.arange(1, k + 1, dtype=u.dtype)[:, None], values.shape)
+  # (Equal up to rounding: XLA may turn the division by a constant r into a product.)
+  np.testing.assert_allclose(sos._stats(values, counts, k, b), sos._stats_no_ties(values, k, b),
+                             rtol=1e-6)
+  # And tau is the simplex threshold of the k largest entries.
+  member = np.asarray(top_k_members(u, k))
+  want = ot.simplex_threshold(u, b, axis=0, mask=jnp.asarray(member))
+  np.testing.assert_allclose(sos._stats_no_ties(values, k, b)[0:1], want, rtol=1e-6)
