@@ -7,6 +7,10 @@ reported time per model is the best round's mean step time (and the median round
 
     python benchmarks/routers.py [--batch 128] [--json out.json]
 
+With --router-only, times just each router instead (forward and backward of
+`routers.route` on random (G, S, E) logits, G = batch * tokens / S, the groups
+one MoE layer routes), the same round-robin way.
+
 Targets (issue 3): sparse_ot <= 1.10x topk; topk MoE <= 1.25x dense ViT.
 """
 import argparse
@@ -23,10 +27,13 @@ if "--threads" in sys.argv:      # must be set before JAX starts
                              f" intra_op_parallelism_threads={_n}")
 
 import jax
+import jax.numpy as jnp
 import optax
 
 from vmoe_sparse_ot import nn as vnn
-from vmoe_sparse_ot.nn.config import default_model_config
+from vmoe_sparse_ot.nn import routers as vrouters
+from vmoe_sparse_ot.nn.config import default_model_config, default_router_config
+from vmoe_sparse_ot.nn.routing import compute_capacity
 
 
 def make_config(args, name: str, router: str = "topk", mlp_dim=None):
@@ -62,6 +69,53 @@ def make_step(model, tx):
   return step
 
 
+def make_router_step(name: str, groups: int, args):
+  """Jitted forward + backward of one router on (G, S, E) logits; returns (fn, args)."""
+  cfg = default_router_config()
+  cfg["name"] = name
+  opts = vrouters.parse_router_options(cfg)
+  s, e = args.group_size, args.experts
+  capacity = compute_capacity(s, e, opts.num_selected_experts, opts.capacity_factor,
+                              opts.capacity)
+  token_mask = jnp.ones((groups, s), bool)
+
+  def loss(logits, rng):
+    r = vrouters.route(logits, token_mask, opts, capacity, train=True, rng=rng)
+    return jnp.sum(r.combine_weight) + r.auxiliary_loss
+
+  logits = jax.random.normal(jax.random.key(3), (groups, s, e))
+  return jax.jit(jax.value_and_grad(loss)), (logits, jax.random.key(4))
+
+
+def time_round_robin(fns, rounds: int, steps: int, clock):
+  """{name: [mean seconds per call in each round]} for {name: (fn, args)}, all warm."""
+  times = {name: [] for name in fns}
+  for _ in range(rounds):
+    for name, (fn, fargs) in fns.items():
+      t0 = clock()
+      for _ in range(steps):
+        out = fn(*fargs)
+      jax.block_until_ready(out)
+      times[name].append((clock() - t0) / steps)
+  return times
+
+
+def router_only(args, clock):
+  tokens = (args.image // args.patch) ** 2 + 1
+  groups = args.batch * tokens // args.group_size
+  fns = {name: make_router_step(name, groups, args) for name in args.routers.split(",")}
+  for fn, fargs in fns.values():
+    jax.block_until_ready(fn(*fargs))
+  times = time_round_robin(fns, args.rounds, args.steps, clock)
+  print(f"\nrouter only (forward + backward): G={groups}, S={args.group_size}, "
+        f"E={args.experts}, {jax.devices()[0].platform}, threads={args.threads or 'default'}, "
+        f"clock={args.clock}")
+  print(f"{'router':<14}{'best ms':>10}{'median ms':>12}")
+  for name, v in times.items():
+    print(f"{name:<14}{1e3 * min(v):>10.2f}{1e3 * statistics.median(v):>12.2f}")
+  return times
+
+
 def main(argv=None):
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   p.add_argument("--routers", default="topk,sbase,sparse_ot,expert_choice")
@@ -83,7 +137,16 @@ def main(argv=None):
                  help="wall time, or this process's CPU time (steadier on a shared "
                       "machine; use with --threads 1)")
   p.add_argument("--json", default=None, help="also write the results here")
+  p.add_argument("--router-only", action="store_true",
+                 help="time each router alone (forward + backward), not the model")
   args = p.parse_args(argv)
+  clock = time.perf_counter if args.clock == "wall" else time.process_time
+  if args.router_only:
+    times = router_only(args, clock)
+    if args.json:
+      with open(args.json, "w") as f:
+        json.dump({"args": vars(args), "rounds_s": times}, f, indent=2)
+    return
 
   images = jax.random.normal(jax.random.key(0), (args.batch, args.image, args.image, 3))
   labels = jax.random.randint(jax.random.key(1), (args.batch,), 0, 10)
@@ -113,7 +176,6 @@ def main(argv=None):
     print(f"{name}: compiled + {args.warmup} warm-up steps in {time.perf_counter() - t0:.1f} s")
     state[name] = [step, params, opt_state]
 
-  clock = time.perf_counter if args.clock == "wall" else time.process_time
   rounds = {name: [] for name in models}
   for r in range(args.rounds):
     for name, st in state.items():
