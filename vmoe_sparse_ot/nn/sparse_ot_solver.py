@@ -173,9 +173,11 @@ def sparse_semi_dual_adam(C: Array, a: Array, b: Array, k: int, gamma: float,
     t = t.reshape(m, n, g)
     return sum(t[:, j] for j in range(n))
 
+  a_rows = a.T                                                           # (m, G), once
+
   def step(i, carry):
     alpha, mu, nu, u = carry
-    grad = a.T - _sparse_projection(u.reshape(m, n * g), k, b_cols, row_sums)
+    grad = a_rows - _sparse_projection(u.reshape(m, n * g), k, b_cols, row_sums)
     t = (i + 1).astype(C.dtype)
     mu = _B1 * mu + (1 - _B1) * grad
     nu = _B2 * nu + (1 - _B2) * grad * grad
