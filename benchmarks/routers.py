@@ -87,14 +87,18 @@ def make_router_step(name: str, groups: int, args):
   return jax.jit(jax.value_and_grad(loss)), (logits, jax.random.key(4))
 
 
-def time_round_robin(fns, rounds: int, steps: int, clock):
-  """{name: [mean seconds per call in each round]} for {name: (fn, args)}, all warm."""
-  times = {name: [] for name in fns}
+def time_round_robin(calls, rounds: int, steps: int, clock):
+  """{name: [mean seconds per call in each round]} for {name: call(i) -> output}.
+
+  Calls must be warm; each round times `steps` calls of every name in turn (i is
+  the step within the round) and waits for the last output.
+  """
+  times = {name: [] for name in calls}
   for _ in range(rounds):
-    for name, (fn, fargs) in fns.items():
+    for name, call in calls.items():
       t0 = clock()
-      for _ in range(steps):
-        out = fn(*fargs)
+      for i in range(steps):
+        out = call(i)
       jax.block_until_ready(out)
       times[name].append((clock() - t0) / steps)
   return times
@@ -106,7 +110,8 @@ def router_only(args, clock):
   fns = {name: make_router_step(name, groups, args) for name in args.routers.split(",")}
   for fn, fargs in fns.values():
     jax.block_until_ready(fn(*fargs))
-  times = time_round_robin(fns, args.rounds, args.steps, clock)
+  calls = {name: (lambda i, fn=fn, fargs=fargs: fn(*fargs)) for name, (fn, fargs) in fns.items()}
+  times = time_round_robin(calls, args.rounds, args.steps, clock)
   print(f"\nrouter only (forward + backward): G={groups}, S={args.group_size}, "
         f"E={args.experts}, {jax.devices()[0].platform}, threads={args.threads or 'default'}, "
         f"clock={args.clock}")
@@ -176,16 +181,15 @@ def main(argv=None):
     print(f"{name}: compiled + {args.warmup} warm-up steps in {time.perf_counter() - t0:.1f} s")
     state[name] = [step, params, opt_state]
 
-  rounds = {name: [] for name in models}
-  for r in range(args.rounds):
-    for name, st in state.items():
+  def train_call(st):
+    def call(i):  # one train step; the model's state moves on between calls
       step, params, opt_state = st
-      t0 = clock()
-      for i in range(args.steps):
-        params, opt_state, loss = step(params, opt_state, images, labels, jax.random.key(i))
-      jax.block_until_ready((params, loss))
-      rounds[name].append((clock() - t0) / args.steps)
-      st[1], st[2] = params, opt_state
+      st[1], st[2], loss = step(params, opt_state, images, labels, jax.random.key(i))
+      return st[1], loss
+    return call
+
+  rounds = time_round_robin({name: train_call(st) for name, st in state.items()},
+                            args.rounds, args.steps, clock)
 
   best = {n: min(v) for n, v in rounds.items()}
   median = {n: statistics.median(v) for n, v in rounds.items()}
