@@ -161,8 +161,7 @@ def top_k(x: Array, k: int, axis: int = -1) -> Tuple[Array, Array]:
   m = x.shape[axis]
   _check_k(k, m)
   if not _use_keys(x):
-    values, indices = _top_pairs(x, k, axis)
-    return values, indices
+    return _top_pairs(x, k, axis)
   _, top, shift, nb = _top_keys(x, k, axis)
   low = (1 << 32) - 1 if x.dtype == jnp.float32 else (1 << nb) - 1
   indices = ((m - 1) - (top & low)).astype(jnp.int32)
