@@ -71,8 +71,8 @@ def test_unknown_router_and_bad_sections_fail_clearly():
     nn.build_model(config.model)
   config = load('vmoe_tiny_mnist.py')
   config.optimizer.name = 'adagrad'
-  with pytest.raises(ValueError, match=r"optimizer.name must be one of \['adam', 'adamw', "
-                     r"'sgd'\]"):
+  with pytest.raises(ValueError, match=r"config.optimizer.name='adagrad': must be one of "
+                     r"\['adam', 'adamw', 'sgd'\]"):
     config_lib.validate(config)
   assert TINY.endswith('vmoe_tiny_mnist.py')
 

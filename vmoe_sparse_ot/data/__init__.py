@@ -1,15 +1,36 @@
 """Input pipelines (TFDS + tf.data) and embedded offline datasets.
 
 Public API (docs/ARCHITECTURE.md): `make_dataset`, `num_classes`; also
-`num_examples`, `to_global` (per-process batch -> global jax.Array) and
-`default_data_dir`.
-"""
-from vmoe_sparse_ot.data.embedded import default_data_dir
-from vmoe_sparse_ot.data.pipeline import get_builder
-from vmoe_sparse_ot.data.pipeline import make_dataset
-from vmoe_sparse_ot.data.pipeline import num_classes
-from vmoe_sparse_ot.data.pipeline import num_examples
-from vmoe_sparse_ot.data.pipeline import to_global
+`num_examples`, `check_dataset` (exists, with these splits?), `to_global`
+(per-process batch -> global jax.Array), `get_builder` and `default_data_dir`.
 
-__all__ = ['default_data_dir', 'get_builder', 'make_dataset', 'num_classes',
-           'num_examples', 'to_global']
+Attributes load on first use (PEP 562), so `python -m vmoe_sparse_ot.data --help`
+answers without importing TensorFlow; TensorFlow's start-up logging variables are
+set here, before anything in the package imports it.
+"""
+import importlib
+
+from vmoe_sparse_ot import quiet_logs
+
+quiet_logs.setup_environment()
+
+_ATTRIBUTES = {
+    'default_data_dir': 'vmoe_sparse_ot.data.embedded',
+    'check_dataset': 'vmoe_sparse_ot.data.pipeline',
+    'get_builder': 'vmoe_sparse_ot.data.pipeline',
+    'make_dataset': 'vmoe_sparse_ot.data.pipeline',
+    'num_classes': 'vmoe_sparse_ot.data.pipeline',
+    'num_examples': 'vmoe_sparse_ot.data.pipeline',
+    'to_global': 'vmoe_sparse_ot.data.pipeline',
+}
+__all__ = sorted(_ATTRIBUTES)
+
+
+def __getattr__(name):
+  if name in _ATTRIBUTES:
+    return getattr(importlib.import_module(_ATTRIBUTES[name]), name)
+  raise AttributeError(f'module {__name__!r} has no attribute {name!r}')
+
+
+def __dir__():
+  return sorted(list(globals()) + __all__)

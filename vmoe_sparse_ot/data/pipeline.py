@@ -18,7 +18,7 @@ batches, with `'mask'` False on padding: every example is counted exactly once.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 import tensorflow as tf
@@ -32,22 +32,48 @@ _CACHE_MAX_BYTES = 512 * 2**20
 
 
 def get_builder(name: str, data_dir: str | None = None) -> tfds.core.DatasetBuilder:
-  """The prepared TFDS builder for `name` (embedded datasets are prepared on demand)."""
+  """The prepared TFDS builder for `name` (embedded datasets are prepared on demand).
+
+  Raises ValueError for a name that is neither embedded nor registered in TFDS, and
+  FileNotFoundError (one line: the dataset, the data_dir looked in, how to prepare
+  it) for a TFDS dataset that is not prepared.
+  """
   if name in embedded.BUILDERS:
     return embedded.builder(name, data_dir)
   try:
     builder = tfds.builder(name, data_dir=data_dir)
-  except tfds.core.registered.DatasetNotFoundError as e:
+  except tfds.core.registered.DatasetNotFoundError:
     raise ValueError(
-        f'dataset name={name!r} is neither embedded ({sorted(embedded.BUILDERS)}) nor a '
-        'registered TFDS dataset') from e
+        f'dataset {name!r} is neither embedded ({", ".join(sorted(embedded.BUILDERS))}) nor '
+        'a registered TFDS dataset') from None
   if not builder.is_prepared():
     raise FileNotFoundError(
-        f'TFDS dataset {name!r} is not prepared under {builder.data_dir!r}; this machine '
-        f'cannot download it. Prepare it elsewhere (e.g. `tfds build {name} '
-        f'--data_dir=DIR`) and pass that data_dir, or use one of the embedded datasets '
-        f'{sorted(embedded.BUILDERS)}.')
+        f'TFDS dataset {name!r} is not prepared under data_dir {str(builder.data_dir_root)!r}; '
+        f'this machine cannot download it: prepare it elsewhere (`tfds build {name} '
+        f'--data_dir=DIR`), copy DIR here and set config.dataset.data_dir=DIR (embedded '
+        f'datasets, prepared by `python -m vmoe_sparse_ot.data`: '
+        f'{", ".join(sorted(embedded.BUILDERS))})')
   return builder
+
+
+def check_dataset(name: str, splits: Sequence[str], data_dir: str | None = None) -> int:
+  """Checks that `name` and its `splits` can be read; returns its number of classes.
+
+  Cheap: it opens the builder's metadata only (an embedded dataset is written on
+  first use). Meant to run before any model is built, so that a missing dataset
+  fails in one line (FileNotFoundError or ValueError) rather than after minutes.
+  """
+  if name in embedded.BUILDERS:
+    data_dir = data_dir or embedded.default_data_dir()
+  builder = get_builder(name, data_dir)
+  for split in splits:
+    try:
+      builder.info.splits[split]
+    except (KeyError, ValueError) as e:
+      raise ValueError(f'dataset {name!r} has no split {split!r} '
+                       f'(available: {", ".join(sorted(builder.info.splits))}): '
+                       f'{str(e).splitlines()[0] if str(e) else type(e).__name__}') from None
+  return builder.info.features['label'].num_classes
 
 
 def num_classes(name: str, data_dir: str | None = None) -> int:

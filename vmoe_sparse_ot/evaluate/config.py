@@ -17,6 +17,7 @@ from typing import Any, Mapping
 
 import ml_collections
 
+from vmoe_sparse_ot.config_keys import check_keys
 from vmoe_sparse_ot.evaluate.ridge import SELECTION_MODES
 
 DATASET_KEYS = ('name', 'train_split', 'test_split')
@@ -82,28 +83,31 @@ def default_fewshot_config() -> ml_collections.ConfigDict:
 
 
 def validate(fewshot: Mapping[str, Any]) -> None:
-  """Raises ValueError naming the first bad key of a `config.fewshot` section."""
-  unknown = sorted(set(fewshot.keys()) - set(default_fewshot_config().keys()))
-  if unknown:
-    raise ValueError(f'unknown key(s) {unknown} in config.fewshot; valid keys: '
-                     f'{sorted(default_fewshot_config().keys())}')
-  if int(fewshot['every_steps']) < 0:
-    raise ValueError(f"config.fewshot.every_steps must be >= 0, got {fewshot['every_steps']}")
+  """Raises ValueError (one line, naming the full key and value) for a bad `config.fewshot`."""
+  check_keys(fewshot, default_fewshot_config().keys(), 'config.fewshot')
+
+  def fail(key, allowed):
+    raise ValueError(f'config.fewshot.{key}={fewshot[key]!r}: {allowed}')
+
+  def is_int(v):
+    return isinstance(v, int) and not isinstance(v, bool)
+
+  if not is_int(fewshot['every_steps']) or fewshot['every_steps'] < 0:
+    fail('every_steps', 'must be an integer >= 0 (0 disables periodic few-shot)')
   shots, seeds, l2_regs = fewshot['shots'], fewshot['seeds'], fewshot['l2_regs']
-  if not shots or any(int(s) != s or s < 1 for s in shots):
-    raise ValueError(f'config.fewshot.shots must be positive integers, got {shots}')
-  if not seeds or any(int(s) != s for s in seeds):
-    raise ValueError(f'config.fewshot.seeds must be one or more integers, got {seeds}')
-  if not l2_regs or any(not v > 0 for v in l2_regs):
-    raise ValueError(f'config.fewshot.l2_regs must be positive numbers, got {l2_regs}')
+  if not shots or any(not is_int(s) or s < 1 for s in shots):
+    fail('shots', 'must be one or more integers >= 1')
+  if not seeds or any(not is_int(s) for s in seeds):
+    fail('seeds', 'must be one or more integers')
+  if not l2_regs or any(isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0
+                        for v in l2_regs):
+    fail('l2_regs', 'must be one or more numbers > 0')
   if fewshot['l2_selection'] not in SELECTION_MODES:
-    raise ValueError(f'config.fewshot.l2_selection must be one of {list(SELECTION_MODES)}, '
-                     f"got {fewshot['l2_selection']!r}")
+    fail('l2_selection', f'must be one of {list(SELECTION_MODES)}')
   if not 0 < fewshot['holdout_fraction'] < 1:
-    raise ValueError('config.fewshot.holdout_fraction must be in (0, 1), got '
-                     f"{fewshot['holdout_fraction']}")
-  if int(fewshot['batch_size']) <= 0:
-    raise ValueError(f"config.fewshot.batch_size must be positive, got {fewshot['batch_size']}")
+    fail('holdout_fraction', 'must be in (0, 1)')
+  if not is_int(fewshot['batch_size']) or fewshot['batch_size'] < 1:
+    fail('batch_size', 'must be an integer >= 1')
   for key, spec in fewshot['datasets'].items():
     if not hasattr(spec, 'keys') or sorted(spec.keys()) != sorted(DATASET_KEYS):
       raise ValueError(f'config.fewshot.datasets.{key} must have exactly the keys '

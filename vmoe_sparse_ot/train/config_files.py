@@ -1,0 +1,72 @@
+"""Loading config files: 'path.py[:key=value,...]' arguments, and flattening to dotted keys."""
+from __future__ import annotations
+
+import importlib.util
+import os
+from typing import Any, Mapping
+
+import ml_collections
+
+
+def parse_arg(arg: str | None, **defaults: Any) -> ml_collections.ConfigDict:
+  """Parses a config-file argument 'k1=v1,k2=v2' over `defaults` (types follow them).
+
+  `--config=configs/vmoe_tiny_mnist.py:router=sbase,steps=100` reaches
+  `get_config('router=sbase,steps=100')`. Unknown keys and values of the wrong type
+  fail with one line naming the key.
+  """
+  out = ml_collections.ConfigDict(defaults)
+  if not arg:
+    return out
+  for item in arg.split(','):
+    if '=' not in item:
+      raise ValueError(f'config argument {item!r} is not key=value; valid keys: '
+                       f'{sorted(defaults)}')
+    key, value = (s.strip() for s in item.split('=', 1))
+    if key not in defaults:
+      raise ValueError(f'unknown config argument {key!r}; valid keys: {sorted(defaults)}')
+    default = defaults[key]
+    if isinstance(default, bool):
+      if value.lower() not in ('1', 'true', 'yes', '0', 'false', 'no'):
+        raise ValueError(f'config argument {key}={value!r} must be true or false')
+      out[key] = value.lower() in ('1', 'true', 'yes')
+    elif isinstance(default, (int, float)):
+      try:
+        out[key] = type(default)(value)
+      except ValueError:
+        raise ValueError(f'config argument {key}={value!r} must be '
+                         f'{"an integer" if isinstance(default, int) else "a number"}'
+                         ) from None
+    else:
+      out[key] = value
+  return out
+
+
+def load_config_file(spec: str) -> ml_collections.ConfigDict:
+  """Loads 'path/to/config.py[:arg]' the way `config_flags` does.
+
+  Raises FileNotFoundError (one line) when the file does not exist.
+  """
+  path, _, arg = spec.partition(':')
+  if not os.path.isfile(path):
+    raise FileNotFoundError(f'config file {path!r} not found'
+                            + (' (it is a directory)' if os.path.isdir(path) else ''))
+  module_spec = importlib.util.spec_from_file_location('_vmoe_config', path)
+  if module_spec is None:
+    raise FileNotFoundError(f'config file {path!r} is not a Python file')
+  module = importlib.util.module_from_spec(module_spec)
+  module_spec.loader.exec_module(module)
+  if not hasattr(module, 'get_config'):
+    raise ValueError(f'config file {path!r} defines no get_config()')
+  return module.get_config(arg) if arg else module.get_config()
+
+
+def flatten(tree: Mapping[str, Any], prefix: str = '') -> dict[str, Any]:
+  """{'a.b.c': leaf} of a nested dict (tuples become lists, as JSON returns them)."""
+  out = {}
+  for key, value in tree.items():
+    if isinstance(value, Mapping):
+      out.update(flatten(value, f'{prefix}{key}.'))
+    else:
+      out[f'{prefix}{key}'] = list(value) if isinstance(value, tuple) else value
+  return out

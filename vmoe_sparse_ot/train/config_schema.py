@@ -1,0 +1,80 @@
+"""The training config's layout: every key the trainer reads, with its default.
+
+Config files in `configs/` start from `base_config()` and return it locked, so a
+typo'd key fails instead of being silently ignored. The allowed values of each
+key are checked in `config_validation.py`.
+"""
+from __future__ import annotations
+
+import ml_collections
+
+from vmoe_sparse_ot.evaluate.config import default_fewshot_config
+from vmoe_sparse_ot.nn.config import default_model_config
+
+OPTIMIZERS = ('adam', 'adamw', 'sgd')
+AUGMENTATIONS = ('none', 'inception_crop_flip')
+SCHEDULES = ('warmup_linear_decay', 'warmup_cosine_decay', 'warmup_constant')
+MESH_AXES = ('data', 'expert')
+
+
+def base_config() -> ml_collections.ConfigDict:
+  """Every key the trainer reads, with defaults (unlocked; config files lock it)."""
+  return ml_collections.ConfigDict({
+      'model': default_model_config(),
+      'dataset': {
+          # An embedded dataset ('embedded_mnist', 'sklearn_digits') or a prepared
+          # TFDS name (e.g. 'imagenet2012' under `data_dir`).
+          'name': 'embedded_mnist',
+          'train_split': 'train',
+          'eval_split': 'test',
+          'image_size': 28,
+          'channels': 1,
+          'data_dir': ml_collections.FieldReference(None, field_type=str),
+          'shuffle_buffer': 10_000,
+          # 'none' or 'inception_crop_flip'; None: by dataset (none for digits).
+          'augment': ml_collections.FieldReference(None, field_type=str),
+      },
+      # Global batch sizes (over all processes); each process reads its share.
+      'batch_size': 64,
+      'eval_batch_size': 256,
+      'train_steps': 1000,
+      'optimizer': {
+          # 'adam' / 'adamw': Adam with decoupled weight decay (AdamW), the decay
+          # scaled by the learning rate schedule as in V-MoE; 'sgd': momentum SGD.
+          'name': 'adam',
+          'b1': 0.9,
+          'b2': 0.999,
+          'eps': 1e-8,
+          'momentum': 0.9,
+          'weight_decay': 0.0,
+          # Parameters whose '/'-joined path matches get weight decay.
+          'weight_decay_regex': r'(^|/)[^/]*kernel$',
+          # Clip gradients to this global norm; None: no clipping.
+          'gradient_clip_norm': ml_collections.FieldReference(None, field_type=float),
+      },
+      'schedule': {
+          'name': 'warmup_linear_decay',
+          'peak_value': 1e-3,
+          'end_value': 1e-5,
+          'warmup_steps': 100,
+          # Steps from the end of warmup to `end_value`; None: until train_steps.
+          'decay_steps': ml_collections.FieldReference(None, field_type=int),
+      },
+      'mesh': {
+          # Devices along 'expert' (expert parameters are split over it); -1: the
+          # largest count dividing both the devices and the experts. 'data' takes
+          # the remaining devices when -1. The batch is split over both axes.
+          'data': -1,
+          'expert': 1,
+      },
+      'checkpoint': {
+          'every_steps': 500,
+          'keep': 2,
+          'async_save': True,
+      },
+      'log_every_steps': 50,
+      # 0 disables periodic evaluation; the final step is always evaluated.
+      'eval_every_steps': 500,
+      'fewshot': default_fewshot_config(),
+      'seed': 0,
+  })

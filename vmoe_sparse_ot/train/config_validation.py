@@ -1,0 +1,305 @@
+"""Every check of a training config, in one place, run before anything heavy.
+
+`validate(config)` checks key names, types, ranges and divisibility that the
+config alone decides; `validate_for_devices(config, num_devices, num_processes)`
+adds what depends on the machine (batch and mesh divisibility), and
+`check_directory(path, what)` the OS side of --workdir and data_dir. Each failure
+is a `ConfigError` (a ValueError) with a one-line message naming the full key, the
+value and what is allowed, e.g.
+
+  config.schedule.peak_value=-0.001: must be > 0
+
+Router-specific options are checked by the router itself when the model is built
+(`nn.build_model`), which the command lines call right after these checks.
+"""
+from __future__ import annotations
+
+import math
+import os
+import re
+from typing import Any, Mapping
+
+from vmoe_sparse_ot.config_keys import check_keys
+from vmoe_sparse_ot.evaluate import config as fewshot_config
+from vmoe_sparse_ot.nn.config import VIT_SIZES
+from vmoe_sparse_ot.train.config_schema import AUGMENTATIONS
+from vmoe_sparse_ot.train.config_schema import OPTIMIZERS
+from vmoe_sparse_ot.train.config_schema import SCHEDULES
+from vmoe_sparse_ot.train.config_schema import base_config
+
+MODELS = ('vit_moe', 'vit')
+CLASSIFIERS = ('token', 'gap')
+# Sections whose keys are checked against `base_config()`; 'model.encoder.moe.router'
+# is left to the router (its options depend on the router).
+_SECTIONS = ('', 'dataset', 'optimizer', 'schedule', 'mesh', 'checkpoint', 'model',
+             'model.encoder', 'model.encoder.moe')
+
+
+class ConfigError(ValueError):
+  """A config value is not allowed; the message is one line naming the key."""
+
+
+def _get(config: Mapping[str, Any], key: str) -> Any:
+  node = config
+  for part in key.split('.'):
+    node = node[part]
+  return node
+
+
+def _fail(key: str, value: Any, allowed: str) -> None:
+  raise ConfigError(f'config.{key}={value!r}: {allowed}')
+
+
+def _is_int(value: Any) -> bool:
+  return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+  return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _int(config, key: str, minimum: int | None = None, *, optional: bool = False) -> None:
+  value = _get(config, key)
+  if optional and value is None:
+    return
+  if not _is_int(value):
+    _fail(key, value, 'must be an integer' + (' or None' if optional else ''))
+  if minimum is not None and value < minimum:
+    _fail(key, value, f'must be an integer >= {minimum}' + (' or None' if optional else ''))
+
+
+def _number(config, key: str, *, low: float | None = None, high: float | None = None,
+            low_open: bool = False, high_open: bool = False, optional: bool = False) -> None:
+  value = _get(config, key)
+  if optional and value is None:
+    return
+  lo = '' if low is None else ('(' if low_open else '[') + f'{low:g}'
+  hi = '' if high is None else f'{high:g}' + (')' if high_open else ']')
+  if low is not None and high is None:
+    allowed = f'must be {">" if low_open else ">="} {low:g}'
+  elif high is not None and low is None:
+    allowed = f'must be {"<" if high_open else "<="} {high:g}'
+  elif low is not None:
+    allowed = f'must be in {lo}, {hi}'
+  else:
+    allowed = 'must be a number'
+  if optional:
+    allowed += ' or None'
+  if not _is_number(value) or not math.isfinite(value):
+    _fail(key, value, allowed if low is not None or high is not None else 'must be a number')
+  if low is not None and (value < low or (low_open and value == low)):
+    _fail(key, value, allowed)
+  if high is not None and (value > high or (high_open and value == high)):
+    _fail(key, value, allowed)
+
+
+def _choice(config, key: str, choices, *, optional: bool = False) -> None:
+  value = _get(config, key)
+  if optional and value is None:
+    return
+  if value not in choices:
+    _fail(key, value, f'must be one of {list(choices)}' + (' or None' if optional else ''))
+
+
+def model_sizes(model: Mapping[str, Any]) -> tuple[int, int, tuple[int, int]]:
+  """(hidden_size, num_heads, patch_size) in effect: `model.variant` overrides the keys."""
+  variant = model.get('variant')
+  if variant is not None:
+    size, _, patch = str(variant).partition('/')
+    if size not in VIT_SIZES or not patch.isdigit() or int(patch) < 1:
+      _fail('model.variant', variant,
+            f'must be SIZE/PATCH with SIZE in {list(VIT_SIZES)} (e.g. "B/32") or None')
+    hidden, _, heads, _ = VIT_SIZES[size]
+    return hidden, heads, (int(patch), int(patch))
+  patch = model['patch_size']
+  patch = (patch, patch) if _is_int(patch) else tuple(patch)
+  if len(patch) != 2 or not all(_is_int(p) and p >= 1 for p in patch):
+    _fail('model.patch_size', model['patch_size'], 'must be a positive integer or a pair')
+  return model['hidden_size'], model['encoder']['num_heads'], patch
+
+
+def _validate_model(config) -> None:
+  _choice(config, 'model.name', MODELS)
+  _choice(config, 'model.classifier', CLASSIFIERS)
+  _int(config, 'model.num_classes', 1)
+  _int(config, 'model.hidden_size', 1)
+  _int(config, 'model.representation_size', 1, optional=True)
+  _number(config, 'model.head_bias_init')
+  _int(config, 'model.encoder.num_layers', 1)
+  _int(config, 'model.encoder.num_heads', 1)
+  _int(config, 'model.encoder.mlp_dim', 1)
+  for key in ('dropout_rate', 'attention_dropout_rate'):
+    _number(config, f'model.encoder.{key}', low=0, high=1, high_open=True)
+  hidden, heads, patch = model_sizes(config['model'])
+  if hidden % heads:
+    raise ConfigError(f'config.model.hidden_size={hidden} must be divisible by '
+                      f'config.model.encoder.num_heads={heads}')
+  image_size = config['dataset']['image_size']
+  if image_size % patch[0] or image_size % patch[1]:
+    raise ConfigError(f'config.dataset.image_size={image_size} must be divisible by '
+                      f'config.model.patch_size={tuple(patch)}')
+  if config['model']['name'] != 'vit_moe':
+    return
+  _int(config, 'model.encoder.moe.num_experts', 1)
+  _int(config, 'model.encoder.moe.group_size', 1)
+  router = config['model']['encoder']['moe']['router']
+  num_experts = config['model']['encoder']['moe']['num_experts']
+  group_size = config['model']['encoder']['moe']['group_size']
+  where = 'model.encoder.moe.router'
+  if 'num_selected_experts' in router:
+    _int(config, f'{where}.num_selected_experts', 1)
+    if router['num_selected_experts'] > num_experts:
+      _fail(f'{where}.num_selected_experts', router['num_selected_experts'],
+            f'must be <= config.model.encoder.moe.num_experts={num_experts} (K <= E)')
+  if 'capacity' in router:
+    _int(config, f'{where}.capacity', 1, optional=True)
+    if router['capacity'] is not None and router['capacity'] > group_size:
+      _fail(f'{where}.capacity', router['capacity'],
+            f'must be <= config.model.encoder.moe.group_size={group_size} (C <= S) or None')
+  if 'capacity_factor' in router:
+    _number(config, f'{where}.capacity_factor', low=0, low_open=True)
+  if 'noise_std' in router:
+    _number(config, f'{where}.noise_std', low=0, optional=True)
+  for key in ('importance_loss_weight', 'load_loss_weight'):
+    if key in router:
+      _number(config, f'{where}.{key}', low=0)
+
+
+def validate(config: Mapping[str, Any]) -> None:
+  """Raises ConfigError (one line, naming the full key) for the first bad value."""
+  reference = base_config()
+  for section in _SECTIONS:
+    node, ref = (config, reference) if not section else (_get(config, section),
+                                                         _get(reference, section))
+    if not hasattr(node, 'keys'):
+      raise ConfigError(f'config.{section}={node!r}: must be a section (a dict of keys)')
+    check_keys(node, ref.keys(), f'config.{section}' if section else 'config')
+  # Data.
+  name = config['dataset']['name']
+  if not isinstance(name, str) or not name:
+    _fail('dataset.name', name, 'must be a dataset name (an embedded or TFDS dataset)')
+  for key in ('train_split', 'eval_split'):
+    if not isinstance(config['dataset'][key], str) or not config['dataset'][key]:
+      _fail(f'dataset.{key}', config['dataset'][key], 'must be a TFDS split such as "train"')
+  _int(config, 'dataset.image_size', 1)
+  _choice(config, 'dataset.channels', (1, 3))
+  _int(config, 'dataset.shuffle_buffer', 1)
+  _choice(config, 'dataset.augment', AUGMENTATIONS, optional=True)
+  _validate_model(config)
+  # Steps and batches.
+  for key in ('batch_size', 'eval_batch_size', 'train_steps', 'log_every_steps'):
+    _int(config, key, 1)
+  _int(config, 'eval_every_steps', 0)
+  _int(config, 'seed')
+  _int(config, 'checkpoint.every_steps', 1)
+  _int(config, 'checkpoint.keep', 1)
+  _choice(config, 'checkpoint.async_save', (True, False))
+  # Optimizer and schedule.
+  _choice(config, 'optimizer.name', OPTIMIZERS)
+  for key in ('b1', 'b2', 'momentum'):
+    _number(config, f'optimizer.{key}', low=0, high=1, high_open=True)
+  _number(config, 'optimizer.eps', low=0, low_open=True)
+  _number(config, 'optimizer.weight_decay', low=0)
+  _number(config, 'optimizer.gradient_clip_norm', low=0, low_open=True, optional=True)
+  regex = config['optimizer']['weight_decay_regex']
+  try:
+    re.compile(regex)
+  except (re.error, TypeError) as e:
+    _fail('optimizer.weight_decay_regex', regex, f'must be a regular expression ({e})')
+  _choice(config, 'schedule.name', SCHEDULES)
+  _number(config, 'schedule.peak_value', low=0, low_open=True)
+  _number(config, 'schedule.end_value', low=0)
+  _int(config, 'schedule.warmup_steps', 0)
+  _int(config, 'schedule.decay_steps', 1, optional=True)
+  # Mesh.
+  for key in ('data', 'expert'):
+    value = config['mesh'][key]
+    if not _is_int(value) or (value < 1 and value != -1):
+      _fail(f'mesh.{key}', value, 'must be a positive integer or -1 (as many as fit)')
+  if config['model']['name'] == 'vit_moe' and config['mesh']['expert'] > 0:
+    num_experts = config['model']['encoder']['moe']['num_experts']
+    if num_experts % config['mesh']['expert']:
+      raise ConfigError(f"config.mesh.expert={config['mesh']['expert']} must divide "
+                        f'config.model.encoder.moe.num_experts={num_experts}')
+  # Few-shot.
+  fewshot_config.validate(config['fewshot'])
+
+
+def validate_for_devices(config: Mapping[str, Any], num_devices: int,
+                         num_processes: int = 1) -> None:
+  """The checks that depend on the machine: batches and mesh against the devices."""
+  batch_keys = ['batch_size', 'eval_batch_size']
+  if config['fewshot']['every_steps'] > 0:
+    batch_keys.append('fewshot.batch_size')
+  for key in batch_keys:
+    value = _get(config, key)
+    if value % num_devices or value % num_processes:
+      _fail(key, value, f'must be a multiple of the number of devices ({num_devices}) and '
+            f'of processes ({num_processes})')
+  expert, data = config['mesh']['expert'], config['mesh']['data']
+  if expert > 0 and num_devices % expert:
+    _fail('mesh.expert', expert, f'must divide the number of devices ({num_devices}) or be -1')
+  if data > 0 and expert > 0 and data * expert != num_devices:
+    raise ConfigError(f'config.mesh.data x config.mesh.expert = {data} x {expert} must equal '
+                      f'the number of devices ({num_devices}); use data=-1 for "the rest"')
+
+
+def check_directory(path: str, what: str) -> None:
+  """Raises ConfigError when directory `path` cannot be created or written.
+
+  `what` names the setting (e.g. '--workdir' or 'config.dataset.data_dir'). Catches
+  a path under a regular file, or an existing file in its place, before any work.
+  """
+  path = os.path.abspath(os.path.expanduser(path))
+  if os.path.exists(path) and not os.path.isdir(path):
+    raise ConfigError(f'{what}={path!r}: exists and is not a directory')
+  parent = path
+  while not os.path.exists(parent):
+    parent = os.path.dirname(parent)
+  if not os.path.isdir(parent):
+    raise ConfigError(f'{what}={path!r}: {parent!r} is a file, not a directory')
+  if not os.access(parent, os.W_OK | os.X_OK):
+    raise ConfigError(f'{what}={path!r}: {parent!r} is not writable')
+
+
+def check_datasets(config: Mapping[str, Any], *, training: bool = True,
+                   fewshot: bool | None = None) -> None:
+  """Checks that the config's datasets exist with their splits; cheap, before any model.
+
+  `training`: the training and evaluation dataset (`config.dataset`), and that its
+  labels fit `config.model.num_classes`. `fewshot`: every `config.fewshot.datasets`
+  entry (default: when periodic few-shot is on). Raises FileNotFoundError (not
+  prepared: names the dataset, the data_dir and how to prepare it) or ValueError
+  (unknown name or split, too few classes), each one line.
+  """
+  from vmoe_sparse_ot import data  # pylint: disable=g-import-not-at-top  (TensorFlow)
+  ds = config['dataset']
+  data_dir = ds['data_dir']
+  if training:
+    try:
+      num_classes = data.check_dataset(ds['name'], [ds['train_split'], ds['eval_split']],
+                                       data_dir)
+    except (OSError, ValueError) as e:
+      raise _same_kind(e, f'config.dataset: {_first_line(e)}') from None
+    model_classes = config['model']['num_classes']
+    if num_classes > model_classes:
+      raise ConfigError(
+          f'config.model.num_classes={model_classes}: must be >= {num_classes}, the '
+          f"number of classes of config.dataset.name={ds['name']!r} (labels 0..{num_classes - 1})")
+  if fewshot is None:
+    fewshot = config['fewshot']['every_steps'] > 0
+  if fewshot:
+    for key, spec in config['fewshot']['datasets'].items():
+      try:
+        data.check_dataset(spec['name'], [spec['train_split'], spec['test_split']], data_dir)
+      except (OSError, ValueError) as e:
+        raise _same_kind(e, f'config.fewshot.datasets.{key}: {_first_line(e)}') from None
+
+
+def _first_line(e: BaseException) -> str:
+  lines = [line for line in str(e).splitlines() if line.strip()]
+  return lines[0] if lines else type(e).__name__
+
+
+def _same_kind(e: BaseException, message: str) -> Exception:
+  return FileNotFoundError(message) if isinstance(e, OSError) else ValueError(message)
