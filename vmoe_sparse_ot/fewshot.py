@@ -1,18 +1,26 @@
 r"""Few-shot linear transfer of a trained checkpoint.
 
     python -m vmoe_sparse_ot.fewshot --config=configs/NAME.py --workdir=DIR [--step N]
+        [--use_checkpoint_config]
 
 Restores the parameters of checkpoint N (the latest by default) from
-DIR/checkpoints, builds `config.model`, evaluates every dataset of
+DIR/checkpoints, builds the model, evaluates every dataset of
 `config.fewshot.datasets` with the protocol of `vmoe_sparse_ot.evaluate.fewshot`,
 prints a table and writes DIR/fewshot/results.json (atomically: a temporary file
-renamed into place). Parameters are laid out on the training mesh
-(`config.mesh`; expert parameters split over 'expert') and each batch is split
-over all its devices.
+renamed into place), which records the step, the model name and the router.
+Parameters are laid out on the training mesh (`config.mesh`; expert parameters
+split over 'expert') and each batch is split over all its devices.
 
-A missing checkpoint, a checkpoint whose parameters do not fit `config.model`, or
-a dataset that cannot be loaded ends the job with exit status 1 and a message
-naming it.
+The model is the one the checkpoint was trained with: its metadata holds the model
+config. When `config.model` disagrees (another router, another size), the job
+refuses and names every differing key with both values; with
+--use_checkpoint_config it evaluates with the checkpoint's own model config
+instead. The rest of the config (few-shot settings, input size, data_dir, mesh)
+comes from --config.
+
+A config mistake is one line and exit status 2; a missing checkpoint, a model
+mismatch or a dataset that cannot be loaded ends the job with exit status 1 and a
+message naming it.
 """
 import json
 import os
@@ -20,21 +28,35 @@ import sys
 import tempfile
 from typing import Any
 
+from vmoe_sparse_ot import quiet_logs
+
+quiet_logs.setup_environment()  # Before TensorFlow loads (via data).
+
+# pylint: disable=g-import-not-at-top,wrong-import-position
 import jax
 import ml_collections
 import numpy as np
+import orbax.checkpoint as ocp
 from absl import app, flags
 from jax.sharding import PartitionSpec
 from ml_collections import config_flags
 
-from vmoe_sparse_ot import nn, quiet_logs
+from vmoe_sparse_ot import nn
 from vmoe_sparse_ot.evaluate import fewshot
 from vmoe_sparse_ot.train import checkpoints, partitioning
+from vmoe_sparse_ot.train import config as config_lib
+from vmoe_sparse_ot.train import config_cli
+
+PROG = 'python -m vmoe_sparse_ot.fewshot'
 
 _CONFIG = config_flags.DEFINE_config_file(
     'config', None, 'Config file of the training run (ml_collections).', lock_config=True)
 _WORKDIR = flags.DEFINE_string('workdir', None, 'Training workdir holding checkpoints/.')
 _STEP = flags.DEFINE_integer('step', None, 'Checkpoint step to evaluate (default: latest).')
+_USE_CHECKPOINT_CONFIG = flags.DEFINE_bool(
+    'use_checkpoint_config', False,
+    "Evaluate with the checkpoint's own model config when --config's model differs "
+    '(default: refuse and name the differences).')
 
 RESULTS_FILE = os.path.join('fewshot', 'results.json')
 
@@ -60,15 +82,76 @@ def check_params_match(params: Any, model, config: ml_collections.ConfigDict) ->
                                      else ''))
 
 
-def run(config: ml_collections.ConfigDict, workdir: str, step: int | None = None) -> dict:
+def read_checkpoint_meta(workdir: str, step: int) -> dict[str, Any]:
+  """The metadata JSON of checkpoint `step` (step, data position, model config), read-only."""
+  manager = ocp.CheckpointManager(
+      checkpoints.checkpoint_dir(workdir),
+      options=ocp.CheckpointManagerOptions(read_only=True, create=False),
+      item_handlers={'meta': ocp.JsonCheckpointHandler()})
+  try:
+    return manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))['meta']
+  finally:
+    manager.close()
+
+
+def model_config_differences(saved: dict[str, Any], model_config: Any) -> list[str]:
+  """'model.a.b: config X, checkpoint Y' for every key where the two model configs differ."""
+  # JSON round trip: tuples become lists, as they come back from the checkpoint.
+  now = json.loads(json.dumps(model_config.to_dict() if hasattr(model_config, 'to_dict')
+                              else dict(model_config)))
+  flat_saved, flat_now = config_lib.flatten(saved), config_lib.flatten(now)
+  return [f'model.{k}: config {flat_now.get(k, "<absent>")!r}, checkpoint '
+          f'{flat_saved.get(k, "<absent>")!r}'
+          for k in sorted(set(flat_saved) | set(flat_now))
+          if flat_saved.get(k, '<absent>') != flat_now.get(k, '<absent>')]
+
+
+def resolve_model_config(config: ml_collections.ConfigDict, meta: dict[str, Any], *,
+                         use_checkpoint_config: bool, where: str) -> ml_collections.ConfigDict:
+  """`config`, or a copy whose `model` is the checkpoint's (see module docstring).
+
+  Raises CheckpointMismatchError naming the differing keys when `config.model`
+  disagrees with the checkpoint's and `use_checkpoint_config` is False.
+  """
+  saved = meta.get('model_config')
+  if saved is None:  # Old checkpoints: only the parameter shapes can be compared.
+    return config
+  diffs = model_config_differences(saved, config.model)
+  if not diffs:
+    return config
+  if not use_checkpoint_config:
+    raise CheckpointMismatchError(
+        f'config.model differs from the model config of {where}: ' + '; '.join(diffs[:20])
+        + (f'; ... and {len(diffs) - 20} more' if len(diffs) > 20 else '')
+        + ". Pass --use_checkpoint_config to evaluate with the checkpoint's model config.")
+  resolved = ml_collections.ConfigDict(config.to_dict())
+  resolved.model = ml_collections.ConfigDict(saved)
+  return resolved
+
+
+def describe_model(model_config: Any) -> dict[str, Any]:
+  """{'name', 'router'} of a model config (router None for the dense 'vit')."""
+  router = None
+  if model_config['name'] == 'vit_moe':
+    router = model_config['encoder']['moe']['router']['name']
+  return {'name': model_config['name'], 'router': router}
+
+
+def run(config: ml_collections.ConfigDict, workdir: str, step: int | None = None, *,
+        use_checkpoint_config: bool = False) -> dict:
   """Evaluates checkpoint `step` (latest if None) of `workdir`; returns what it writes.
 
   Raises:
     FileNotFoundError: no checkpoint (for `step`) under `workdir`.
-    CheckpointMismatchError: its parameters do not fit `config.model`.
+    CheckpointMismatchError: `config.model` differs from the checkpoint's model
+      config (and `use_checkpoint_config` is False), or its parameters do not fit.
     fewshot.DatasetError: a dataset of `config.fewshot.datasets` cannot be loaded.
   """
   params, step = checkpoints.restore_params(workdir, step)
+  meta = read_checkpoint_meta(workdir, step)
+  config = resolve_model_config(
+      config, meta, use_checkpoint_config=use_checkpoint_config,
+      where=f'checkpoint step {step} in {checkpoints.checkpoint_dir(workdir)}')
   model = nn.build_model(config.model)
   check_params_match(params, model, config)
   # The training layout: expert parameters split over 'expert', the rest replicated.
@@ -81,6 +164,8 @@ def run(config: ml_collections.ConfigDict, workdir: str, step: int | None = None
   payload = {
       'workdir': os.path.abspath(workdir),
       'step': int(step),
+      'model': describe_model(config.model),
+      'model_config': json.loads(json.dumps(config.model.to_dict())),
       'protocol': evaluator.protocol,
       'metrics': fewshot.metrics_from_results(results),
       'datasets': results,
@@ -120,26 +205,39 @@ def format_table(payload: dict) -> str:
   widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
   lines = ['  '.join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
   lines.insert(1, '  '.join('-' * w for w in widths))
+  model = payload.get('model') or {}
+  router = f", router {model['router']}" if model.get('router') else ''
   title = (f"Few-shot linear transfer of {payload['workdir']} at step {payload['step']} "
-           f"(top-1 on the test split, mean ± std over {num_seeds} seed(s); L2 chosen "
+           f"({model.get('name', 'model')}{router}; "
+           f"top-1 on the test split, mean ± std over {num_seeds} seed(s); L2 chosen "
            f"by {payload['protocol']['l2_selection']} on the few-shot examples)")
   return '\n'.join([title] + lines)
 
 
 def main(argv):
   if len(argv) > 1:
-    raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
+    config_cli.fail(PROG, f'unexpected arguments {argv[1:]}')
   quiet_logs.quiet_library_logs()
+  config = _CONFIG.value
+  if not _WORKDIR.value:
+    config_cli.fail(PROG, 'flag --workdir is required')
   try:
-    payload = run(_CONFIG.value, _WORKDIR.value, _STEP.value)
+    config_lib.validate(config)
+    if config.dataset.data_dir:
+      config_lib.check_directory(config.dataset.data_dir, 'config.dataset.data_dir')
+    # Before the checkpoint is read or a model built: every few-shot dataset exists.
+    config_lib.check_datasets(config, training=False, fewshot=True)
+  except (OSError, ValueError) as e:
+    config_cli.fail(PROG, e)
+  try:
+    payload = run(config, _WORKDIR.value, _STEP.value,
+                  use_checkpoint_config=_USE_CHECKPOINT_CONFIG.value)
   except (FileNotFoundError, CheckpointMismatchError, fewshot.DatasetError) as e:
-    print(f'fewshot: error: {e}', file=sys.stderr, flush=True)
-    sys.exit(1)
+    config_cli.fail(PROG, e, status=1, first_line_only=False)
   if jax.process_index() == 0:
     print(format_table(payload))
     print(f'Wrote {os.path.join(_WORKDIR.value, RESULTS_FILE)}')
 
 
 if __name__ == '__main__':
-  flags.mark_flags_as_required(['config', 'workdir'])
-  app.run(main)
+  app.run(main, flags_parser=lambda argv: config_cli.parse_flags(PROG, argv))

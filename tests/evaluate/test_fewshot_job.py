@@ -16,7 +16,8 @@ from vmoe_sparse_ot.train import trainer
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 # A tiny V-MoE trained for 5 steps on 8x8 digits, with periodic few-shot every 2
-# steps; `get_config('bad')` adds a few-shot dataset that does not exist.
+# steps; `get_config('bad')` adds a few-shot dataset that does not exist and
+# `get_config('sparse_ot')` names another router than the one trained (topk).
 CONFIG_FILE = textwrap.dedent('''
     from vmoe_sparse_ot.evaluate import fewshot
     from vmoe_sparse_ot.train import config as config_lib
@@ -46,6 +47,8 @@ CONFIG_FILE = textwrap.dedent('''
       config.fewshot.seeds = (0, 1)
       config.fewshot.batch_size = 128
       config.fewshot.datasets = fewshot.transfer_datasets('digits')
+      if arg == 'sparse_ot':  # Another router than the checkpoint's (topk).
+        config.model.encoder.moe.router.name = 'sparse_ot'
       if arg == 'bad':
         config.fewshot.datasets.nope = dict(
             name='no_such_dataset', train_split='train', test_split='test')
@@ -92,6 +95,9 @@ def test_job_evaluates_latest_checkpoint_prints_table_and_writes_json(setup):
   with open(workdir / 'fewshot' / 'results.json') as f:
     results = json.load(f)
   assert results['step'] == 5
+  assert results['model'] == {'name': 'vit_moe', 'router': 'topk'}
+  assert results['model_config']['encoder']['moe']['router']['name'] == 'topk'
+  assert 'vit_moe, router topk' in proc.stdout
   assert sorted(results['metrics']) == ['fewshot/digits/1shot', 'fewshot/digits/5shot']
   digits = results['datasets']['digits']
   assert (digits['num_train'], digits['num_test'], digits['num_classes']) == (1437, 360, 10)
@@ -136,5 +142,47 @@ def test_checkpoint_of_another_model_fails_clearly(setup):
   config = config_lib.load_config_file(str(config_path))
   config.unlock()
   config.model.hidden_size = 24
-  with pytest.raises(job.CheckpointMismatchError, match='checkpoint .16.*, model .24'):
+  with pytest.raises(job.CheckpointMismatchError,
+                     match=r'model.hidden_size: config 24, checkpoint 16'):
     job.run(config, str(workdir))
+
+
+def test_config_naming_another_router_is_refused_with_the_keys(setup):
+  config_path, workdir = setup
+  before = (workdir / 'fewshot' / 'results.json').read_bytes() if (
+      workdir / 'fewshot' / 'results.json').exists() else None
+  with pytest.raises(job.CheckpointMismatchError) as info:
+    job.run(config_lib.load_config_file(f'{config_path}:sparse_ot'), str(workdir))
+  message = str(info.value)
+  assert "model.encoder.moe.router.name: config 'sparse_ot', checkpoint 'topk'" in message
+  assert '--use_checkpoint_config' in message and '\n' not in message
+  # Nothing was written: an earlier results.json is left as it was.
+  after = (workdir / 'fewshot' / 'results.json').read_bytes() if (
+      workdir / 'fewshot' / 'results.json').exists() else None
+  assert before == after
+
+
+def test_cli_refuses_another_router_then_uses_the_checkpoint_config_with_the_flag(setup):
+  config_path, workdir = setup
+  proc = _run_job(f'--config={config_path}:sparse_ot', f'--workdir={workdir}', '--step=3')
+  assert proc.returncode == 1
+  assert "model.encoder.moe.router.name: config 'sparse_ot', checkpoint 'topk'" in proc.stderr
+  assert 'Traceback' not in proc.stderr
+  proc = _run_job(f'--config={config_path}:sparse_ot', f'--workdir={workdir}', '--step=3',
+                  '--use_checkpoint_config')
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert 'router topk' in proc.stdout
+  with open(workdir / 'fewshot' / 'results.json') as f:
+    results = json.load(f)
+  assert results['step'] == 3
+  assert results['model'] == {'name': 'vit_moe', 'router': 'topk'}
+
+
+def test_cli_missing_fewshot_dataset_fails_before_reading_the_checkpoint(setup, tmp_path):
+  config_path, _ = setup
+  # tmp_path holds no checkpoint: the dataset check must come first to be reported.
+  proc = _run_job(f'--config={config_path}:bad', f'--workdir={tmp_path}')
+  assert proc.returncode == 2
+  lines = proc.stderr.strip().splitlines()
+  assert lines == [lines[-1]] and "config.fewshot.datasets.nope: dataset 'no_such_dataset'" \
+      in lines[-1], proc.stderr
