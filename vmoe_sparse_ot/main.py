@@ -68,17 +68,6 @@ def initialize_distributed(coordinator_address: str | None, num_processes: int,
                              num_processes=num_processes, process_id=process_id)
 
 
-def preflight(config, workdir: str) -> None:
-  """Everything that can be checked before a model exists; raises ValueError/OSError."""
-  config_lib.validate(config)
-  config_lib.check_directory(workdir, '--workdir')
-  if config.dataset.data_dir:
-    config_lib.check_directory(config.dataset.data_dir, 'config.dataset.data_dir')
-  config_lib.check_datasets(config)  # Train/eval data, and few-shot data when periodic.
-  from vmoe_sparse_ot import nn
-  nn.build_model(config.model)  # Router options; builds a module object, no parameters.
-
-
 def main(argv: list[str]) -> None:
   if len(argv) > 1:
     config_cli.fail(PROG, f'unexpected arguments {argv[1:]}')
@@ -90,7 +79,7 @@ def main(argv: list[str]) -> None:
   if not _WORKDIR.value:
     config_cli.fail(PROG, 'flag --workdir is required (or use --print_config)')
   try:
-    preflight(config, _WORKDIR.value)
+    config_lib.check_before_training(config, _WORKDIR.value)
     initialize_distributed(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
     import jax
     config_lib.validate_for_devices(config, jax.device_count(), jax.process_count())

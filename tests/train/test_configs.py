@@ -98,3 +98,144 @@ def test_paper_configs_one_step_dry_run_shrunken(name, tmp_path):
   summary = trainer.train_and_evaluate(config, str(tmp_path), devices=jax.devices()[:1])
   assert summary['step'] == 1 and len(summary['losses']) == 1
   assert summary['eval']['num_examples'] == 16
+
+
+def _set(config, key, value):
+  node = config
+  *parents, leaf = key.split('.')
+  for part in parents:
+    node = node[part]
+  node[leaf] = value
+
+
+# (key, bad value, the whole one-line message validate() gives).
+BAD_CONFIGS = [
+    ('schedule.peak_value', -1e-3, 'config.schedule.peak_value=-0.001: must be > 0'),
+    ('schedule.peak_value', 0.0, 'config.schedule.peak_value=0.0: must be > 0'),
+    ('schedule.end_value', -1e-5, 'config.schedule.end_value=-1e-05: must be >= 0'),
+    ('schedule.warmup_steps', -1, 'config.schedule.warmup_steps=-1: must be an integer >= 0'),
+    ('schedule.decay_steps', 0,
+     'config.schedule.decay_steps=0: must be an integer >= 1 or None'),
+    ('schedule.name', 'linear', "config.schedule.name='linear': must be one of "
+     "['warmup_linear_decay', 'warmup_cosine_decay', 'warmup_constant']"),
+    ('optimizer.gradient_clip_norm', -1.0,
+     'config.optimizer.gradient_clip_norm=-1.0: must be > 0 or None'),
+    ('optimizer.weight_decay', -0.1, 'config.optimizer.weight_decay=-0.1: must be >= 0'),
+    ('optimizer.b2', 1.0, 'config.optimizer.b2=1.0: must be in [0, 1)'),
+    ('optimizer.eps', 0.0, 'config.optimizer.eps=0.0: must be > 0'),
+    ('optimizer.weight_decay_regex', '(kernel',
+     "config.optimizer.weight_decay_regex='(kernel': must be a regular expression "
+     '(missing ), unterminated subpattern at position 0)'),
+    ('model.encoder.moe.router.num_selected_experts', 9,
+     'config.model.encoder.moe.router.num_selected_experts=9: must be <= '
+     'config.model.encoder.moe.num_experts=8 (K <= E)'),
+    ('model.encoder.moe.router.num_selected_experts', 0,
+     'config.model.encoder.moe.router.num_selected_experts=0: must be an integer >= 1'),
+    ('model.encoder.moe.router.capacity', 65,
+     'config.model.encoder.moe.router.capacity=65: must be <= '
+     'config.model.encoder.moe.group_size=64 (C <= S) or None'),
+    ('model.encoder.moe.router.capacity_factor', 0.0,
+     'config.model.encoder.moe.router.capacity_factor=0.0: must be > 0'),
+    ('model.encoder.moe.num_experts', 0,
+     'config.model.encoder.moe.num_experts=0: must be an integer >= 1'),
+    ('model.encoder.moe.group_size', 0,
+     'config.model.encoder.moe.group_size=0: must be an integer >= 1'),
+    ('dataset.image_size', 30, 'config.dataset.image_size=30 must be divisible by '
+     'config.model.patch_size=(7, 7)'),
+    ('model.encoder.num_heads', 3, 'config.model.hidden_size=64 must be divisible by '
+     'config.model.encoder.num_heads=3'),
+    ('model.hidden_size', 0, 'config.model.hidden_size=0: must be an integer >= 1'),
+    ('model.num_classes', 0, 'config.model.num_classes=0: must be an integer >= 1'),
+    ('model.encoder.dropout_rate', 1.5,
+     'config.model.encoder.dropout_rate=1.5: must be in [0, 1)'),
+    ('model.encoder.attention_dropout_rate', -0.1,
+     'config.model.encoder.attention_dropout_rate=-0.1: must be in [0, 1)'),
+    ('model.variant', 'X/16', "config.model.variant='X/16': must be SIZE/PATCH with SIZE in "
+     "['Ti', 'S', 'B', 'L', 'H'] (e.g. \"B/32\") or None"),
+    ('model.classifier', 'cls', "config.model.classifier='cls': must be one of "
+     "['token', 'gap']"),
+    ('log_every_steps', 0, 'config.log_every_steps=0: must be an integer >= 1'),
+    ('eval_every_steps', -1, 'config.eval_every_steps=-1: must be an integer >= 0'),
+    ('train_steps', 0, 'config.train_steps=0: must be an integer >= 1'),
+    ('batch_size', -8, 'config.batch_size=-8: must be an integer >= 1'),
+    ('checkpoint.keep', 0, 'config.checkpoint.keep=0: must be an integer >= 1'),
+    ('checkpoint.every_steps', 0, 'config.checkpoint.every_steps=0: must be an integer >= 1'),
+    ('dataset.shuffle_buffer', 0, 'config.dataset.shuffle_buffer=0: must be an integer >= 1'),
+    ('dataset.channels', 2, 'config.dataset.channels=2: must be one of [1, 3]'),
+    ('dataset.augment', 'mixup', "config.dataset.augment='mixup': must be one of "
+     "['none', 'inception_crop_flip'] or None"),
+    ('dataset.name', '', "config.dataset.name='': must be a dataset name (an embedded or "
+     'TFDS dataset)'),
+    ('mesh.expert', 3, 'config.mesh.expert=3 must divide config.model.encoder.moe.num_experts=8'),
+    ('mesh.data', 0, 'config.mesh.data=0: must be a positive integer or -1 (as many as fit)'),
+    ('fewshot.shots', (0, 5), 'config.fewshot.shots=(0, 5): must be one or more integers >= 1'),
+    ('fewshot.batch_size', 0, 'config.fewshot.batch_size=0: must be an integer >= 1'),
+]
+
+
+@pytest.mark.parametrize('key,value,message', BAD_CONFIGS,
+                         ids=[f'{k}={v!r}' for k, v, _ in BAD_CONFIGS])
+def test_each_bad_value_gives_one_line_naming_the_key(key, value, message):
+  config = load('vmoe_tiny_mnist.py')
+  config.unlock()
+  _set(config, key, value)
+  with pytest.raises(config_lib.ConfigError) as info:
+    config_lib.validate(config)
+  assert str(info.value) == message
+
+
+def test_unknown_keys_are_named_in_every_section():
+  for section in ('', 'dataset.', 'model.', 'model.encoder.', 'model.encoder.moe.',
+                  'fewshot.'):
+    config = load('vmoe_tiny_mnist.py').to_dict()
+    node = config
+    for part in filter(None, section.rstrip('.').split('.')):
+      node = node[part]
+    node['typo_key'] = 1
+    with pytest.raises(ValueError) as info:
+      config_lib.validate(config)
+    where = ('config.' + section).rstrip('.')
+    assert str(info.value).startswith(f"unknown key(s) ['typo_key'] in {where}; valid keys: ")
+
+
+def test_device_dependent_checks():
+  config = load('vmoe_tiny_mnist.py')
+  config_lib.validate_for_devices(config, num_devices=4, num_processes=2)
+  with pytest.raises(ValueError, match=r'^config.batch_size=128: must be a multiple of the '
+                     r'number of devices \(3\) and of processes \(1\)$'):
+    config_lib.validate_for_devices(config, num_devices=3)
+  config.unlock()
+  config.mesh.expert = 4
+  with pytest.raises(ValueError, match=r'^config.mesh.expert=4: must divide the number of '
+                     r'devices \(2\) or be -1$'):
+    config_lib.validate_for_devices(config, num_devices=2)
+
+
+def test_directory_checks(tmp_path):
+  regular = tmp_path / 'file'
+  regular.write_text('')
+  config_lib.check_directory(str(tmp_path / 'new' / 'dir'), '--workdir')
+  with pytest.raises(ValueError, match=rf"^--workdir='{regular}/w': '{regular}' is a file, "
+                     r'not a directory$'):
+    config_lib.check_directory(str(regular / 'w'), '--workdir')
+  with pytest.raises(ValueError, match='exists and is not a directory'):
+    config_lib.check_directory(str(regular), 'config.dataset.data_dir')
+
+
+def test_one_key_checker_and_schema_constants_match_the_code_they_mirror():
+  from vmoe_sparse_ot import config_keys  # pylint: disable=g-import-not-at-top
+  from vmoe_sparse_ot.data import pipeline  # pylint: disable=g-import-not-at-top
+  from vmoe_sparse_ot.data import __main__ as data_cli  # pylint: disable=g-import-not-at-top
+  from vmoe_sparse_ot.data import embedded  # pylint: disable=g-import-not-at-top
+  assert config_lib.check_keys is config_keys.check_keys
+  assert config_lib.AUGMENTATIONS == pipeline.AUGMENTATIONS
+  assert tuple(sorted(embedded.BUILDERS)) == data_cli.NAMES
+  from vmoe_sparse_ot.train import config_validation  # pylint: disable=g-import-not-at-top
+  assert config_validation.MODELS == tuple(nn.MODELS)
+
+
+def test_config_argument_of_the_wrong_type_names_the_key():
+  with pytest.raises(ValueError, match=r"^config argument steps='abc' must be an integer$"):
+    load('vmoe_tiny_mnist.py', 'steps=abc')
+  with pytest.raises(FileNotFoundError, match=r"^config file '.*nope.py' not found$"):
+    load('nope.py')

@@ -4,7 +4,8 @@ The pieces live in their own modules:
 - `config_schema`: `base_config()`, every key the trainer reads, with defaults;
 - `config_files`: `load_config_file('path.py[:k=v]')`, `parse_arg`, `flatten`;
 - `config_validation`: `validate(config)` (types, ranges, divisibility; one line
-  naming the key), `validate_for_devices`, `check_directory`, `check_datasets`, `ConfigError`;
+  naming the key), `validate_for_devices`, `check_directory`, `check_datasets`,
+  `check_before_training` (all of them, then the model's options), `ConfigError`;
 - `config_cli`: one-line command-line errors, `explain_override`, `format_config`;
 - `paper_config`: the paper's V-MoE B/32 and B/16 recipe.
 Unknown keys in any section are reported by `vmoe_sparse_ot.config_keys.check_keys`.
@@ -21,6 +22,7 @@ from vmoe_sparse_ot.train.config_schema import OPTIMIZERS
 from vmoe_sparse_ot.train.config_schema import SCHEDULES
 from vmoe_sparse_ot.train.config_schema import base_config
 from vmoe_sparse_ot.train.config_validation import ConfigError
+from vmoe_sparse_ot.train.config_validation import check_before_training
 from vmoe_sparse_ot.train.config_validation import check_datasets
 from vmoe_sparse_ot.train.config_validation import check_directory
 from vmoe_sparse_ot.train.config_validation import validate
@@ -32,7 +34,7 @@ from vmoe_sparse_ot.train.paper_config import paper_vmoe_config
 
 __all__ = [
     'AUGMENTATIONS', 'ConfigError', 'MESH_AXES', 'OPTIMIZERS', 'PAPER_BATCH_SIZE',
-    'PAPER_DATASETS', 'PAPER_TRAIN_STEPS', 'SCHEDULES', 'base_config', 'check_datasets', 'check_directory',
+    'PAPER_DATASETS', 'PAPER_TRAIN_STEPS', 'SCHEDULES', 'base_config', 'check_before_training', 'check_datasets', 'check_directory',
     'check_keys', 'explain_override', 'flatten', 'format_config', 'load_config_file',
     'paper_vmoe_config', 'parse_arg', 'validate', 'validate_for_devices',
 ]

@@ -221,8 +221,11 @@ def validate(config: Mapping[str, Any]) -> None:
     if num_experts % config['mesh']['expert']:
       raise ConfigError(f"config.mesh.expert={config['mesh']['expert']} must divide "
                         f'config.model.encoder.moe.num_experts={num_experts}')
-  # Few-shot.
-  fewshot_config.validate(config['fewshot'])
+  # Few-shot (evaluate's own checks; ValueError there, as evaluate stands below train).
+  try:
+    fewshot_config.validate(config['fewshot'])
+  except ValueError as e:
+    raise ConfigError(str(e)) from None
 
 
 def validate_for_devices(config: Mapping[str, Any], num_devices: int,
@@ -303,3 +306,21 @@ def _first_line(e: BaseException) -> str:
 
 def _same_kind(e: BaseException, message: str) -> Exception:
   return FileNotFoundError(message) if isinstance(e, OSError) else ValueError(message)
+
+
+def check_before_training(config: Mapping[str, Any], workdir: str) -> None:
+  """All the training job's checks that need no model, then the model's own options.
+
+  In order: `validate` (keys, types, ranges), --workdir and data_dir on disk,
+  `check_datasets` (the training and evaluation data, and the few-shot data when
+  periodic few-shot is on), and finally `nn.build_model`, which checks the router's
+  options and only creates a module object (no parameters). Raises ValueError or
+  OSError with a one-line message.
+  """
+  validate(config)
+  check_directory(workdir, '--workdir')
+  if config['dataset']['data_dir']:
+    check_directory(config['dataset']['data_dir'], 'config.dataset.data_dir')
+  check_datasets(config)
+  from vmoe_sparse_ot import nn  # pylint: disable=g-import-not-at-top
+  nn.build_model(config['model'])
