@@ -24,7 +24,6 @@ message naming it.
 """
 import json
 import os
-import sys
 import tempfile
 from typing import Any
 
@@ -36,13 +35,16 @@ quiet_logs.setup_environment()  # Before TensorFlow loads (via data).
 import jax
 import ml_collections
 import numpy as np
-import orbax.checkpoint as ocp
 from absl import app, flags
 from jax.sharding import PartitionSpec
 from ml_collections import config_flags
 
 from vmoe_sparse_ot import nn
 from vmoe_sparse_ot.evaluate import fewshot
+from vmoe_sparse_ot.evaluate.checkpoint_config import CheckpointMismatchError
+from vmoe_sparse_ot.evaluate.checkpoint_config import describe_model
+from vmoe_sparse_ot.evaluate.checkpoint_config import read_checkpoint_meta
+from vmoe_sparse_ot.evaluate.checkpoint_config import resolve_model_config
 from vmoe_sparse_ot.train import checkpoints, partitioning
 from vmoe_sparse_ot.train import config as config_lib
 from vmoe_sparse_ot.train import config_cli
@@ -59,10 +61,6 @@ _USE_CHECKPOINT_CONFIG = flags.DEFINE_bool(
     '(default: refuse and name the differences).')
 
 RESULTS_FILE = os.path.join('fewshot', 'results.json')
-
-
-class CheckpointMismatchError(ValueError):
-  """The checkpoint's parameters do not fit the model of the config."""
 
 
 def check_params_match(params: Any, model, config: ml_collections.ConfigDict) -> None:
@@ -82,61 +80,6 @@ def check_params_match(params: Any, model, config: ml_collections.ConfigDict) ->
                                      else ''))
 
 
-def read_checkpoint_meta(workdir: str, step: int) -> dict[str, Any]:
-  """The metadata JSON of checkpoint `step` (step, data position, model config), read-only."""
-  manager = ocp.CheckpointManager(
-      checkpoints.checkpoint_dir(workdir),
-      options=ocp.CheckpointManagerOptions(read_only=True, create=False),
-      item_handlers={'meta': ocp.JsonCheckpointHandler()})
-  try:
-    return manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))['meta']
-  finally:
-    manager.close()
-
-
-def model_config_differences(saved: dict[str, Any], model_config: Any) -> list[str]:
-  """'model.a.b: config X, checkpoint Y' for every key where the two model configs differ."""
-  # JSON round trip: tuples become lists, as they come back from the checkpoint.
-  now = json.loads(json.dumps(model_config.to_dict() if hasattr(model_config, 'to_dict')
-                              else dict(model_config)))
-  flat_saved, flat_now = config_lib.flatten(saved), config_lib.flatten(now)
-  return [f'model.{k}: config {flat_now.get(k, "<absent>")!r}, checkpoint '
-          f'{flat_saved.get(k, "<absent>")!r}'
-          for k in sorted(set(flat_saved) | set(flat_now))
-          if flat_saved.get(k, '<absent>') != flat_now.get(k, '<absent>')]
-
-
-def resolve_model_config(config: ml_collections.ConfigDict, meta: dict[str, Any], *,
-                         use_checkpoint_config: bool, where: str) -> ml_collections.ConfigDict:
-  """`config`, or a copy whose `model` is the checkpoint's (see module docstring).
-
-  Raises CheckpointMismatchError naming the differing keys when `config.model`
-  disagrees with the checkpoint's and `use_checkpoint_config` is False.
-  """
-  saved = meta.get('model_config')
-  if saved is None:  # Old checkpoints: only the parameter shapes can be compared.
-    return config
-  diffs = model_config_differences(saved, config.model)
-  if not diffs:
-    return config
-  if not use_checkpoint_config:
-    raise CheckpointMismatchError(
-        f'config.model differs from the model config of {where}: ' + '; '.join(diffs[:20])
-        + (f'; ... and {len(diffs) - 20} more' if len(diffs) > 20 else '')
-        + ". Pass --use_checkpoint_config to evaluate with the checkpoint's model config.")
-  resolved = ml_collections.ConfigDict(config.to_dict())
-  resolved.model = ml_collections.ConfigDict(saved)
-  return resolved
-
-
-def describe_model(model_config: Any) -> dict[str, Any]:
-  """{'name', 'router'} of a model config (router None for the dense 'vit')."""
-  router = None
-  if model_config['name'] == 'vit_moe':
-    router = model_config['encoder']['moe']['router']['name']
-  return {'name': model_config['name'], 'router': router}
-
-
 def run(config: ml_collections.ConfigDict, workdir: str, step: int | None = None, *,
         use_checkpoint_config: bool = False) -> dict:
   """Evaluates checkpoint `step` (latest if None) of `workdir`; returns what it writes.
@@ -148,7 +91,7 @@ def run(config: ml_collections.ConfigDict, workdir: str, step: int | None = None
     fewshot.DatasetError: a dataset of `config.fewshot.datasets` cannot be loaded.
   """
   params, step = checkpoints.restore_params(workdir, step)
-  meta = read_checkpoint_meta(workdir, step)
+  meta = read_checkpoint_meta(checkpoints.checkpoint_dir(workdir), step)
   config = resolve_model_config(
       config, meta, use_checkpoint_config=use_checkpoint_config,
       where=f'checkpoint step {step} in {checkpoints.checkpoint_dir(workdir)}')

@@ -50,6 +50,18 @@ class Experts(nn.Module):
     return nn.Dropout(self.dropout_rate)(y, deterministic=not train)
 
 
+def _token_expert_weights(routing, group_size: int) -> Array:
+  """(G, S, E) float32: summed combine weight of each (token, expert) over the slots."""
+  e = routing.token_index.shape[1]
+  weight = jnp.where(routing.valid, routing.combine_weight, 0.0).astype(jnp.float32)
+
+  def per_group(token_index, w):  # (E, C) each
+    return jnp.zeros((group_size, e), jnp.float32).at[
+        token_index, jnp.arange(e)[:, None]].add(w)
+
+  return jax.lax.stop_gradient(jax.vmap(per_group)(routing.token_index, weight))
+
+
 class MoeLayer(nn.Module):
   """Routes tokens to E expert MLPs.
 
@@ -83,6 +95,10 @@ class MoeLayer(nn.Module):
       rng = self.make_rng("gating")
     routing = routers.route(logits.astype(jnp.float32), token_mask, self.router, capacity,
                             train, rng)
+
+    # Per token, the total combine weight from each expert (0: not processed by it);
+    # kept only when 'intermediates' is mutable (vmoe_sparse_ot.plot's routing picture).
+    self.sow("intermediates", "expert_weights", _token_expert_weights(routing, s))
 
     dispatch, combine = get_dispatcher(self.dispatcher)
     buf = dispatch(tokens, routing)                                  # (G, E, C, D)

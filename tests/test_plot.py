@@ -1,0 +1,103 @@
+"""`python -m vmoe_sparse_ot.plot WORKDIR` on a tiny training run's workdir."""
+import os
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+from tests.train.helpers import ROOT, small_config
+from vmoe_sparse_ot import fewshot as fewshot_job
+from vmoe_sparse_ot import plot
+from vmoe_sparse_ot.evaluate import fewshot
+from vmoe_sparse_ot.train import trainer
+
+PNG_MAGIC = b'\x89PNG\r\n\x1a\n'
+
+
+@pytest.fixture(scope='module')
+def workdir(tmp_path_factory):
+  """10 topk steps of the shrunken tiny config (logged at 5 and 10), then few-shot."""
+  workdir = tmp_path_factory.mktemp('plot') / 'run'
+  config = small_config(train_steps=10, log_every_steps=5)
+  config.unlock()
+  config.fewshot.datasets = fewshot.transfer_datasets('digits')
+  config.fewshot.shots, config.fewshot.seeds = (1, 2), (0, 1)
+  trainer.train_and_evaluate(config, str(workdir), devices=jax.devices()[:1])
+  fewshot_job.run(config, str(workdir))
+  return workdir
+
+
+def test_read_scalars_has_the_trainer_tags(workdir):
+  scalars = plot.read_scalars(str(workdir))
+  steps, loss = scalars['loss']
+  assert list(steps) == [5, 10] and np.all(np.isfinite(loss))
+  assert list(scalars['eval/accuracy'][0]) == [10]
+  # Two blocks, the second one MoE (every_2): its load scalars are there.
+  assert plot._moe_layers(scalars) == ['encoderblock_1']  # pylint: disable=protected-access
+  lo = scalars['routing/encoderblock_1/tokens_per_expert_min'][1]
+  hi = scalars['routing/encoderblock_1/tokens_per_expert_max'][1]
+  assert np.all(lo <= hi)
+
+
+def test_expert_choices_follow_the_sown_weights(workdir):
+  import ml_collections  # pylint: disable=g-import-not-at-top
+  from vmoe_sparse_ot import nn  # pylint: disable=g-import-not-at-top
+  from vmoe_sparse_ot.evaluate.checkpoint_config import read_checkpoint_meta
+  from vmoe_sparse_ot.train import checkpoints  # pylint: disable=g-import-not-at-top
+  params, step = checkpoints.restore_params(str(workdir))
+  model_config = ml_collections.ConfigDict(
+      read_checkpoint_meta(checkpoints.checkpoint_dir(str(workdir)), step)['model_config'])
+  model = nn.build_model(model_config)
+  images = np.random.default_rng(0).uniform(-1, 1, (3, 28, 28, 1)).astype(np.float32)
+  choices = plot.expert_choices(model, params, images, 'token')
+  assert list(choices) == ['encoderblock_1']
+  c = choices['encoderblock_1']
+  assert c.shape == (3, 16) and c.min() >= -1 and c.max() < 4
+  # The sown (G, S, E) weights: per slot, the combine weight lands on (token, expert);
+  # TopK's combine weights are softmax gates of at most K=2 experts, so each token's
+  # weights sum to at most 1 and at most 2 are nonzero.
+  _, state = model.apply({'params': params}, images, train=False, mutable=['intermediates'])
+  w = np.asarray(state['intermediates']['encoder']['encoderblock_1']['moe']
+                 ['expert_weights'][0])
+  assert w.ndim == 3 and w.shape[-1] == 4
+  assert np.all(w >= 0) and np.all(w.sum(-1) <= 1 + 1e-6)
+  assert np.all((w > 0).sum(-1) <= 2)
+  flat = w.reshape(-1, 4)[:3 * 17].reshape(3, 17, 4)[:, 1:]
+  np.testing.assert_array_equal(c, np.where(flat.sum(-1) > 0, flat.argmax(-1), -1))
+
+
+def test_plot_command_writes_non_empty_pngs(workdir, tmp_path):
+  out = tmp_path / 'plots'
+  env = dict(os.environ, XLA_FLAGS='--xla_force_host_platform_device_count=1')
+  proc = subprocess.run([sys.executable, '-m', 'vmoe_sparse_ot.plot', str(workdir),
+                         '--out', str(out), '--num_images', '2'], cwd=ROOT, env=env,
+                        capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  names = sorted(os.listdir(out))
+  assert names == ['curves.png', 'expert_load.png', 'fewshot.png', 'routing.png']
+  from matplotlib import image  # pylint: disable=g-import-not-at-top
+  for name in names:
+    data = (out / name).read_bytes()
+    assert data.startswith(PNG_MAGIC) and len(data) > 10_000, name
+    pixels = image.imread(str(out / name))
+    assert min(pixels.shape[:2]) > 200 and pixels[..., :3].std() > 0.01, name
+  assert [line for line in proc.stdout.splitlines()] == [
+      f'Wrote {out / name}' for name in ('curves.png', 'expert_load.png', 'routing.png',
+                                         'fewshot.png')]
+  assert proc.stderr == ''
+
+
+def test_plot_command_errors_are_one_line(tmp_path):
+  proc = subprocess.run([sys.executable, '-m', 'vmoe_sparse_ot.plot', str(tmp_path / 'nope')],
+                        cwd=ROOT, capture_output=True, text=True, timeout=120)
+  assert proc.returncode == 2
+  assert proc.stderr.strip().splitlines() == [
+      f"python -m vmoe_sparse_ot.plot: error: workdir '{tmp_path / 'nope'}' is not a directory"]
+  empty = tmp_path / 'empty'
+  empty.mkdir()
+  proc = subprocess.run([sys.executable, '-m', 'vmoe_sparse_ot.plot', str(empty)],
+                        cwd=ROOT, capture_output=True, text=True, timeout=120)
+  assert proc.returncode == 2 and 'nothing to plot' in proc.stderr
+  assert len(proc.stderr.strip().splitlines()) == 1

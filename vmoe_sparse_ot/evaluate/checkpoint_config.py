@@ -1,0 +1,77 @@
+"""The model config a checkpoint was trained with, read from its metadata (read-only).
+
+Every checkpoint step holds a JSON item 'meta' with the step, the data position
+and `model_config` (the run's `config.model` as a dict). Jobs that restore a
+checkpoint (few-shot, plots) build the model from it, or compare it with the
+config they were given.
+"""
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import ml_collections
+import orbax.checkpoint as ocp
+
+from vmoe_sparse_ot.train.config_files import flatten
+
+
+class CheckpointMismatchError(ValueError):
+  """The checkpoint does not fit the model of the config (config keys or parameters)."""
+
+
+def read_checkpoint_meta(checkpoint_dir: str, step: int) -> dict[str, Any]:
+  """The 'meta' JSON item of checkpoint `step` under `checkpoint_dir` (never writes)."""
+  manager = ocp.CheckpointManager(
+      os.path.abspath(checkpoint_dir),
+      options=ocp.CheckpointManagerOptions(read_only=True, create=False),
+      item_handlers={'meta': ocp.JsonCheckpointHandler()})
+  try:
+    return manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))['meta']
+  finally:
+    manager.close()
+
+
+def model_config_differences(saved: dict[str, Any], model_config: Any) -> list[str]:
+  """'model.a.b: config X, checkpoint Y' for every key where the two model configs differ."""
+  # JSON round trip: tuples become lists, as they come back from the checkpoint.
+  now = json.loads(json.dumps(model_config.to_dict() if hasattr(model_config, 'to_dict')
+                              else dict(model_config)))
+  flat_saved, flat_now = flatten(saved), flatten(now)
+  return [f'model.{k}: config {flat_now.get(k, "<absent>")!r}, checkpoint '
+          f'{flat_saved.get(k, "<absent>")!r}'
+          for k in sorted(set(flat_saved) | set(flat_now))
+          if flat_saved.get(k, '<absent>') != flat_now.get(k, '<absent>')]
+
+
+def resolve_model_config(config: ml_collections.ConfigDict, meta: dict[str, Any], *,
+                         use_checkpoint_config: bool, where: str) -> ml_collections.ConfigDict:
+  """`config`, or a copy whose `model` is the checkpoint's `meta['model_config']`.
+
+  Raises CheckpointMismatchError (one line naming every differing key with both
+  values) when `config.model` disagrees and `use_checkpoint_config` is False.
+  `where` names the checkpoint in the message.
+  """
+  saved = meta.get('model_config')
+  if saved is None:  # Old checkpoints: only the parameter shapes can be compared.
+    return config
+  diffs = model_config_differences(saved, config.model)
+  if not diffs:
+    return config
+  if not use_checkpoint_config:
+    raise CheckpointMismatchError(
+        f'config.model differs from the model config of {where}: ' + '; '.join(diffs[:20])
+        + (f'; ... and {len(diffs) - 20} more' if len(diffs) > 20 else '')
+        + ". Pass --use_checkpoint_config to evaluate with the checkpoint's model config.")
+  resolved = ml_collections.ConfigDict(config.to_dict())
+  resolved.model = ml_collections.ConfigDict(saved)
+  return resolved
+
+
+def describe_model(model_config: Any) -> dict[str, Any]:
+  """{'name', 'router'} of a model config (router None for the dense 'vit')."""
+  router = None
+  if model_config['name'] == 'vit_moe':
+    router = model_config['encoder']['moe']['router']['name']
+  return {'name': model_config['name'], 'router': router}

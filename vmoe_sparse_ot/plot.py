@@ -1,0 +1,368 @@
+r"""Pictures of a training workdir: `python -m vmoe_sparse_ot.plot WORKDIR [--out DIR]`.
+
+Writes PNGs into DIR (default WORKDIR/plots):
+- `curves.png`: training loss and accuracy (averaged as the trainer logs them),
+  evaluation loss and top-1, and the learning rate, against the step;
+- `expert_load.png`: per MoE layer, tokens per expert in a group (min-max band and
+  mean, with the capacity C), and the fraction of tokens no expert processed;
+- `routing.png`: for a few evaluation images, which expert takes each patch at
+  every MoE layer (the expert with the largest combine weight; grey: dropped);
+- `fewshot.png` when WORKDIR/fewshot/results.json exists: few-shot top-1 against
+  the number of shots per dataset (mean and std over seeds).
+
+Curves come from the TensorBoard event files the trainer writes in WORKDIR
+(`tensorboard --logdir WORKDIR` shows the same); the routing picture restores the
+latest checkpoint and builds the model from the checkpoint's own model config.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+from typing import Any, Sequence
+
+from vmoe_sparse_ot import quiet_logs
+
+quiet_logs.setup_environment()  # Before TensorFlow loads (tensorboard, data).
+
+# pylint: disable=g-import-not-at-top,wrong-import-position
+import numpy as np
+
+from vmoe_sparse_ot import plotting_style
+
+PROG = 'python -m vmoe_sparse_ot.plot'
+Series = dict[str, tuple[np.ndarray, np.ndarray]]
+
+
+def read_scalars(workdir: str) -> Series:
+  """{tag: (steps, values)} of every scalar in WORKDIR's TensorBoard event files."""
+  from tensorboard.backend.event_processing import event_accumulator
+  from tensorboard.util import tensor_util
+  acc = event_accumulator.EventAccumulator(
+      workdir, size_guidance={event_accumulator.TENSORS: 0, event_accumulator.SCALARS: 0})
+  acc.Reload()
+  tags = acc.Tags()
+  out: Series = {}
+  for tag in tags.get(event_accumulator.SCALARS, []):
+    events = acc.Scalars(tag)
+    out[tag] = (np.array([e.step for e in events]), np.array([e.value for e in events]))
+  # CLU's SummaryWriter writes scalars as rank-0 tensors.
+  for tag in tags.get(event_accumulator.TENSORS, []):
+    events = acc.Tensors(tag)
+    values = [tensor_util.make_ndarray(e.tensor_proto) for e in events]
+    if not values or np.ndim(values[0]) != 0 or values[0].dtype.kind not in 'fiu':
+      continue
+    out[tag] = (np.array([e.step for e in events]), np.array(values, np.float64))
+  return out
+
+
+def plot_curves(scalars: Series, path: str, title: str = '') -> str | None:
+  """Loss, accuracy and learning rate against the step; None if nothing was logged."""
+  panels = [
+      ('Loss', [('loss', 'train (interval mean)'), ('eval/loss', 'eval')], 'cross-entropy'),
+      ('Top-1 accuracy', [('accuracy', 'train'), ('eval/accuracy', 'eval')], 'accuracy'),
+      ('Learning rate', [('learning_rate', 'schedule')], 'learning rate'),
+  ]
+  panels = [p for p in panels if any(tag in scalars for tag, _ in p[1])]
+  if not panels:
+    return None
+  fig, axes = plotting_style.figure(len(panels))
+  for ax, (name, series, ylabel) in zip(axes[0], panels):
+    for tag, label in series:
+      if tag in scalars:
+        steps, values = scalars[tag]
+        ax.plot(steps, values, marker='o' if len(steps) < 12 else None, markersize=3,
+                label=label)
+    ax.set_title(name)
+    ax.set_xlabel('training step')
+    ax.set_ylabel(ylabel)
+    if len([t for t, _ in series if t in scalars]) > 1:
+      ax.legend()
+  if title:
+    fig.suptitle(title)
+  return plotting_style.save(fig, path)
+
+
+def _moe_layers(scalars: Series) -> list[str]:
+  layers = {tag.split('/')[1] for tag in scalars
+            if tag.startswith('routing/') and tag.endswith('/tokens_per_expert_mean')}
+  return sorted(layers, key=lambda name: (len(name), name))
+
+
+def plot_expert_load(scalars: Series, path: str, capacity: int | None = None,
+                     title: str = '') -> str | None:
+  """Per MoE layer: tokens per expert (min-max band, mean) and the dropped fraction."""
+  layers = _moe_layers(scalars)
+  if not layers:
+    return None
+  fig, axes = plotting_style.figure(len(layers), 2, height=2.8)
+  for col, layer in enumerate(layers):
+    ax = axes[0][col]
+    steps, mean = scalars[f'routing/{layer}/tokens_per_expert_mean']
+    lo = scalars.get(f'routing/{layer}/tokens_per_expert_min', (steps, mean))[1]
+    hi = scalars.get(f'routing/{layer}/tokens_per_expert_max', (steps, mean))[1]
+    ax.fill_between(steps, lo, hi, alpha=0.25, label='min-max over experts and groups')
+    ax.plot(steps, mean, label='mean')
+    if capacity:
+      ax.axhline(capacity, color='0.3', linestyle='--', linewidth=1, label=f'capacity C={capacity}')
+    ax.set_title(f'{layer}: expert load')
+    ax.set_xlabel('training step')
+    ax.set_ylabel('tokens per expert in a group')
+    ax.set_ylim(bottom=0)
+    if col == 0:
+      ax.legend(loc='lower right')
+    ax = axes[1][col]
+    tag = f'routing/{layer}/dropped_fraction'
+    if tag in scalars:
+      steps, dropped = scalars[tag]
+      ax.plot(steps, 100 * dropped, color='C3')
+    ax.set_title(f'{layer}: dropped tokens')
+    ax.set_xlabel('training step')
+    ax.set_ylabel('tokens no expert processed (%)')
+    ax.set_ylim(bottom=0)
+  if title:
+    fig.suptitle(title)
+  return plotting_style.save(fig, path)
+
+
+def plot_fewshot(results: dict[str, Any], path: str) -> str | None:
+  """Few-shot top-1 (mean ± std over seeds) against shots, one line per dataset."""
+  datasets = results.get('datasets') or {}
+  if not datasets:
+    return None
+  fig, axes = plotting_style.figure(1, width=5.0, height=3.6)
+  ax = axes[0][0]
+  for key, ds in datasets.items():
+    shots = sorted(ds['shots'], key=int)
+    x = [int(s) for s in shots]
+    mean = np.array([100 * ds['shots'][s]['accuracy_mean'] for s in shots])
+    std = np.array([100 * ds['shots'][s]['accuracy_std'] for s in shots])
+    ax.errorbar(x, mean, yerr=std, marker='o', capsize=3, label=f"{key} ({ds.get('name', key)})")
+  ax.set_xscale('log')
+  all_shots = sorted({int(s) for ds in datasets.values() for s in ds['shots']})
+  ax.set_xticks(all_shots)
+  ax.set_xticklabels([str(s) for s in all_shots])
+  ax.minorticks_off()
+  ax.set_xlabel('examples per class (shots)')
+  ax.set_ylabel('top-1 on the test split (%)')
+  model = results.get('model') or {}
+  router = f", router {model['router']}" if model.get('router') else ''
+  ax.set_title(f"Few-shot linear transfer at step {results.get('step', '?')}"
+               f"\n({model.get('name', 'model')}{router}; mean ± std over seeds)")
+  ax.legend()
+  return plotting_style.save(fig, path)
+
+
+def _input_geometry(params: Any, classifier: str) -> tuple[int, int, int, int]:
+  """(image_size, channels, patch, tokens incl. class token) from the parameter shapes."""
+  ph, pw, channels, _ = np.shape(params['embedding']['kernel'])
+  num_tokens = np.shape(params['encoder']['pos_embedding'])[1]
+  patches = num_tokens - (1 if classifier == 'token' else 0)
+  side = int(round(math.sqrt(patches)))
+  if side * side != patches or ph != pw:
+    raise ValueError(f'cannot draw routing for a non-square patch grid ({patches} patches, '
+                     f'patch {ph}x{pw})')
+  return side * ph, int(channels), int(ph), int(num_tokens)
+
+
+def expert_choices(model, params, images: np.ndarray,
+                   classifier: str) -> dict[str, np.ndarray]:
+  """{layer: (B, P) int} the expert with the largest combine weight per patch, -1 if none.
+
+  Applies the model with `mutable=['intermediates']` and reads the (G, S, E) weights
+  each MoE layer sows as 'expert_weights'; tokens were flattened image-major and
+  cut into groups of S, so (G*S, E)[:B*N] reshapes back to (B, N, E).
+  """
+  b = images.shape[0]
+  _, state = model.apply({'params': params}, images, train=False, mutable=['intermediates'])
+  out = {}
+  encoder = state['intermediates']['encoder']
+  for layer in sorted(encoder, key=lambda name: (len(name), name)):
+    moe = encoder[layer].get('moe') if hasattr(encoder[layer], 'get') else None
+    if not moe or 'expert_weights' not in moe:
+      continue
+    w = np.asarray(moe['expert_weights'][0], np.float32)   # (G, S, E)
+    e = w.shape[-1]
+    num_tokens = np.shape(params['encoder']['pos_embedding'])[1]
+    w = w.reshape(-1, e)[:b * num_tokens].reshape(b, num_tokens, e)
+    if classifier == 'token':
+      w = w[:, 1:]
+    choice = np.argmax(w, axis=-1)
+    out[layer] = np.where(w.sum(-1) > 0, choice, -1)
+  return out
+
+
+def plot_routing(images: np.ndarray, choices: dict[str, np.ndarray], num_experts: int,
+                 path: str, title: str = '') -> str:
+  """Rows: images; columns: the image, then its patches coloured by expert per MoE layer.
+
+  `images` (B, H, W, C) in [-1, 1]; `choices[layer]` (B, P) expert per patch or -1
+  (dropped), P a square grid. The digit is drawn in white over the expert colours.
+  """
+  from matplotlib import colors as mcolors
+  b, size = images.shape[0], images.shape[1]
+  layers = list(choices)
+  fig, axes = plotting_style.figure(1 + len(layers), b, width=1.9, height=1.9)
+  palette = np.concatenate([[[0.0, 0.0, 0.0, 1.0]], plotting_style.categorical_colors(
+      num_experts)])
+  listed = mcolors.ListedColormap(palette)
+  gray = images.mean(-1) if images.shape[-1] > 1 else images[..., 0]
+  gray = np.clip((gray + 1) / 2, 0, 1)  # [-1, 1] -> [0, 1]
+  for i in range(b):
+    axes[i][0].imshow(gray[i], cmap='gray', vmin=0, vmax=1)
+    if i == 0:
+      axes[i][0].set_title('input')
+    strokes = np.zeros(gray[i].shape + (4,))
+    strokes[..., :3], strokes[..., 3] = 1.0, 0.75 * gray[i]
+    for j, layer in enumerate(layers):
+      ax = axes[i][j + 1]
+      side = int(round(math.sqrt(choices[layer].shape[1])))
+      grid = choices[layer][i].reshape(side, side) + 1  # 0: dropped
+      ax.imshow(grid, cmap=listed, vmin=-0.5, vmax=num_experts + 0.5,
+                extent=(-0.5, size - 0.5, size - 0.5, -0.5), interpolation='nearest')
+      ax.imshow(strokes)
+      if i == 0:
+        ax.set_title(layer)
+  for row in axes:
+    for ax in row:
+      ax.set_xticks([])
+      ax.set_yticks([])
+      ax.grid(False)
+  handles = [plotting_style.plt.Rectangle((0, 0), 1, 1, color=palette[k])
+             for k in range(1, num_experts + 1)] + [
+                 plotting_style.plt.Rectangle((0, 0), 1, 1, color=palette[0])]
+  fig.legend(handles, [f'expert {k}' for k in range(num_experts)] + ['dropped'],
+             loc='outside lower center', ncol=min(num_experts + 1, 5), frameon=False)
+  fig.suptitle(title or 'Expert with the largest combine weight, per patch and MoE layer')
+  return plotting_style.save(fig, path)
+
+
+def _run_config(workdir: str) -> dict[str, Any]:
+  """WORKDIR/config.json (the resolved run config) if the trainer wrote one, else {}."""
+  path = os.path.join(workdir, 'config.json')
+  if not os.path.isfile(path):
+    return {}
+  with open(path) as f:
+    return json.load(f)
+
+
+def routing_figure(workdir: str, path: str, *, num_images: int = 4, dataset: str | None = None,
+                   split: str | None = None, data_dir: str | None = None) -> str | None:
+  """Restores the latest checkpoint and draws `plot_routing` for `num_images` images."""
+  import ml_collections
+  from vmoe_sparse_ot import data
+  from vmoe_sparse_ot import nn
+  from vmoe_sparse_ot.evaluate.checkpoint_config import read_checkpoint_meta
+  from vmoe_sparse_ot.train import checkpoints
+  params, step = checkpoints.restore_params(workdir)
+  meta = read_checkpoint_meta(checkpoints.checkpoint_dir(workdir), step)
+  model_config = ml_collections.ConfigDict(meta['model_config'])
+  if model_config.name != 'vit_moe':
+    return None
+  model = nn.build_model(model_config)
+  run_dataset = _run_config(workdir).get('dataset', {})
+  dataset = dataset or run_dataset.get('name') or meta.get('data', {}).get('name')
+  split = split or run_dataset.get('eval_split') or 'test'
+  data_dir = data_dir or run_dataset.get('data_dir')
+  image_size, channels, _, _ = _input_geometry(params, model_config.classifier)
+  ds = data.make_dataset(dataset, split, batch_size=num_images, image_size=image_size,
+                         channels=channels, training=False, data_dir=data_dir,
+                         process_index=0, process_count=1,
+                         augment=run_dataset.get('augment'))
+  batch = next(ds.as_numpy_iterator())
+  images = batch['image'][:num_images]
+  choices = expert_choices(model, params, images, model_config.classifier)
+  router = model_config.encoder.moe.router.name
+  return plot_routing(
+      images, choices, int(model_config.encoder.moe.num_experts), path,
+      title=f'Routing at step {step}, router {router}\n{dataset} {split}: expert with '
+            'the largest\ncombine weight per patch')
+
+
+def _capacity(model_config: dict[str, Any]) -> int | None:
+  try:
+    from vmoe_sparse_ot.nn.routing import compute_capacity
+    moe = model_config['encoder']['moe']
+    router = moe['router']
+    return compute_capacity(int(moe['group_size']), int(moe['num_experts']),
+                            int(router.get('num_selected_experts', 1)),
+                            float(router.get('capacity_factor', 1.0)), router.get('capacity'))
+  except Exception:  # pylint: disable=broad-except  (a picture without the line is fine)
+    return None
+
+
+def plot_workdir(workdir: str, out: str | None = None, *, num_images: int = 4,
+                 dataset: str | None = None, split: str | None = None,
+                 data_dir: str | None = None) -> list[str]:
+  """Writes every picture that WORKDIR has data for; returns the paths written."""
+  if not os.path.isdir(workdir):
+    raise FileNotFoundError(f'workdir {workdir!r} is not a directory')
+  out = out or os.path.join(workdir, 'plots')
+  written = []
+  scalars = read_scalars(workdir)
+  meta_model = None
+  has_checkpoint = os.path.isdir(os.path.join(workdir, 'checkpoints')) and any(
+      name.isdigit() for name in os.listdir(os.path.join(workdir, 'checkpoints')))
+  if has_checkpoint:
+    from vmoe_sparse_ot.evaluate.checkpoint_config import read_checkpoint_meta
+    from vmoe_sparse_ot.train import checkpoints
+    step = max(int(n) for n in os.listdir(checkpoints.checkpoint_dir(workdir)) if n.isdigit())
+    meta_model = read_checkpoint_meta(checkpoints.checkpoint_dir(workdir), step).get(
+        'model_config')
+  label = os.path.basename(os.path.normpath(workdir))
+  if meta_model and meta_model.get('name') == 'vit_moe':
+    label += f" (router {meta_model['encoder']['moe']['router']['name']})"
+  written.append(plot_curves(scalars, os.path.join(out, 'curves.png'), title=label))
+  written.append(plot_expert_load(scalars, os.path.join(out, 'expert_load.png'),
+                                  capacity=_capacity(meta_model) if meta_model else None,
+                                  title=label))
+  if has_checkpoint and num_images > 0:
+    written.append(routing_figure(workdir, os.path.join(out, 'routing.png'),
+                                  num_images=num_images, dataset=dataset, split=split,
+                                  data_dir=data_dir))
+  results_path = os.path.join(workdir, 'fewshot', 'results.json')
+  if os.path.isfile(results_path):
+    with open(results_path) as f:
+      written.append(plot_fewshot(json.load(f), os.path.join(out, 'fewshot.png')))
+  written = [p for p in written if p]
+  if not written:
+    raise FileNotFoundError(f'nothing to plot in {workdir!r}: no TensorBoard events, '
+                            'checkpoint or fewshot/results.json')
+  return written
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+  parser = argparse.ArgumentParser(
+      prog=PROG, description='Writes PNGs of a training workdir: curves, expert load, '
+      'routing of a few images, few-shot accuracy against shots.')
+  parser.add_argument('workdir', help='training workdir (holds checkpoints/ and events)')
+  parser.add_argument('--out', default=None, help='output folder (default: WORKDIR/plots)')
+  parser.add_argument('--num_images', type=int, default=4,
+                      help='images in the routing picture (0: skip it)')
+  parser.add_argument('--dataset', default=None,
+                      help="dataset of the routing picture (default: the run's)")
+  parser.add_argument('--split', default=None,
+                      help="split of the routing picture (default: the run's eval split)")
+  parser.add_argument('--data_dir', default=None, help='TFDS data_dir of that dataset')
+  args = parser.parse_args(argv)
+  if args.num_images < 0:
+    parser.error(f'--num_images={args.num_images} must be >= 0')
+  quiet_logs.quiet_library_logs()
+  try:
+    if args.out:
+      from vmoe_sparse_ot.train.config_validation import check_directory
+      check_directory(args.out, '--out')
+    paths = plot_workdir(args.workdir, args.out, num_images=args.num_images,
+                         dataset=args.dataset, split=args.split, data_dir=args.data_dir)
+  except (OSError, ValueError) as e:
+    lines = [line for line in str(e).splitlines() if line.strip()] or [type(e).__name__]
+    print(f'{PROG}: error: {lines[0]}', file=sys.stderr, flush=True)
+    sys.exit(2)
+  for path in paths:
+    print(f'Wrote {path}')
+
+
+if __name__ == '__main__':
+  main()
