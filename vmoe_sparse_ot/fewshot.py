@@ -170,6 +170,9 @@ def main(argv):
       config_lib.check_directory(config.dataset.data_dir, 'config.dataset.data_dir')
     # Before the checkpoint is read or a model built: every few-shot dataset exists.
     config_lib.check_datasets(config, training=False, fewshot=True)
+    if config.fewshot.batch_size % jax.device_count():
+      raise ValueError(f'config.fewshot.batch_size={config.fewshot.batch_size}: must be a '
+                       f'multiple of the number of devices ({jax.device_count()})')
   except (OSError, ValueError) as e:
     config_cli.fail(PROG, e)
   try:
