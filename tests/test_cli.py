@@ -103,6 +103,14 @@ def test_data_help_prints_only_its_usage():
   assert proc.stdout.startswith('usage: python -m vmoe_sparse_ot.data')
 
 
+def test_data_prepares_an_embedded_dataset_quietly(tmp_path):
+  proc = _run('vmoe_sparse_ot.data', 'sklearn_digits', f'--data_dir={tmp_path}')
+  assert proc.returncode == 0 and proc.stderr == '', proc.stderr
+  lines = proc.stdout.splitlines()
+  assert len(lines) == 1 and lines[0].startswith(
+      f'sklearn_digits: test 360, train 1437 in {tmp_path}/sklearn_digits/1.0.0 (')
+
+
 def test_print_config_shows_the_resolved_config_and_exits(tmp_path):
   proc = _run('vmoe_sparse_ot.main', f'--config={TINY}:router=sbase',
               '--config.train_steps=7', '--print_config')

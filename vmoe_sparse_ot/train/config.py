@@ -34,7 +34,8 @@ from vmoe_sparse_ot.train.paper_config import paper_vmoe_config
 
 __all__ = [
     'AUGMENTATIONS', 'ConfigError', 'MESH_AXES', 'OPTIMIZERS', 'PAPER_BATCH_SIZE',
-    'PAPER_DATASETS', 'PAPER_TRAIN_STEPS', 'SCHEDULES', 'base_config', 'check_before_training', 'check_datasets', 'check_directory',
-    'check_keys', 'explain_override', 'flatten', 'format_config', 'load_config_file',
+    'PAPER_DATASETS', 'PAPER_TRAIN_STEPS', 'SCHEDULES', 'base_config',
+    'check_before_training', 'check_datasets', 'check_directory', 'check_keys',
+    'explain_override', 'flatten', 'format_config', 'load_config_file',
     'paper_vmoe_config', 'parse_arg', 'validate', 'validate_for_devices',
 ]
