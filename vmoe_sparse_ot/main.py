@@ -16,7 +16,6 @@ a mistake there is one line on stderr and exit status 2.
 from __future__ import annotations
 
 import os
-import sys
 
 from vmoe_sparse_ot import quiet_logs
 
@@ -74,7 +73,7 @@ def main(argv: list[str]) -> None:
   quiet_logs.quiet_library_logs()
   config = _CONFIG.value
   if _PRINT_CONFIG.value:
-    print(config_cli.format_config(config))
+    config_cli.print_stdout(config_cli.format_config(config))
     return
   if not _WORKDIR.value:
     config_cli.fail(PROG, 'flag --workdir is required (or use --print_config)')

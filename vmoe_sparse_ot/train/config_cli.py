@@ -9,6 +9,7 @@ when a `--config.a.b=v` override has a typo.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from typing import Any, Mapping, NoReturn, Sequence
 
@@ -86,6 +87,15 @@ def parse_flags(prog: str, argv: list[str]) -> list[str]:
       lines = [line for line in str(e).splitlines() if line.strip()]
       message = lines[-1] if lines else repr(e)
     fail(prog, message)
+
+
+def print_stdout(text: str) -> None:
+  """Prints `text`; a closed pipe (`... --print_config | head`) is not an error."""
+  try:
+    print(text, flush=True)
+  except BrokenPipeError:
+    # Python would complain again when it flushes stdout at exit.
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
 def format_config(config: Any) -> str:
