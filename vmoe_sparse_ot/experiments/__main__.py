@@ -10,7 +10,7 @@ import sys
 os.environ.setdefault('POT_BACKEND_DISABLE_TENSORFLOW', '1')  # before anything imports POT
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 
-from absl import app, flags  # noqa: E402
+from absl import app, flags, logging  # noqa: E402
 
 from vmoe_sparse_ot import experiments  # noqa: E402
 
@@ -21,6 +21,7 @@ _SEEDS = flags.DEFINE_integer('seeds', None, 'Number of seeds, for the experimen
 
 
 def main(argv):
+  logging.set_verbosity(logging.WARNING)  # JAX's INFO line about absent TPUs
   if len(argv) != 2:
     print(f"experiments: error: give one experiment name ({', '.join(experiments.NAMES)}) "
           'or all', file=sys.stderr)
