@@ -24,6 +24,7 @@ NAME = 'k_convergence'
 KS = (2, 4)
 THRESHOLDS = (3e-2, 1e-2, 5e-3)
 FORMULATIONS = ('semi_dual', 'dual')
+QUICK_DATASETS = ('gaussian_bigaussian',)  # --quick: one column, 300 iterations
 COLORS = {2: '#e15759', 4: '#4e79a7'}
 
 
@@ -36,7 +37,7 @@ def first_below(g: np.ndarray, threshold: float) -> int | None:
 def run(out_dir: str, *, quick: bool, seeds: int | None) -> dict:
   del seeds  # deterministic
   max_iter = solver_comparison.MAX_ITER[quick]
-  data = solver_comparison.datasets(quick)
+  data = solver_comparison.datasets(QUICK_DATASETS if quick else solver_comparison.DATASETS)
   curves = {}
   with jax.enable_x64(True):
     for name, (_, a, b, C, gamma) in data.items():
@@ -47,7 +48,7 @@ def run(out_dir: str, *, quick: bool, seeds: int | None) -> dict:
               solver='lbfgs', max_iter=max_iter, repeats=0)
           curves[(name, formulation, k)] = solver_comparison.curve(res, float('nan'))
 
-  fig, axes = style.figure(2, len(data), width=3.6 * len(data), height=5.4,
+  fig, axes = style.figure(2, len(data), width=max(3.6 * len(data), 6.5), height=5.4,
                            title='L-BFGS on sparsity-constrained OT: gradient norm per iteration, '
                                  f'k = {KS[0]} against k = {KS[1]}')
   summary = {}
