@@ -32,3 +32,9 @@ def test_write_json_converts_arrays_and_nan(tmp_path):
   experiments.write_json(str(path), {'a': np.arange(3), 'b': np.float32(1.5), 'c': float('nan'),
                                      'd': (np.nan, 2.0)})
   assert json.loads(path.read_text()) == {'a': [0, 1, 2], 'b': 1.5, 'c': None, 'd': [None, 2.0]}
+
+
+def test_known_name_without_module_is_a_value_error(monkeypatch):
+  monkeypatch.setattr(experiments, 'NAMES', experiments.NAMES + ('not_written_yet',))
+  with pytest.raises(ValueError, match='not available'):
+    experiments.load('not_written_yet')

@@ -37,13 +37,11 @@ def test_plan_properties(payload):
 
 def test_problem_by_hand():
   a, b, C = gaussians_1d.problem('gaussian')
-  z = np.arange(32)
   assert a.sum() == pytest.approx(1) and b.sum() == pytest.approx(1)
   assert np.argmax(a) == 10 and np.argmax(b) == 16
   assert C[0, 31] == pytest.approx(1.0) and C[3, 5] == pytest.approx(4 / 31 ** 2)
   _, b2, _ = gaussians_1d.problem('bigaussian')
   assert b2[8] == pytest.approx(b2[24]) and b2[16] < b2[8]
   np.testing.assert_allclose(C, C.T)
-  del z
   with pytest.raises(ValueError, match='case must be one of'):
     gaussians_1d.problem('trigaussian')

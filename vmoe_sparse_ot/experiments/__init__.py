@@ -47,8 +47,17 @@ def check_name(name: str) -> str:
 
 
 def load(name: str):
-  """Imports and returns the module of experiment `name`."""
-  return importlib.import_module(f'vmoe_sparse_ot.experiments.{check_name(name)}')
+  """Imports and returns the module of experiment `name`.
+
+  Raises ValueError for an unknown name or a known one whose module is absent.
+  """
+  module = f'vmoe_sparse_ot.experiments.{check_name(name)}'
+  try:
+    return importlib.import_module(module)
+  except ModuleNotFoundError as e:
+    if e.name != module:
+      raise  # a missing dependency inside the module: show it as it is
+    raise ValueError(f'experiment {name!r} is not available in this checkout') from None
 
 
 def _jsonable(x: Any) -> Any:

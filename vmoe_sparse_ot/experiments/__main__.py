@@ -30,7 +30,7 @@ def main(argv):
   names = experiments.NAMES if name == 'all' else (name,)
   try:
     for n in names:
-      experiments.check_name(n)
+      experiments.load(n)
   except ValueError as e:
     print(f'experiments: error: {e}', file=sys.stderr)
     sys.exit(1)

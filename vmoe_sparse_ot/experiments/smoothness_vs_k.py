@@ -17,7 +17,6 @@ import os
 import jax
 import jax.numpy as jnp
 import numpy as np
-from mpl_toolkits.mplot3d import Axes3D  # noqa: F401  (registers the 3d projection)
 
 from vmoe_sparse_ot import ot
 from vmoe_sparse_ot.experiments import common, style
@@ -89,5 +88,6 @@ def format_table(payload: dict) -> str:
     rows.append((k, f"{payload['max_second_difference'][str(k)]:.4g}",
                  f"{payload['max_value'][str(k)]:.4g}"))
   g = payload['grid']
-  return common.format_rows(rows, title=f"{NAME}: Omega*_+((s1, s2, 0, 1)), gamma = "
-                            f"{payload['gamma']}, {g['points']}^2 grid on [{g['min']}, {g['max']}]^2")
+  return common.format_rows(
+      rows, title=f"{NAME}: Omega*_+((s1, s2, 0, 1)), gamma = {payload['gamma']}, "
+      f"{g['points']}^2 grid on [{g['min']}, {g['max']}]^2")
