@@ -1,7 +1,8 @@
 """Paper Figure 1: OT plans between 2D point clouds across formulations.
 
 20 source points from N(0, I) and 20 target points from N((4, 4), Sigma); the
-cost is the Euclidean distance, the marginals are uniform (1/20 each). The
+cost is the Euclidean distance (as the paper's appendix says; the figure's
+caption says squared Euclidean), the marginals are uniform (1/20 each). The
 paper's appendix gives Sigma = [[1, -0.8], [-0.6, 1]], which is not symmetric
 and so not a covariance; we use its symmetric part [[1, -0.7], [-0.7, 1]]
 (eigenvalues 0.3 and 1.7), the valid covariance closest to it in Frobenius norm.
