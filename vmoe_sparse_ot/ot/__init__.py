@@ -22,6 +22,7 @@ from vmoe_sparse_ot.ot.objectives import (
     semi_dual_objective,
     semi_dual_value_and_grad,
 )
+from vmoe_sparse_ot.ot.optim import OTTrace
 from vmoe_sparse_ot.ot.projections import (
     projection_nonneg,
     projection_simplex,
@@ -43,6 +44,7 @@ from vmoe_sparse_ot.ot.solvers import OTResult, semi_dual_loss, solve
 __all__ = [
     "NegEntropy",
     "OTResult",
+    "OTTrace",
     "Regularizer",
     "SinkhornResult",
     "SparsityConstrained",

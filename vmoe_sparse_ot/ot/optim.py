@@ -13,13 +13,28 @@ Armijo alone keeps the curvature pairs valid.
 """
 from __future__ import annotations
 
-from typing import Callable, NamedTuple
+from typing import Callable, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
 from jax import lax
 
 Array = jax.Array
+
+
+class OTTrace(NamedTuple):
+  """Per-iteration record of a solve, for convergence plots (each (max_iter,)).
+
+  value[i]: the objective being maximised (dual or semi-dual) after iteration i.
+  grad_norm[i]: max |gradient| there (the largest marginal violation).
+  num_evals[i]: objective evaluations so far (the initial one and line-search
+    trials included).
+  Entries after the last iteration run are NaN (value, grad_norm) and repeat the
+  final count (num_evals).
+  """
+  value: Array
+  grad_norm: Array
+  num_evals: Array
 
 
 class OptState(NamedTuple):
@@ -29,6 +44,29 @@ class OptState(NamedTuple):
   num_iter: Array
   num_evals: Array
   grad_norm: Array
+  trace: Optional[OTTrace] = None
+
+
+def _empty_trace(max_iter: int, dtype) -> OTTrace:
+  nan = jnp.full((max_iter,), jnp.nan, dtype)
+  return OTTrace(nan, nan, jnp.zeros((max_iter,), jnp.int32))
+
+
+def _record(tr: Optional[OTTrace], i, value, grad, evals) -> Optional[OTTrace]:
+  """Writes iteration i's entry (a no-op when tracing is off)."""
+  if tr is None:
+    return None
+  return OTTrace(tr.value.at[i].set(value.astype(tr.value.dtype)),
+                 tr.grad_norm.at[i].set(_gnorm(grad).astype(tr.value.dtype)),
+                 tr.num_evals.at[i].set(evals))
+
+
+def _finish_trace(tr: Optional[OTTrace], num_iter, num_evals) -> Optional[OTTrace]:
+  """Repeats the final evaluation count after the last iteration."""
+  if tr is None:
+    return None
+  filled = jnp.arange(tr.num_evals.shape[0]) < num_iter
+  return tr._replace(num_evals=jnp.where(filled, tr.num_evals, num_evals))
 
 
 def _gnorm(g):
@@ -36,8 +74,12 @@ def _gnorm(g):
 
 
 def adam(fun: Callable, x0: Array, *, max_iter: int, tol: float, learning_rate: float,
-         b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8) -> OptState:
-  """Adam ascent. Stops when max|grad| <= tol (checked only if tol > 0)."""
+         b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8,
+         trace: bool = False) -> OptState:
+  """Adam ascent. Stops when max|grad| <= tol (checked only if tol > 0).
+
+  trace=True also returns an `OTTrace` of the iterates (one more carried buffer
+  per recorded quantity; nothing when off)."""
   dtype = x0.dtype
 
   def step(i, x, m, v, g):
@@ -50,36 +92,45 @@ def adam(fun: Callable, x0: Array, *, max_iter: int, tol: float, learning_rate: 
     return x, m, v
 
   zeros = jnp.zeros_like(x0)
+  tr0 = _empty_trace(max_iter, dtype) if trace else None
   if tol == 0:
+    # Iteration i evaluates at x_i (before its step), so the entry it records is
+    # iteration i - 1's result; the final evaluation records the last one.
     def body(i, carry):
-      x, m, v = carry
-      _, g, _ = fun(x)
-      return step(i, x, m, v, g)
-    x, _, _ = lax.fori_loop(0, max_iter, body, (x0, zeros, zeros))
+      x, m, v, tr = carry
+      value, g, _ = fun(x)
+      if trace:
+        tr = _record(tr, jnp.maximum(i - 1, 0), value, g, i + 1)
+        tr = jax.tree_util.tree_map(lambda new, old: jnp.where(i > 0, new, old), tr, carry[3])
+      x, m, v = step(i, x, m, v, g)
+      return x, m, v, tr
+    x, _, _, tr = lax.fori_loop(0, max_iter, body, (x0, zeros, zeros, tr0))
     value, g, _ = fun(x)
+    tr = _record(tr, max_iter - 1, value, g, max_iter + 1)
     return OptState(x, value, g, jnp.asarray(max_iter, jnp.int32),
-                    jnp.asarray(max_iter + 1, jnp.int32), _gnorm(g))
+                    jnp.asarray(max_iter + 1, jnp.int32), _gnorm(g), tr)
 
   value0, g0, _ = fun(x0)
 
   def cond(c):
-    i, x, m, v, value, g = c
+    i, x, m, v, value, g, _ = c
     return (i < max_iter) & (_gnorm(g) > tol)
 
   def body(c):
-    i, x, m, v, value, g = c
+    i, x, m, v, value, g, tr = c
     x, m, v = step(i, x, m, v, g)
     value, g, _ = fun(x)
-    return i + 1, x, m, v, value, g
+    tr = _record(tr, i, value, g, i + 2)
+    return i + 1, x, m, v, value, g, tr
 
-  i, x, _, _, value, g = lax.while_loop(
-      cond, body, (jnp.asarray(0, jnp.int32), x0, zeros, zeros, value0, g0))
-  return OptState(x, value, g, i, i + 1, _gnorm(g))
+  i, x, _, _, value, g, tr = lax.while_loop(
+      cond, body, (jnp.asarray(0, jnp.int32), x0, zeros, zeros, value0, g0, tr0))
+  return OptState(x, value, g, i, i + 1, _gnorm(g), _finish_trace(tr, i, i + 1))
 
 
 def lbfgs(fun: Callable, x0: Array, *, max_iter: int, tol: float, history: int = 10,
           ftol: float = 0.0, patience: int = 1, rtol: float = 0.0, c1: float = 1e-4,
-          max_linesearch: int = 30) -> OptState:
+          max_linesearch: int = 30, trace: bool = False) -> OptState:
   """L-BFGS ascent with Armijo backtracking. Stops when max|grad| <= tol, when an
   iteration increases the value by <= ftol * |value| (ftol > 0), after max_iter
   iterations, or when the line search can no longer increase the value.
@@ -131,6 +182,7 @@ def lbfgs(fun: Callable, x0: Array, *, max_iter: int, tol: float, history: int =
     gamma0: Array
     stalled: Array
     small: Array
+    trace: Optional[OTTrace]
 
   def cond(c: Carry):
     keep = (c.it < max_iter) & ~c.stalled
@@ -199,11 +251,19 @@ def lbfgs(fun: Callable, x0: Array, *, max_iter: int, tol: float, history: int =
       tiny_gain = (c.f - f_new <= ftol * jnp.abs(f_new)) & (-0.5 * gp <= ftol * jnp.abs(c.f))
       small = jnp.where(tiny_gain, small + 1, 0)
       stalled = stalled | (small >= patience)
+    # An iteration stopped by rtol before its line search is not counted (nor
+    # recorded): it took no step.
+    tr = c.trace
+    if trace:
+      new = _record(tr, c.it, -f, -g, c.evals + n)
+      tr = jax.tree_util.tree_map(lambda u, o: jnp.where(done, o, u), new, tr)
     return Carry(c.it + (~done).astype(c.it.dtype), c.evals + n, x, f, g, S, Y, rho, gamma0,
-                 stalled, small)
+                 stalled, small, tr)
 
   init = Carry(jnp.asarray(0, jnp.int32), jnp.asarray(1, jnp.int32), x0, f0, g0,
                jnp.zeros((M, d), dtype), jnp.zeros((M, d), dtype), jnp.zeros((M,), dtype),
-               jnp.asarray(1.0, dtype), jnp.asarray(False), jnp.asarray(0, jnp.int32))
+               jnp.asarray(1.0, dtype), jnp.asarray(False), jnp.asarray(0, jnp.int32),
+               _empty_trace(max_iter, dtype) if trace else None)
   c = lax.while_loop(cond, body, init)
-  return OptState(c.x, -c.f, -c.g, c.it, c.evals, _gnorm(c.g))
+  return OptState(c.x, -c.f, -c.g, c.it, c.evals, _gnorm(c.g),
+                  _finish_trace(c.trace, c.it, c.evals))

@@ -1,0 +1,103 @@
+"""The paper's experiments, one module each; run them with
+
+    python -m vmoe_sparse_ot.experiments NAME [--out DIR] [--quick] [--seeds N]
+
+NAME is one of `NAMES` or `all`. Each module `vmoe_sparse_ot.experiments.NAME`
+exposes
+
+    run(out_dir: str, *, quick: bool, seeds: int | None) -> dict
+        writes its figure(s) as `out_dir/NAME*.png` and returns a JSON-able payload;
+    format_table(payload: dict) -> str
+        a short text table of that payload.
+
+The dispatcher (`run_experiment`) seeds numpy/random, writes `out_dir/NAME.json`
+and reports the wall time. Modules are imported lazily, so running one
+experiment does not import the others' dependencies.
+"""
+import importlib
+import json
+import os
+import random
+import time
+from typing import Any
+
+import numpy as np
+
+NAMES = (
+    'formulations_2d',
+    'smoothness_vs_k',
+    'gaussians_1d',
+    'solver_comparison',
+    'k_convergence',
+    'color_transfer',
+    'supply_demand',
+    'mnist_clustering',
+    'router_study',
+)
+
+DEFAULT_OUT = 'experiments_out'
+SEED = 0
+
+
+def check_name(name: str) -> str:
+  """Returns `name` if it is an experiment; ValueError listing the names otherwise."""
+  if name not in NAMES:
+    raise ValueError(f"experiment must be one of {', '.join(NAMES)} or all, got {name!r}")
+  return name
+
+
+def load(name: str):
+  """Imports and returns the module of experiment `name`.
+
+  Raises ValueError for an unknown name or a known one whose module is absent.
+  """
+  module = f'vmoe_sparse_ot.experiments.{check_name(name)}'
+  try:
+    return importlib.import_module(module)
+  except ModuleNotFoundError as e:
+    if e.name != module:
+      raise  # a missing dependency inside the module: show it as it is
+    raise ValueError(f'experiment {name!r} is not available in this checkout') from None
+
+
+def _jsonable(x: Any) -> Any:
+  if isinstance(x, dict):
+    return {str(k): _jsonable(v) for k, v in x.items()}
+  if isinstance(x, (list, tuple)):
+    return [_jsonable(v) for v in x]
+  if isinstance(x, np.ndarray):
+    return _jsonable(x.tolist())
+  if isinstance(x, np.generic):
+    return x.item()
+  if hasattr(x, 'tolist'):  # jax arrays
+    return _jsonable(np.asarray(x).tolist())
+  if isinstance(x, float) and not np.isfinite(x):
+    return None  # JSON has no NaN / inf
+  return x
+
+
+def write_json(path: str, payload: dict) -> None:
+  """Writes `payload` (numpy / jax values converted, NaN -> null) to `path`."""
+  with open(path, 'w') as f:
+    json.dump(_jsonable(payload), f, indent=2)
+    f.write('\n')
+
+
+def run_experiment(name: str, out_dir: str = DEFAULT_OUT, *, quick: bool = False,
+                   seeds: int | None = None) -> dict:
+  """Runs experiment `name`: figures and `out_dir/NAME.json`; returns the payload.
+
+  The payload gains `wall_time_s` (the whole run, compilation included) and
+  `quick` / `seeds` (how it was run).
+  """
+  module = load(name)
+  if seeds is not None and seeds < 1:
+    raise ValueError(f'seeds must be a positive integer, got {seeds}')
+  os.makedirs(out_dir, exist_ok=True)
+  random.seed(SEED)
+  np.random.seed(SEED)
+  start = time.perf_counter()
+  payload = module.run(out_dir, quick=quick, seeds=seeds)
+  payload = dict(payload, wall_time_s=time.perf_counter() - start, quick=quick, seeds=seeds)
+  write_json(os.path.join(out_dir, f'{name}.json'), payload)
+  return payload

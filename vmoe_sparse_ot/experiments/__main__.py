@@ -1,0 +1,47 @@
+"""Command line: `python -m vmoe_sparse_ot.experiments NAME|all [--out DIR] [--quick] [--seeds N]`.
+
+Runs one experiment (or all, in order), prints its table and wall time, and
+writes `DIR/NAME*.png` and `DIR/NAME.json`. An unknown NAME prints one line and
+exits with status 1.
+"""
+import os
+import sys
+
+os.environ.setdefault('POT_BACKEND_DISABLE_TENSORFLOW', '1')  # before anything imports POT
+os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
+
+from absl import app, flags, logging  # noqa: E402
+
+from vmoe_sparse_ot import experiments  # noqa: E402
+
+_OUT = flags.DEFINE_string('out', experiments.DEFAULT_OUT, 'Directory for the PNG and JSON files.')
+_QUICK = flags.DEFINE_bool('quick', False, 'Small version of each experiment (seconds; for tests).')
+_SEEDS = flags.DEFINE_integer('seeds', None, 'Number of seeds, for the experiments that repeat '
+                              'over seeds (default: each experiment\'s own).', lower_bound=1)
+
+
+def main(argv):
+  logging.set_verbosity(logging.WARNING)  # JAX's INFO line about absent TPUs
+  if len(argv) != 2:
+    print(f"experiments: error: give one experiment name ({', '.join(experiments.NAMES)}) "
+          'or all', file=sys.stderr)
+    sys.exit(1)
+  name = argv[1]
+  names = experiments.NAMES if name == 'all' else (name,)
+  try:
+    for n in names:
+      experiments.load(n)
+  except ValueError as e:
+    print(f'experiments: error: {e}', file=sys.stderr)
+    sys.exit(1)
+  for n in names:
+    payload = experiments.run_experiment(n, _OUT.value, quick=_QUICK.value, seeds=_SEEDS.value)
+    print(f'== {n} ==')
+    print(experiments.load(n).format_table(payload))
+    print(f"{n}: wall time {payload['wall_time_s']:.1f} s; wrote "
+          f"{os.path.join(_OUT.value, n + '.json')} and {os.path.join(_OUT.value, n)}*.png",
+          flush=True)
+
+
+if __name__ == '__main__':
+  app.run(main)
