@@ -1,7 +1,7 @@
 """The paper's V-MoE B/16: Every-2, E=32, K=2, groups of S=1576 tokens, C=104, k=16 for sparse_ot.
 
 Where the numbers come from (details in `train.config.paper_vmoe_config`):
-- the paper's appendix (V-MoE experiment): Every-2, E = 32, K = 2 for TopK and
+- the paper's Appendix A.5 (V-MoE experiment): Every-2, E = 32, K = 2 for TopK and
   S-BASE, k = 16 for the sparsity-constrained router (its buffer size too),
   solved with Adam, learning rate 1e-2, 50 steps;
 - V-MoE (Riquelme et al. 2021) and its released configs, which the paper

@@ -186,13 +186,13 @@ PAPER_TRAIN_STEPS = 7 * 305_000_000 // PAPER_BATCH_SIZE
 
 
 def paper_vmoe_config(variant: str, patch: int, arg: str | None) -> ml_collections.ConfigDict:
-  """V-MoE {variant}/{patch} as in the paper's appendix (V-MoE experiment), on the V-MoE recipe.
+  """V-MoE {variant}/{patch} as in the paper's Appendix A.5, on the V-MoE recipe.
 
-  From the paper ("V-MoE architecture"): Every-2 MoE layers, E = 32 experts,
-  K = 2 experts per token for TopK and S-BASE, k = 16 nonzeros per expert column
-  for sparse_ot (which is then also its buffer size); Adam for 50 steps at
-  learning rate 1e-2 for the router's semi-dual ("The Sparsity-constrained
-  router").
+  From the paper (Appendix A.5, "V-MoE architecture"): Every-2 MoE layers,
+  E = 32 experts, K = 2 experts per token for TopK and S-BASE, k = 16 nonzeros
+  per expert column for sparse_ot (which is then also its buffer size); Adam
+  for 50 steps at learning rate 1e-2 for the router's semi-dual ("The
+  Sparsity-constrained router").
 
   From V-MoE (Riquelme et al. 2021) and its released configs, which the paper
   follows for everything else: routing groups of 8 images, S = 8 x (tokens per
@@ -200,9 +200,10 @@ def paper_vmoe_config(variant: str, patch: int, arg: str | None) -> ml_collectio
   factor 1.05, so C = ceil(S K 1.05 / E) rounded up to a multiple of 4 = 28 for
   B/32 (104 for B/16); the einsum dispatcher in bfloat16; gate noise 1/E and
   importance and load loss weights 0.005 (the router defaults); token
-  classifier with a representation layer of size D; Adam (b1 0.9, b2 0.999) with decoupled weight decay 0.1,
-  10k warmup steps then linear decay to 1e-5, peak learning rate 8e-4 (Table 8
-  for B/32, B/16); global batch 4096, 224x224 inputs with inception crop and flip.
+  classifier with a representation layer of size D; Adam (b1 0.9, b2 0.999)
+  with decoupled weight decay 0.1, 10k warmup steps then linear decay to 1e-5,
+  peak learning rate 8e-4 (V-MoE Table 8 for B/32, B/16); global batch 4096,
+  224x224 inputs with inception crop and flip.
 
   ViT sizes from `nn.config.VIT_SIZES`, written out as keys (model.variant stays
   None) so that the config shows them and overrides can shrink them. `arg` takes

@@ -1,9 +1,10 @@
-"""'sbase': Sinkhorn-BASE (Clark et al. 2022), as adapted to V-MoE in the paper's appendix.
+"""'sbase': Sinkhorn-BASE (Clark et al. 2022), as adapted to V-MoE in the paper's Appendix A.5.
 
 Entropic OT per group with cost -logits, mass 1 per token and S/E per expert
-(the paper's S-BASE equation), `num_iters` log-domain Sinkhorn iterations from
-zero potentials; each token takes the top-K experts of its plan row, slots as
-in TopK; combine weights softmax(logits). No gradient flows through Sinkhorn.
+(the S-BASE problem of Appendix A.5), `num_iters` log-domain Sinkhorn
+iterations from zero potentials; each token takes the top-K experts of its
+plan row, slots as in TopK; combine weights softmax(logits). No gradient flows
+through Sinkhorn.
 
 Update order: the reference implementation (OTT's Sinkhorn, as used by the
 paper's code) updates the expert potential g first and the token potential f

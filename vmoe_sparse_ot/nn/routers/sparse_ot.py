@@ -1,8 +1,8 @@
-"""'sparse_ot': the paper's router (appendix, "The Sparsity-constrained router").
+"""'sparse_ot': the paper's router (Section 6.2; Appendix A.5, "The Sparsity-constrained router").
 
 Sparsity-constrained OT per group with cost -softmax(logits), mass 1 per token
 and S/E per expert, at most k nonzeros per expert column (the paper's
-column-k-sparse problem), approximated through its semi-dual (Section 4) with
+column-k-sparse problem), approximated through its semi-dual (Sections 4 and 5) with
 Adam (learning rate 1e-2, 50 steps in the paper) or L-BFGS. Each expert takes
 the tokens in the support of its column, so it never receives more than k; its
 buffer has C = k slots. Form 'token_choice' transposes the problem: at most K
