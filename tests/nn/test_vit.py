@@ -163,8 +163,8 @@ def test_config_errors_list_valid_values():
   with pytest.raises(ValueError, match="einsum.*indices"):
     vnn.build_model(cfg)
   cfg = tiny_config()
-  cfg.encoder.moe.dispatcher_dtype = "float16"
-  with pytest.raises(ValueError, match=r"moe.dispatcher_dtype must be None or one of "
+  cfg.encoder.moe.routed_tokens_dtype = "float16"
+  with pytest.raises(ValueError, match=r"moe.routed_tokens_dtype must be None or one of "
                      r"\['float32', 'bfloat16'\]"):
     vnn.build_model(cfg)
   cfg = tiny_config()

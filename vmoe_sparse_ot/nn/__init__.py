@@ -25,7 +25,7 @@ _MODEL_KEYS = ("name", "variant", "num_classes", "patch_size", "hidden_size", "c
                "representation_size", "head_bias_init", "encoder")
 _ENCODER_KEYS = ("num_layers", "num_heads", "mlp_dim", "dropout_rate",
                  "attention_dropout_rate", "moe")
-_MOE_KEYS = ("layers", "num_experts", "group_size", "dispatcher", "dispatcher_dtype",
+_MOE_KEYS = ("layers", "num_experts", "group_size", "dispatcher", "routed_tokens_dtype",
              "router")
 _CLASSIFIERS = ("token", "gap")
 
@@ -72,9 +72,9 @@ def build_model(model_config: Mapping[str, Any]) -> nn.Module:
     if dispatcher not in DISPATCHERS:
       raise ValueError(f"model.encoder.moe.dispatcher must be one of {sorted(DISPATCHERS)}, "
                        f"got {dispatcher!r}")
-    dispatcher_dtype = moe_cfg.get("dispatcher_dtype")
+    dispatcher_dtype = moe_cfg.get("routed_tokens_dtype")
     if dispatcher_dtype is not None and dispatcher_dtype not in DTYPES:
-      raise ValueError(f"model.encoder.moe.dispatcher_dtype must be None or one of "
+      raise ValueError(f"model.encoder.moe.routed_tokens_dtype must be None or one of "
                        f"{list(DTYPES)}, got {dispatcher_dtype!r}")
     num_experts, group_size = int(moe_cfg["num_experts"]), int(moe_cfg["group_size"])
     if num_experts < 1 or group_size < 1:

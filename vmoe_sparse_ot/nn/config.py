@@ -83,9 +83,10 @@ def default_model_config() -> ml_collections.ConfigDict:
               'group_size': 64,
               # 'indices' (gather/scatter, default, fast) or 'einsum'.
               'dispatcher': 'indices',
-              # dtype of the dispatch/combine computation: None (the tokens'),
-              # 'float32' or 'bfloat16' (V-MoE's einsum dispatcher).
-              'dispatcher_dtype': ml_collections.FieldReference(None, field_type=str),
+              # dtype in which the dispatcher moves tokens to the experts and
+              # combines their outputs (data and weights): None (the tokens'
+              # own), 'float32' or 'bfloat16' (as V-MoE's einsum dispatcher).
+              'routed_tokens_dtype': ml_collections.FieldReference(None, field_type=str),
               'router': default_router_config(),
           },
       },

@@ -230,7 +230,7 @@ def paper_vmoe_config(variant: str, patch: int, arg: str | None) -> ml_collectio
   # V-MoE: groups of 8 images (tokens per image: patches + class token).
   m.encoder.moe.group_size = 8 * ((image_size // patch) ** 2 + 1)
   m.encoder.moe.dispatcher = 'einsum'
-  m.encoder.moe.dispatcher_dtype = 'bfloat16'
+  m.encoder.moe.routed_tokens_dtype = 'bfloat16'
   m.encoder.moe.router.name = args.router
   m.encoder.moe.router.num_selected_experts = 2
   m.encoder.moe.router.capacity_factor = 1.05
