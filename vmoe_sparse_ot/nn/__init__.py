@@ -72,17 +72,17 @@ def build_model(model_config: Mapping[str, Any]) -> nn.Module:
     if dispatcher not in DISPATCHERS:
       raise ValueError(f"model.encoder.moe.dispatcher must be one of {sorted(DISPATCHERS)}, "
                        f"got {dispatcher!r}")
-    dispatcher_dtype = moe_cfg.get("routed_tokens_dtype")
-    if dispatcher_dtype is not None and dispatcher_dtype not in DTYPES:
+    dtype = moe_cfg.get("routed_tokens_dtype")
+    if dtype is not None and dtype not in DTYPES:
       raise ValueError(f"model.encoder.moe.routed_tokens_dtype must be None or one of "
-                       f"{list(DTYPES)}, got {dispatcher_dtype!r}")
+                       f"{list(DTYPES)}, got {dtype!r}")
     num_experts, group_size = int(moe_cfg["num_experts"]), int(moe_cfg["group_size"])
     if num_experts < 1 or group_size < 1:
       raise ValueError("model.encoder.moe.num_experts and group_size must be >= 1, got "
                        f"{num_experts} and {group_size}")
     moe_layers = parse_moe_layers(moe_cfg.get("layers", "every_2"), num_layers)
     moe = dict(num_experts=num_experts, group_size=group_size, dispatcher=dispatcher,
-               dispatcher_dtype=dispatcher_dtype,
+               routed_tokens_dtype=dtype,
                router=parse_router_options(moe_cfg["router"]))
   rep = cfg.get("representation_size")
   return VisionTransformer(

@@ -69,7 +69,7 @@ class MoeLayer(nn.Module):
   group_size: int
   router: routers.RouterConfig
   dispatcher: str = "indices"
-  dispatcher_dtype: Optional[str] = None
+  routed_tokens_dtype: Optional[str] = None
   dropout_rate: float = 0.0
 
   @nn.compact
@@ -93,7 +93,7 @@ class MoeLayer(nn.Module):
     if self.is_mutable_collection("intermediates"):
       self.sow("intermediates", "expert_weights", expert_weights(routing, s))
 
-    dispatch, combine = get_dispatcher(self.dispatcher, self.dispatcher_dtype)
+    dispatch, combine = get_dispatcher(self.dispatcher, self.routed_tokens_dtype)
     buf = dispatch(tokens, routing)                                  # (G, E, C, D)
     buf = jnp.swapaxes(buf, 0, 1).reshape(self.num_experts, g * capacity, d)
     buf = constrain(buf, (EXPERT_AXIS,))
