@@ -8,8 +8,13 @@ reported time per model is the best round's mean step time (and the median round
     python benchmarks/routers.py [--batch 128] [--json out.json]
 
 With --router-only, times just each router instead (forward and backward of
-`routers.route` on random (G, S, E) logits, G = batch * tokens / S, the groups
-one MoE layer routes), the same round-robin way.
+`routers.route` on random logits of the router's shape -- (G, S, E), or
+(G, S, E, C) for soft_moe -- G = batch * tokens / S, the groups one MoE layer
+routes), the same round-robin way. The paper's B/32 router shapes (S = 400,
+E = 32, K = 2, C = 28, k = 16, G = 16 at batch 128):
+
+    python benchmarks/routers.py --router-only --image 224 --patch 32 --group_size 400 \
+        --experts 32 --capacity_factor 1.05 --k 16
 
 Targets (issue 3): sparse_ot <= 1.10x topk; topk MoE <= 1.25x dense ViT.
 """
@@ -33,7 +38,6 @@ import optax
 from vmoe_sparse_ot import nn as vnn
 from vmoe_sparse_ot.nn import routers as vrouters
 from vmoe_sparse_ot.nn.config import default_model_config, default_router_config
-from vmoe_sparse_ot.nn.routing import compute_capacity
 
 
 def make_config(args, name: str, router: str = "topk", mlp_dim=None):
@@ -48,8 +52,14 @@ def make_config(args, name: str, router: str = "topk", mlp_dim=None):
   cfg.encoder.moe.num_experts = args.experts
   cfg.encoder.moe.group_size = args.group_size
   cfg.encoder.moe.dispatcher = args.dispatcher
-  cfg.encoder.moe.router.name = router
+  set_router_options(cfg.encoder.moe.router, args, router)
   return cfg
+
+
+def set_router_options(router_cfg, args, name: str) -> None:
+  router_cfg.name = name
+  router_cfg.capacity_factor = args.capacity_factor
+  router_cfg.sparse_ot.k = args.k
 
 
 def make_step(model, tx):
@@ -70,20 +80,25 @@ def make_step(model, tx):
 
 
 def make_router_step(name: str, groups: int, args):
-  """Jitted forward + backward of one router on (G, S, E) logits; returns (fn, args)."""
+  """Jitted forward + backward of one router on its logits; returns (fn, args)."""
   cfg = default_router_config()
-  cfg["name"] = name
-  opts = vrouters.parse_router_options(cfg)
+  set_router_options(cfg, args, name)
+  parsed = vrouters.parse_router_options(cfg)
+  router = vrouters.get_router(name)
   s, e = args.group_size, args.experts
-  capacity = compute_capacity(s, e, opts.num_selected_experts, opts.capacity_factor,
-                              opts.capacity)
+  capacity = router.capacity(parsed.options, s, e)
   token_mask = jnp.ones((groups, s), bool)
+  # The logits' shape comes from the router's own logits layer.
+  layer = router.logits_module(parsed.options, e, capacity, "router")
+  tokens = jax.ShapeDtypeStruct((groups, s, args.hidden), jnp.float32)
+  shape = jax.eval_shape(lambda x: layer.init_with_output(jax.random.key(0), x)[0],
+                         tokens).shape
 
   def loss(logits, rng):
-    r = vrouters.route(logits, token_mask, opts, capacity, train=True, rng=rng)
+    r = vrouters.route(logits, token_mask, parsed, capacity, train=True, rng=rng)
     return jnp.sum(r.combine_weight) + r.auxiliary_loss
 
-  logits = jax.random.normal(jax.random.key(3), (groups, s, e))
+  logits = jax.random.normal(jax.random.key(3), shape)
   return jax.jit(jax.value_and_grad(loss)), (logits, jax.random.key(4))
 
 
@@ -113,17 +128,18 @@ def router_only(args, clock):
   calls = {name: (lambda i, fn=fn, fargs=fargs: fn(*fargs)) for name, (fn, fargs) in fns.items()}
   times = time_round_robin(calls, args.rounds, args.steps, clock)
   print(f"\nrouter only (forward + backward): G={groups}, S={args.group_size}, "
-        f"E={args.experts}, {jax.devices()[0].platform}, threads={args.threads or 'default'}, "
-        f"clock={args.clock}")
-  print(f"{'router':<14}{'best ms':>10}{'median ms':>12}")
+        f"E={args.experts}, capacity_factor={args.capacity_factor}, sparse_ot k={args.k}, "
+        f"{jax.devices()[0].platform}, threads={args.threads or 'default'}, clock={args.clock}")
+  print(f"{'router':<14}{'best ms':>10}{'median ms':>12}{'best vs topk':>14}")
   for name, v in times.items():
-    print(f"{name:<14}{1e3 * min(v):>10.2f}{1e3 * statistics.median(v):>12.2f}")
+    ratio = f"{min(v) / min(times['topk']):>13.2f}x" if "topk" in times else ""
+    print(f"{name:<14}{1e3 * min(v):>10.2f}{1e3 * statistics.median(v):>12.2f}{ratio}")
   return times
 
 
 def main(argv=None):
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  p.add_argument("--routers", default="topk,sbase,sparse_ot,expert_choice")
+  p.add_argument("--routers", default=",".join(vrouters.ROUTERS))
   p.add_argument("--batch", type=int, default=128)
   p.add_argument("--image", type=int, default=32)
   p.add_argument("--patch", type=int, default=4)
@@ -134,6 +150,9 @@ def main(argv=None):
   p.add_argument("--experts", type=int, default=8)
   p.add_argument("--group_size", type=int, default=64)
   p.add_argument("--dispatcher", default="indices")
+  p.add_argument("--capacity_factor", type=float, default=1.0)
+  p.add_argument("--k", type=int, default=None,
+                 help="sparse_ot nonzeros per expert (and its buffer size); None: C")
   p.add_argument("--steps", type=int, default=5)
   p.add_argument("--rounds", type=int, default=5)
   p.add_argument("--warmup", type=int, default=2)

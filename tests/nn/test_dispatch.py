@@ -75,3 +75,48 @@ def test_einsum_and_indices_agree_with_gradients():
 def test_unknown_dispatcher():
   with pytest.raises(ValueError, match="einsum.*indices|indices"):
     get_dispatcher("scatter")
+  with pytest.raises(ValueError, match=r"dtype must be None or one of \['float32', 'bfloat16'\]"):
+    get_dispatcher("einsum", "float16")
+
+
+@pytest.mark.parametrize("name", ["indices", "einsum"])
+def test_bfloat16_dispatch_rounds_like_bfloat16_and_keeps_the_dtype(name):
+  rng = np.random.default_rng(3)
+  g, s, e, c, d = 2, 10, 3, 4, 5
+  x = rng.normal(size=(g, s, d)).astype(np.float32)
+  out = rng.normal(size=(g, e, c, d)).astype(np.float32)
+  r = random_routing(rng, g, s, e, c)
+  dispatch, combine = get_dispatcher(name, "bfloat16")
+  buf, y = jax.jit(dispatch)(x, r), jax.jit(combine, static_argnums=2)(out, r, s)
+  assert buf.dtype == y.dtype == jnp.float32
+  # The naive loop on bfloat16-rounded inputs and weights, up to bfloat16 sums.
+  bf = lambda a: np.asarray(jnp.asarray(a, jnp.bfloat16).astype(jnp.float32))
+  want_buf, _ = naive(bf(x), out, r)
+  _, want_y = naive(x, bf(out), r._replace(combine_weight=jnp.asarray(bf(r.combine_weight))))
+  np.testing.assert_array_equal(buf, want_buf)              # a gather: exact
+  np.testing.assert_allclose(y, want_y, rtol=2e-2, atol=2e-2)
+  f32 = jax.jit(get_dispatcher(name)[1], static_argnums=2)(out, r, s)
+  assert not np.array_equal(np.asarray(y), np.asarray(f32))  # it did compute in bfloat16
+
+
+@pytest.mark.parametrize("name", ["indices", "einsum"])
+def test_soft_routing_dispatch_and_combine_are_weighted_sums(name):
+  rng = np.random.default_rng(4)
+  g, s, e, c, d = 2, 6, 3, 2, 4
+  x = rng.normal(size=(g, s, d)).astype(np.float32)
+  out = rng.normal(size=(g, e, c, d)).astype(np.float32)
+  dw = rng.uniform(size=(g, s, e, c)).astype(np.float32)
+  cw = rng.uniform(size=(g, s, e, c)).astype(np.float32)
+  r = rt.SoftRouting(jnp.asarray(dw), jnp.asarray(cw), jnp.zeros(()), {})
+  dispatch, combine = get_dispatcher(name)
+  want_buf = np.zeros((g, e, c, d), np.float32)
+  want_y = np.zeros((g, s, d), np.float32)
+  for gi in range(g):
+    for ei in range(e):
+      for ci in range(c):
+        for si in range(s):
+          want_buf[gi, ei, ci] += dw[gi, si, ei, ci] * x[gi, si]
+          want_y[gi, si] += cw[gi, si, ei, ci] * out[gi, ei, ci]
+  np.testing.assert_allclose(jax.jit(dispatch)(x, r), want_buf, rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(jax.jit(combine, static_argnums=2)(out, r, s), want_y,
+                             rtol=1e-5, atol=1e-6)

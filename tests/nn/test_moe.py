@@ -1,11 +1,11 @@
-"""MoE layer against a naive per-token loop; dispatchers agree at layer level."""
+"""MoE layer against naive loops (TopK, Soft MoE); dispatchers agree; expert_weights."""
 import numpy as np
 import pytest
 import jax
 import jax.numpy as jnp
 
 from vmoe_sparse_ot.nn.moe import MoeLayer
-from vmoe_sparse_ot.nn.routers import RouterOptions
+from vmoe_sparse_ot.nn.routers import ROUTERS, RouterConfig
 from vmoe_sparse_ot.nn.routing import compute_capacity
 
 
@@ -14,16 +14,29 @@ def _gelu(x):
   return 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x ** 3)))
 
 
+def cfg(name, **options):
+  return RouterConfig(name, ROUTERS[name].options(**options))
+
+
+def _expert(ex, j, v):
+  h = _gelu(v @ np.asarray(ex["wi_kernel"][j]) + np.asarray(ex["wi_bias"][j]))
+  return h @ np.asarray(ex["wo_kernel"][j]) + np.asarray(ex["wo_bias"][j])
+
+
 def _init(layer, x):
   return jax.jit(lambda k: layer.init(k, x, train=False))(jax.random.key(1))["params"]
 
 
 def naive_moe_topk(x, p, e, k, group_size, capacity):
-  """Per-token loop: V-MoE TopK in eval mode (no noise), first choices first."""
+  """Per-token loop: V-MoE TopK in eval mode (no noise), first choices first.
+
+  Returns y (B, N, D) and the combine weight each token got from each expert (T, E).
+  """
   b, n, d = x.shape
   tokens = x.reshape(b * n, d)
   t = tokens.shape[0]
   y = np.zeros_like(tokens)
+  weights = np.zeros((t, e), np.float32)
   kernel = np.asarray(p["router"]["kernel"])
   ex = p["experts"]
   for start in range(0, t, group_size):
@@ -38,34 +51,74 @@ def naive_moe_topk(x, p, e, k, group_size, capacity):
         j = choices[row, rank]
         if load[j] < capacity:
           load[j] += 1
-          h = _gelu(tokens[tok] @ np.asarray(ex["wi_kernel"][j]) + np.asarray(ex["wi_bias"][j]))
-          out = h @ np.asarray(ex["wo_kernel"][j]) + np.asarray(ex["wo_bias"][j])
-          y[tok] += gates[row, j] * out
-  return y.reshape(b, n, d)
+          y[tok] += gates[row, j] * _expert(ex, j, tokens[tok])
+          weights[tok, j] = gates[row, j]
+  return y.reshape(b, n, d), weights
 
 
 @pytest.mark.parametrize("dispatcher", ["indices"])   # einsum == indices: test_dispatch.py
 def test_moe_layer_matches_naive_per_token_loop(dispatcher):
   e, k, s = 4, 2, 8
   layer = MoeLayer(num_experts=e, mlp_dim=12, group_size=s, dispatcher=dispatcher,
-                   router=RouterOptions(name="topk", num_selected_experts=k,
-                                        capacity_factor=0.75))
+                   router=cfg("topk", num_selected_experts=k, capacity_factor=0.75))
   x = jax.random.normal(jax.random.key(0), (3, 7, 6))   # 21 tokens -> 3 groups, 3 padding
   params = jax.tree.map(np.asarray, _init(layer, x))
   # A larger router scale makes the preferences (and so the capacity drops) sharp.
   params["router"]["kernel"] = params["router"]["kernel"] * 50
-  y, _, metrics = jax.jit(lambda p, x: layer.apply({"params": p}, x, train=False))(params, x)
+  (y, _, metrics), state = jax.jit(lambda p, x: layer.apply(
+      {"params": p}, x, train=False, mutable=["intermediates"]))(params, x)
   capacity = compute_capacity(s, e, k, 0.75)
   assert capacity == 4
-  want = naive_moe_topk(np.asarray(x), params, e, k, s, capacity)
+  want, weights = naive_moe_topk(np.asarray(x), params, e, k, s, capacity)
   np.testing.assert_allclose(y, want, rtol=1e-4, atol=1e-5)
   assert metrics["dropped_fraction"] >= 0.0 and metrics["tokens_per_expert_max"] <= capacity
+  # expert_weights (G, S, E) float32: the combine weight of each (token, expert), 0 when
+  # not dispatched (some are: capacity binds) and for the 3 padding tokens.
+  (w,) = state["intermediates"]["expert_weights"]
+  assert w.shape == (3, s, e) and w.dtype == np.float32
+  want_w = np.concatenate([weights, np.zeros((3, e), np.float32)]).reshape(3, s, e)
+  np.testing.assert_allclose(w, want_w, rtol=1e-5, atol=1e-7)
+  assert (want_w[:, :, :] == 0).sum() > 3 * s * (e - k)
+
+
+def test_soft_moe_layer_matches_naive_loop():
+  """y[t] = sum_{e,c} W[t,e,c] Expert_e(sum_t' D[t',e,c] x[t']) per group, padding masked."""
+  e, s = 3, 8
+  layer = MoeLayer(num_experts=e, mlp_dim=12, group_size=s, router=cfg("soft_moe", capacity=2))
+  x = jax.random.normal(jax.random.key(0), (3, 7, 6))   # 21 tokens -> 3 groups, 3 padding
+  params = jax.tree.map(np.asarray, _init(layer, x))
+  assert params["router"]["mu"].shape == (6, e, 2) and params["router"]["scale"].shape == ()
+  params["router"]["scale"] = np.float32(3.0)
+  (y, aux, _), state = jax.jit(lambda p, x: layer.apply(
+      {"params": p}, x, train=False, mutable=["intermediates"]))(params, x)
+  tokens = np.concatenate([np.asarray(x).reshape(21, 6), np.zeros((3, 6), np.float32)])
+  unit = lambda v, axis: v / np.sqrt((v ** 2).sum(axis, keepdims=True) + 1e-6)
+  mu = unit(params["router"]["mu"], 0)
+  want = np.zeros_like(tokens)
+  want_w = np.zeros((3, s, e), np.float32)
+  for g in range(3):
+    xg = tokens[g * s:(g + 1) * s]
+    real = np.arange(g * s, (g + 1) * s) < 21
+    logits = 3.0 * np.einsum("sd,dec->sec", unit(xg, 1), mu)
+    dispatch = np.exp(logits - logits[real].max(0)) * real[:, None, None]
+    dispatch /= dispatch.sum(0)
+    combine = np.exp(logits - logits.max((1, 2), keepdims=True))
+    combine /= combine.sum((1, 2), keepdims=True)
+    for ei in range(e):
+      for c in range(2):
+        out = _expert(params["experts"], ei, dispatch[:, ei, c] @ xg)
+        want[g * s:(g + 1) * s][real] += combine[real, ei, c, None] * out
+    want_w[g] = combine.sum(-1) * real[:, None]
+  np.testing.assert_allclose(y, want[:21].reshape(3, 7, 6), rtol=1e-4, atol=1e-5)
+  np.testing.assert_allclose(state["intermediates"]["expert_weights"][0], want_w, rtol=1e-4,
+                             atol=1e-7)
+  assert float(aux) == 0.0
 
 
 @pytest.mark.parametrize("router", ["topk"])
 def test_dispatchers_agree_and_capacity_holds(router):
   x = jax.random.normal(jax.random.key(2), (4, 10, 8))
-  opts = RouterOptions(name=router, num_selected_experts=2, capacity_factor=1.0)
+  opts = cfg(router, num_selected_experts=2, capacity_factor=1.0)
   layers = {name: MoeLayer(num_experts=4, mlp_dim=16, group_size=16, dispatcher=name,
                            router=opts) for name in ("indices", "einsum")}
   params = _init(layers["indices"], x)       # the parameters do not depend on it

@@ -1,4 +1,4 @@
-"""Each router's assignments on small hand-made logits."""
+"""Each router's assignments on small hand-made logits; the registry and option parsing."""
 import dataclasses
 
 import numpy as np
@@ -8,20 +8,30 @@ import jax.numpy as jnp
 from scipy.stats import norm
 
 from vmoe_sparse_ot.nn import routers
-from vmoe_sparse_ot.nn.routers import RouterOptions
+from vmoe_sparse_ot.nn import routing as rt
+from vmoe_sparse_ot.nn.config import default_router_config
 
 ALL = jnp.ones((1, 4), bool)
 
 
-def _slots(r):
-  """{expert: sorted tokens} of group 0."""
-  ti, va = np.asarray(r.token_index[0]), np.asarray(r.valid[0])
+def cfg(name, **options):
+  return routers.RouterConfig(name, routers.ROUTERS[name].options(**options))
+
+
+def _slots(r, g=0):
+  """{expert: sorted tokens} of group g."""
+  ti, va = np.asarray(r.token_index[g]), np.asarray(r.valid[g])
   return {e: sorted(ti[e][va[e]].tolist()) for e in range(ti.shape[0])}
 
 
-def _softmax(x):
-  x = np.exp(x - x.max(-1, keepdims=True))
-  return x / x.sum(-1, keepdims=True)
+def _softmax(x, axis=-1):
+  x = np.exp(x - x.max(axis, keepdims=True))
+  return x / x.sum(axis, keepdims=True)
+
+
+def _cv2(x):
+  """CV^2 over the last axis, population variance (V-MoE)."""
+  return x.var(-1) / x.mean(-1) ** 2
 
 
 # S=4 tokens, E=3 experts.
@@ -32,8 +42,7 @@ LOGITS = np.array([[[3.0, 1.0, 0.0],
 
 
 def test_topk_picks_top_k_and_weights_are_gates():
-  opts = RouterOptions(name="topk", num_selected_experts=2)
-  r = routers.route(jnp.asarray(LOGITS), ALL, opts, capacity=4, train=False)
+  r = routers.route(jnp.asarray(LOGITS), ALL, cfg("topk"), capacity=4, train=False)
   # Top-2 per token: t0 {0,1}, t1 {1,2}, t2 {2,0}, t3 {0,2}.
   assert _slots(r) == {0: [0, 2, 3], 1: [0, 1], 2: [1, 2, 3]}
   gates = _softmax(LOGITS[0])
@@ -41,36 +50,74 @@ def test_topk_picks_top_k_and_weights_are_gates():
   for e in range(3):
     for c in range(4):
       assert w[e, c] == pytest.approx(gates[ti[e, c], e] if va[e, c] else 0.0, rel=1e-6)
-  # Aux losses, hand-computed (V-MoE): CV^2 of importance and of the load probabilities.
-  imp = gates.sum(0)
-  imp_loss = (imp.std() / imp.mean()) ** 2
-  std = 1 / 3
-  thresh = np.sort(LOGITS[0], -1)[:, -2:-1]
-  p = 1 - norm.cdf((thresh - LOGITS[0]) / std)
-  load = p.mean(0)
-  load_loss = (load.std() / load.mean()) ** 2
-  np.testing.assert_allclose(r.metrics["importance_loss"], imp_loss, rtol=1e-5)
-  np.testing.assert_allclose(r.metrics["load_loss"], load_loss, rtol=1e-4)
-  np.testing.assert_allclose(r.auxiliary_loss, 0.005 * (imp_loss + load_loss), rtol=1e-4)
+  # Eval: importance loss only (no noise, so no load loss).
+  np.testing.assert_allclose(r.metrics["importance_loss"], _cv2(gates.sum(0)), rtol=1e-5)
+  assert "load_loss" not in r.metrics
+  np.testing.assert_allclose(r.auxiliary_loss, 0.005 * _cv2(gates.sum(0)), rtol=1e-5)
+
+
+def test_topk_auxiliary_losses_are_per_group_means():
+  """G = 2 groups, one padding token: CV^2 per group, then the mean over groups."""
+  logits = np.array([[[3.0, 1.0, 0.0], [0.0, 2.0, 1.5], [1.0, 0.0, 2.0], [2.5, 0.5, 2.0]],
+                     [[0.1, 0.0, 0.2], [0.3, 0.1, 0.0], [0.0, 0.2, 0.1], [9.0, -9.0, 0.0]]],
+                    np.float32)
+  mask = np.array([[True] * 4, [True, True, True, False]])
+  rng = jax.random.key(0)
+  opts = cfg("topk", importance_loss_weight=0.5, load_loss_weight=2.0)
+  r = jax.jit(lambda x: routers.route(x, jnp.asarray(mask), opts, 4, True, rng))(logits)
+  std = 1 / 3                                          # 1/E
+  noisy = logits + std * np.asarray(jax.random.normal(rng, logits.shape, jnp.float32))
+  gates = _softmax(logits)                             # importance: clean gates (V-MoE)
+  imp = [_cv2(gates[g][mask[g]].sum(0)) for g in range(2)]
+  thresh = np.sort(noisy, -1)[..., -2:-1]              # 2nd largest noisy logit
+  p = 1 - norm.cdf((thresh - logits) / std)
+  load = [_cv2(p[g][mask[g]].mean(0)) for g in range(2)]
+  np.testing.assert_allclose(r.metrics["importance_loss"], np.mean(imp), rtol=1e-5)
+  np.testing.assert_allclose(r.metrics["load_loss"], np.mean(load), rtol=1e-4)
+  np.testing.assert_allclose(r.auxiliary_loss, 0.5 * np.mean(imp) + 2.0 * np.mean(load),
+                             rtol=1e-4)
+  # Pooling the groups (one CV^2 over all tokens) gives a very different value.
+  pooled = _cv2(np.concatenate([gates[0], gates[1][:3]]).sum(0))
+  assert abs(pooled - np.mean(imp)) > 0.1 * np.mean(imp)
+  # Combine weights are the noisy gates.
+  ti, va, w = map(np.asarray, (r.token_index, r.valid, r.combine_weight))
+  noisy_gates = _softmax(noisy)
+  for g, e, c in zip(*np.nonzero(va)):
+    assert w[g, e, c] == pytest.approx(noisy_gates[g, ti[g, e, c], e], rel=1e-5)
+
+
+def test_topk_eval_never_computes_the_load_term():
+  logits = jnp.asarray(np.tile(LOGITS, (2, 1, 1)))
+  mask = jnp.ones((2, 4), bool)
+  opts = cfg("topk", noise_std=0.5)
+
+  def ops(train):
+    jaxpr = jax.make_jaxpr(lambda x: routers.route(x, mask, opts, 4, train,
+                                                   jax.random.key(0)))(logits)
+    return str(jaxpr)
+
+  assert "erf" in ops(True)             # the Gaussian CDF of the load loss
+  assert "erf" not in ops(False)
+  assert not routers.ROUTERS["topk"].needs_rng(opts.options, False)
+  assert routers.ROUTERS["topk"].needs_rng(opts.options, True)
+  assert not routers.ROUTERS["topk"].needs_rng(cfg("topk", noise_std=0.0).options, True)
 
 
 def test_topk_capacity_first_choices_first_and_batch_priority():
   # Every token prefers expert 0; capacity 2.
   logits = jnp.array([[[1.0, 0.0, -1.0], [2.0, 0.5, 0.0], [3.0, 0.0, 1.0], [0.5, 0.4, 0.0]]])
-  opts = RouterOptions(name="topk", num_selected_experts=2)
-  r = routers.route(logits, ALL, opts, capacity=2, train=False)
+  r = routers.route(logits, ALL, cfg("topk"), capacity=2, train=False)
   # Expert 0 takes the first two tokens by position; second choices fill the rest.
   assert _slots(r) == {0: [0, 1], 1: [0, 1], 2: [2]}
   np.testing.assert_allclose(r.metrics["dropped_fraction"], 0.25)   # token 3 gets nothing
   np.testing.assert_allclose(r.metrics["experts_per_token"], 5 / 4)
-  opts = dataclasses.replace(opts, batch_priority=True)
-  r = routers.route(logits, ALL, opts, capacity=2, train=False)
+  r = routers.route(logits, ALL, cfg("topk", batch_priority=True), capacity=2, train=False)
   # With batch priority, tokens with the largest top gate (2, then 1) go first.
   assert _slots(r)[0] == [1, 2]
 
 
 def test_topk_noise_only_in_training():
-  opts = RouterOptions(name="topk", num_selected_experts=1, noise_std=10.0)
+  opts = cfg("topk", num_selected_experts=1, noise_std=10.0)
   logits = jnp.asarray(LOGITS)
   a = routers.route(logits, ALL, opts, 4, train=False, rng=jax.random.key(0))
   b = routers.route(logits, ALL, opts, 4, train=False, rng=jax.random.key(1))
@@ -81,27 +128,86 @@ def test_topk_noise_only_in_training():
 
 
 def test_expert_choice_takes_top_c_tokens_per_expert():
-  opts = RouterOptions(name="expert_choice")
-  r = routers.route(jnp.asarray(LOGITS), ALL, opts, capacity=2, train=False)
+  r = routers.route(jnp.asarray(LOGITS), ALL, cfg("expert_choice"), capacity=2, train=False)
   gates = _softmax(LOGITS[0])
   want = {e: sorted(np.argsort(-gates[:, e], kind="stable")[:2].tolist()) for e in range(3)}
   assert _slots(r) == want
   assert float(r.auxiliary_loss) == 0.0
   # A padding token is never taken.
   mask = jnp.array([[True, True, True, False]])
-  r = routers.route(jnp.asarray(LOGITS), mask, opts, capacity=3, train=False)
+  r = routers.route(jnp.asarray(LOGITS), mask, cfg("expert_choice"), capacity=3, train=False)
   assert all(3 not in v for v in _slots(r).values())
 
 
-def test_unknown_router_and_options():
-  with pytest.raises(ValueError, match=r"expert_choice.*sbase.*sparse_ot.*topk"):
+def test_options_parsing_errors_name_the_full_key():
+  with pytest.raises(ValueError, match=r"router.name must be one of .*expert_choice.*sbase"
+                     r".*soft_moe.*sparse_ot.*topk"):
     routers.parse_router_options({"name": "hash"})
-  with pytest.raises(ValueError, match=r"\['top_k'\].*valid options.*num_selected_experts"):
+  with pytest.raises(ValueError, match=r"\['top_k'\].*valid keys.*num_selected_experts"):
     routers.parse_router_options({"name": "topk", "top_k": 2})
-  with pytest.raises(ValueError, match="adam.*lbfgs"):
+  with pytest.raises(ValueError, match=r"model.encoder.moe.router.sparse_ot.solver must be "
+                     r"one of \['adam', 'lbfgs'\], got 'sgd'"):
     routers.parse_router_options({"name": "sparse_ot", "sparse_ot": {"solver": "sgd"}})
-  with pytest.raises(ValueError, match=r"\['iters'\].*epsilon.*num_iters"):
+  with pytest.raises(ValueError, match=r"\['iters'\] in model.encoder.moe.router.sbase.*"
+                     r"epsilon.*num_iters"):
     routers.parse_router_options({"name": "sbase", "sbase": {"iters": 3}})
+  with pytest.raises(ValueError, match=r"model.encoder.moe.router.sparse_ot.num_steps must be "
+                     r">= 1, got 0"):
+    routers.parse_router_options({"name": "sparse_ot", "sparse_ot": {"num_steps": 0}})
+  with pytest.raises(ValueError, match=r"model.encoder.moe.router.num_selected_experts must "
+                     r"be int, got 'two'"):
+    routers.parse_router_options({"name": "topk", "num_selected_experts": "two"})
+  with pytest.raises(ValueError, match=r"router.capacity_factor must be > 0"):
+    routers.parse_router_options({"name": "sbase", "capacity_factor": 0.0})
+
+
+def test_default_config_round_trips_and_is_derived_from_the_dataclasses():
+  config = default_router_config()
+  for name, router in routers.ROUTERS.items():
+    config.name = name
+    parsed = routers.parse_router_options(config)
+    assert parsed == routers.RouterConfig(name, router.options())
+  # Keys users pass today keep working (top level and per-router sections).
+  parsed = routers.parse_router_options({
+      "name": "sparse_ot", "num_selected_experts": 1, "capacity_factor": 1.5,
+      "noise_std": 0.1, "importance_loss_weight": 0.0,
+      "sparse_ot": {"num_steps": 7, "learning_rate": 0.1, "gamma": 2.0, "form": "token_choice",
+                    "implementation": "reference", "solver": "adam"},
+      "sbase": {"epsilon": 0.5, "num_iters": 3}})
+  assert parsed.options == routers.ROUTERS["sparse_ot"].options(
+      num_selected_experts=1, capacity_factor=1.5, num_steps=7, learning_rate=0.1, gamma=2.0,
+      form="token_choice", implementation="reference")
+
+
+def test_a_new_router_is_one_registration():
+  """A plug-in router (every token to its best expert, fixed weight 1) works end to end."""
+  from vmoe_sparse_ot import nn as vnn
+  from vmoe_sparse_ot.nn.routers import base
+  from tests.nn.helpers import tiny_config
+
+  @dataclasses.dataclass(frozen=True)
+  class Options(base.CommonOptions):
+    weight: float = base.option(1.0, "combine weight", check=base.POSITIVE)
+
+  def route(logits, token_mask, opts, capacity, train, rng):
+    token_index, valid = base.assign_top_k(logits, token_mask, logits.shape[-1], 1, capacity,
+                                           False)
+    return base.finish(jnp.full(logits.shape, opts.weight), token_index, valid, token_mask,
+                       base.zero_loss())
+
+  routers.register(base.Router(name="argmax_test", options=Options, route=route))
+  try:
+    assert default_router_config().argmax_test.weight == 1.0
+    model = vnn.build_model(tiny_config("argmax_test", **{"argmax_test.weight": 0.5}))
+    images = jax.random.normal(jax.random.key(0), (2, 8, 8, 3))
+    params = model.init(jax.random.key(1), images)["params"]
+    _, state = model.apply({"params": params}, images, mutable=["intermediates"])
+    w = state["intermediates"]["encoder"]["encoderblock_1"]["moe"]["expert_weights"][0]
+    assert set(np.unique(np.asarray(w)).tolist()) <= {0.0, 0.5}
+    with pytest.raises(ValueError, match="already registered"):
+      routers.register(base.Router(name="argmax_test", options=Options, route=route))
+  finally:
+    del routers.ROUTERS["argmax_test"]
 
 
 def _need(name):
@@ -117,11 +223,11 @@ SKEWED = np.array([[[3.0, 0.0], [2.5, 0.0], [1.0, 0.5], [1.2, 1.0]]], np.float32
 def test_sbase_balances_where_topk_does_not():
   _need("sinkhorn")
   logits = jnp.asarray(SKEWED)
-  topk = routers.route(logits, ALL, RouterOptions(name="topk", num_selected_experts=1),
-                       capacity=4, train=False)
+  topk = routers.route(logits, ALL, cfg("topk", num_selected_experts=1), capacity=4,
+                       train=False)
   assert _slots(topk) == {0: [0, 1, 2, 3], 1: []}
-  opts = RouterOptions(name="sbase", num_selected_experts=1, sbase_num_iters=50)
-  r = routers.route(logits, ALL, opts, capacity=4, train=False)
+  r = routers.route(logits, ALL, cfg("sbase", num_selected_experts=1, num_iters=50),
+                    capacity=4, train=False)
   # Mass S/E = 2 per expert: the two tokens with the smallest margins move to expert 1
   # (entropic plan: sum_i sigmoid(l_i1 - l_i0 + d) = 2 gives d ~ 1.55).
   assert _slots(r) == {0: [0, 1], 1: [2, 3]}
@@ -130,28 +236,74 @@ def test_sbase_balances_where_topk_does_not():
   np.testing.assert_allclose(r.metrics["experts_per_token"], 1.0)
 
 
+def _numpy_sinkhorn(logits, eps, iters, experts_first):
+  """Scaling-form Sinkhorn on K = exp(logits/eps), a = 1, b = S/E; OTT's order or the other."""
+  s, e = logits.shape
+  kernel = np.exp(logits.astype(np.float64) / eps)
+  a, b = np.ones(s), np.full(e, s / e)
+  u, v = np.ones(s), np.ones(e)
+  for _ in range(iters):
+    if experts_first:
+      v = b / (kernel.T @ u)
+      u = a / (kernel @ v)
+    else:
+      u = a / (kernel @ v)
+      v = b / (kernel.T @ u)
+  return u[:, None] * kernel * v[None, :]
+
+
+@pytest.mark.parametrize("first_update", ["experts", "tokens"])
+def test_sbase_update_order_matches_a_numpy_sinkhorn(first_update):
+  _need("sinkhorn")
+  from vmoe_sparse_ot.nn.routers import sbase
+  logits = np.asarray(jax.random.normal(jax.random.key(4), (2, 16, 4))) * 4   # peaked
+  opts = cfg("sbase", num_iters=5, first_update=first_update)
+  plans = np.asarray(jax.jit(lambda x: sbase.plans(x, opts.options))(logits))
+  for g in range(2):
+    want = _numpy_sinkhorn(logits[g], 1.0, 5, first_update == "experts")
+    np.testing.assert_allclose(plans[g], want, rtol=2e-4, atol=1e-6)
+  # The last update makes its side exact: token rows for 'experts' first (as OTT).
+  exact, approx = (2, 1) if first_update == "experts" else (1, 2)
+  target = {2: 1.0, 1: 16 / 4}
+  np.testing.assert_allclose(plans.sum(exact), target[exact], rtol=1e-5)
+  assert np.abs(plans.sum(approx) - target[approx]).max() > 1e-3
+  other = _numpy_sinkhorn(logits[0], 1.0, 5, first_update != "experts")
+  assert np.abs(plans[0] - other).max() > 1e-3
+
+
 def test_sparse_ot_expert_choice_takes_column_support():
   _need("solve")
   # k = C = 2 tokens per expert, mass 2 per expert: the top two by margin stay on 0.
   logits = jnp.asarray(np.array([[[3.0, 0.0], [2.0, 0.0], [1.0, 0.0], [0.5, 0.0]]],
                                 np.float32))
-  r = routers.route(logits, ALL, RouterOptions(name="sparse_ot"), capacity=2, train=False)
+  r = routers.route(logits, ALL, cfg("sparse_ot"), capacity=2, train=False)
   assert _slots(r) == {0: [0, 1], 1: [2, 3]}
   gates = _softmax(np.asarray(logits[0]))
   np.testing.assert_allclose(r.combine_weight[0, 0], gates[np.asarray(r.token_index[0, 0]), 0],
                              rtol=1e-6)
 
 
+def test_sparse_ot_k_sets_the_buffer_size():
+  sparse_ot = routers.ROUTERS["sparse_ot"]
+  # B/32 recipe: S = 400, E = 32, K = 2, capacity factor 1.05 -> C = 28; k = 16.
+  assert sparse_ot.capacity(cfg("sparse_ot", capacity_factor=1.05).options, 400, 32) == 28
+  assert routers.ROUTERS["topk"].capacity(cfg("topk", capacity_factor=1.05).options,
+                                          400, 32) == 28
+  assert sparse_ot.capacity(cfg("sparse_ot", capacity_factor=1.05, k=16).options, 400, 32) == 16
+  assert sparse_ot.capacity(cfg("sparse_ot", k=16, form="token_choice").options, 400, 32) == 28
+
+
 @pytest.mark.parametrize("solver,steps", [("adam", 50), ("lbfgs", 300)])
 def test_sparse_ot_plan_columns_sparse_marginals_and_support(solver, steps):
   _need("solve")
+  from vmoe_sparse_ot.nn.routers import sparse_ot
   g, s, e, c = 2, 16, 4, 6
   logits = jax.random.normal(jax.random.key(0), (g, s, e)) * 2
-  opts = RouterOptions(name="sparse_ot", sparse_ot_solver=solver, sparse_ot_num_steps=steps)
+  opts = cfg("sparse_ot", solver=solver, num_steps=steps)
   mask = jnp.ones((g, s), bool)
   # One jit, so XLA computes the plan once for both outputs.
   r, plans = jax.jit(lambda x: (routers.route(x, mask, opts, c, False),
-                                routers.sparse_ot_plans(x, mask, opts, c)))(logits)
+                                sparse_ot.plans(x, mask, opts.options, c)))(logits)
   plans = np.asarray(plans)
   cost = 1.0 - jax.nn.softmax(logits, -1)
   b = jnp.full((e,), s / e)
@@ -175,9 +327,8 @@ def test_sparse_ot_plan_columns_sparse_marginals_and_support(solver, steps):
 def test_sparse_ot_token_choice_at_most_k_experts_per_token():
   _need("solve")
   logits = jax.random.normal(jax.random.key(1), (2, 12, 4)) * 2
-  opts = RouterOptions(name="sparse_ot", num_selected_experts=1,
-                       sparse_ot_form="token_choice", sparse_ot_solver="lbfgs",
-                       sparse_ot_num_steps=300)
+  opts = cfg("sparse_ot", num_selected_experts=1, form="token_choice", solver="lbfgs",
+             num_steps=300)
   r = jax.jit(lambda x: routers.route(x, jnp.ones((2, 12), bool), opts, 12, False))(logits)
   per_token = np.zeros((2, 12), int)
   for gi in range(2):
@@ -186,3 +337,41 @@ def test_sparse_ot_token_choice_at_most_k_experts_per_token():
   assert (per_token == 1).all()          # K = 1 expert each, no capacity binding (C = S)
   # Balanced: mass S/E = 3 per expert and one expert per token give 3 tokens each.
   np.testing.assert_array_equal(np.asarray(r.valid).sum(-1), 3)
+
+
+def test_soft_moe_weights_sum_as_the_definition_says():
+  g, s, e, c = 2, 5, 3, 2
+  logits = np.asarray(jax.random.normal(jax.random.key(2), (g, s, e, c))) * 2
+  mask = np.array([[True] * 5, [True, True, True, False, False]])
+  r = routers.route(jnp.asarray(logits), jnp.asarray(mask), cfg("soft_moe"), c, False)
+  assert isinstance(r, rt.SoftRouting)
+  d, w = np.asarray(r.dispatch_weight), np.asarray(r.combine_weight)
+  # Dispatch: softmax over the group's real tokens, per slot.
+  np.testing.assert_allclose(d.sum(axis=1), 1.0, rtol=1e-5)
+  assert (d[1, 3:] == 0).all()
+  np.testing.assert_allclose(d[1, :3], _softmax(logits[1, :3], axis=0), rtol=1e-5)
+  np.testing.assert_allclose(d[0], _softmax(logits[0], axis=0), rtol=1e-5)
+  # Combine: softmax over all E*C slots, per real token; 0 for padding.
+  np.testing.assert_allclose(w.sum(axis=(2, 3))[mask], 1.0, rtol=1e-5)
+  assert (w[~mask] == 0).all()
+  want = _softmax(logits.reshape(g, s, e * c)).reshape(g, s, e, c)
+  np.testing.assert_allclose(w[mask], want[mask], rtol=1e-5)
+  assert float(r.auxiliary_loss) == 0.0
+  # Its per-expert weight is the sum over the expert's slots.
+  np.testing.assert_allclose(rt.expert_weights(r, s), w.sum(-1), rtol=1e-6)
+  # Slots per expert: round(S * capacity_factor / E), or `capacity`.
+  soft = routers.ROUTERS["soft_moe"]
+  assert soft.capacity(cfg("soft_moe").options, 64, 8) == 8
+  assert soft.capacity(cfg("soft_moe", capacity_factor=0.5).options, 50, 4) == 6
+  assert soft.capacity(cfg("soft_moe", capacity=1).options, 64, 8) == 1
+  assert not soft.needs_rng(cfg("soft_moe").options, True)
+  assert soft.needs_rng(cfg("soft_moe", noise_std=0.1).options, True)
+
+
+def test_expert_weights_of_a_sparse_routing():
+  # G=1, S=3, E=2, C=2: expert 0 holds tokens 2, 0; expert 1 holds token 2 and an empty slot.
+  r = rt.Routing(jnp.array([[[2, 0], [2, 0]]], jnp.int32),
+                 jnp.array([[[True, True], [True, False]]]),
+                 jnp.array([[[0.25, 0.5], [0.75, 0.0]]]), jnp.zeros(()), {})
+  np.testing.assert_array_equal(rt.expert_weights(r, 3),
+                                [[[0.5, 0.0], [0.0, 0.0], [0.25, 0.75]]])

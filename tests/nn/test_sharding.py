@@ -1,4 +1,4 @@
-"""Forward on 8 fake CPU devices with experts sharded over 'expert' == one device."""
+"""Forward on 8 fake CPU devices with experts sharded over 'expert' == one device, per router."""
 import re
 
 import numpy as np
@@ -10,11 +10,11 @@ from vmoe_sparse_ot import nn as vnn
 from tests.nn.helpers import tiny_config
 
 
-@pytest.mark.parametrize("mesh_shape", [(2, 4)])
-def test_sharded_forward_equals_single_device(mesh_shape):
+@pytest.mark.parametrize("router", ["topk", "sbase", "sparse_ot", "expert_choice", "soft_moe"])
+def test_sharded_forward_equals_single_device(router, mesh_shape=(2, 4)):
   if jax.device_count() < 8:
     pytest.skip("needs 8 (fake) devices")
-  cfg = tiny_config("topk")
+  cfg = tiny_config(router)
   cfg.encoder.moe.num_experts = 8
   cfg.encoder.moe.group_size = 8           # 16 images x 4 tokens = 8 groups
   model = vnn.build_model(cfg)

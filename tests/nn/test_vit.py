@@ -14,7 +14,7 @@ from tests.nn.helpers import tiny_config
 
 METRICS = {"auxiliary_loss", "dropped_fraction", "tokens_per_expert_min",
            "tokens_per_expert_mean", "tokens_per_expert_max", "experts_per_token"}
-ROUTERS = ["topk", "expert_choice", "sbase", "sparse_ot"]
+ROUTERS = ["topk", "expert_choice", "sbase", "sparse_ot", "soft_moe"]
 
 
 def _need_ot(router):
@@ -35,11 +35,18 @@ def _init(model, images):
 
 @pytest.fixture(scope="module")
 def params():
-  """Shared by all routers: the parameter tree does not depend on the router."""
-  p = _init(vnn.build_model(tiny_config()), _images())
-  # A non-zero head so that gradients flow back through the encoder.
-  p["head"]["kernel"] = jax.random.normal(jax.random.key(3), p["head"]["kernel"].shape)
-  return p
+  """params(router): the tree depends on the router's logits layer only (soft_moe's differs)."""
+  cache = {}
+
+  def get(router):
+    key = router == "soft_moe"
+    if key not in cache:
+      p = _init(vnn.build_model(tiny_config(router)), _images())
+      # A non-zero head so that gradients flow back through the encoder.
+      p["head"]["kernel"] = jax.random.normal(jax.random.key(3), p["head"]["kernel"].shape)
+      cache[key] = p
+    return cache[key]
+  return get
 
 
 @pytest.mark.parametrize("router", ROUTERS)
@@ -65,15 +72,20 @@ def test_forward_contract_eval_determinism_rngs_and_gradients(router, params):
     grads, train_logits = jax.grad(loss_fn, has_aux=True)(p)
     return eval_out, train_logits, grads
 
+  params = params(router)
   (logits, aux), train_a, grads = run(params, jax.random.key(1), jax.random.key(2))
   assert logits.shape == (5, 3)
   assert aux["pre_logits"].shape == (5, 16)
   assert set(aux["routing"]) == {"encoderblock_1"}
   metrics = aux["routing"]["encoderblock_1"]
-  assert METRICS <= set(metrics)
   assert all(jnp.shape(v) == () for v in metrics.values())
-  assert metrics["tokens_per_expert_max"] <= 4     # C = ceil(8*2*1.0/4) = 4
-  assert 0.0 <= metrics["dropped_fraction"] <= 1.0
+  if router == "soft_moe":       # dense weights: nothing is dropped, no slot counts
+    assert {"auxiliary_loss", "dispatch_weights_max_mean", "combine_weights_max_mean"} <= \
+        set(metrics)
+  else:
+    assert METRICS <= set(metrics)
+    assert metrics["tokens_per_expert_max"] <= 4     # C = ceil(8*2*1.0/4) = 4
+    assert 0.0 <= metrics["dropped_fraction"] <= 1.0
 
   # Eval is deterministic (and needs no rngs); training depends on its rngs only.
   (logits2, aux2), train_b, _ = run(params, jax.random.key(1), jax.random.key(2))
@@ -85,7 +97,7 @@ def test_forward_contract_eval_determinism_rngs_and_gradients(router, params):
 
   # Gradients reach the router and every expert.
   moe = grads["encoder"]["encoderblock_1"]["moe"]
-  assert jnp.abs(moe["router"]["kernel"]).sum() > 0
+  assert all(jnp.abs(v).sum() > 0 for v in jax.tree.leaves(moe["router"]))
   per_expert = jnp.abs(moe["experts"]["wi_kernel"]).sum(axis=(1, 2))
   assert (per_expert > 0).all(), per_expert
 
@@ -142,13 +154,18 @@ def test_config_errors_list_valid_values():
   cfg = tiny_config()
   with cfg.unlocked():
     cfg.encoder.moe.router.temperature = 1.0
-  with pytest.raises(ValueError, match="temperature.*valid options"):
+  with pytest.raises(ValueError, match="temperature.*valid keys"):
     vnn.build_model(cfg)
   with pytest.raises(ValueError, match="token_choice"):
     vnn.build_model(tiny_config("sparse_ot", **{"sparse_ot.form": "rows"}))
   cfg = tiny_config()
   cfg.encoder.moe.dispatcher = "loop"
   with pytest.raises(ValueError, match="einsum.*indices"):
+    vnn.build_model(cfg)
+  cfg = tiny_config()
+  cfg.encoder.moe.routed_tokens_dtype = "float16"
+  with pytest.raises(ValueError, match=r"moe.routed_tokens_dtype must be None or one of "
+                     r"\['float32', 'bfloat16'\]"):
     vnn.build_model(cfg)
   cfg = tiny_config()
   cfg.name = "resnet"

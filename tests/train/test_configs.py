@@ -30,7 +30,11 @@ def test_paper_configs_match_the_paper(name, patch):
   assert m.encoder.moe.layers == 'every_2' and m.encoder.moe.num_experts == 32
   router = m.encoder.moe.router
   assert router.name == 'sparse_ot' and router.num_selected_experts == 2
-  assert router.capacity == 16  # = k of the sparse_ot router (expert_choice form).
+  # V-MoE recipe: groups of 8 images, capacity factor 1.05; the paper's k = 16.
+  assert m.encoder.moe.group_size == 8 * ((224 // patch) ** 2 + 1)
+  assert router.capacity is None and router.capacity_factor == 1.05
+  assert router.sparse_ot.k == 16
+  assert (m.encoder.moe.dispatcher, m.encoder.moe.routed_tokens_dtype) == ('einsum', 'bfloat16')
   assert router.sparse_ot.form == 'expert_choice'
   assert (router.sparse_ot.solver, router.sparse_ot.num_steps,
           router.sparse_ot.learning_rate) == ('adam', 50, 1e-2)

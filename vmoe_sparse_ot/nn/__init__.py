@@ -4,6 +4,8 @@ Public API (docs/ARCHITECTURE.md):
   build_model(model_config) -> flax.linen.Module
   logits, aux = model.apply({'params': p}, images, train=bool,
                             rngs={'dropout': k1, 'gating': k2})
+  (with mutable=['intermediates'], each MoE layer also returns its
+  'expert_weights' (G, S, E), see `nn.moe`.)
   EXPERT_PARAMS_REGEX: matches the '/'-joined paths of expert parameters,
     which carry a leading E axis (shard them over the 'expert' mesh axis).
 """
@@ -12,8 +14,8 @@ from typing import Any, Mapping
 import flax.linen as nn
 
 from vmoe_sparse_ot.nn import config
-from vmoe_sparse_ot.nn.dispatch import DISPATCHERS
-from vmoe_sparse_ot.nn.routers import ROUTERS, RouterOptions, check_keys, parse_router_options
+from vmoe_sparse_ot.nn.dispatch import DISPATCHERS, DTYPES
+from vmoe_sparse_ot.nn.routers import ROUTERS, RouterConfig, check_keys, parse_router_options
 from vmoe_sparse_ot.nn.vit import VisionTransformer, parse_moe_layers
 
 EXPERT_PARAMS_REGEX = r"^(.*/)?moe/experts/[^/]+$"
@@ -23,7 +25,8 @@ _MODEL_KEYS = ("name", "variant", "num_classes", "patch_size", "hidden_size", "c
                "representation_size", "head_bias_init", "encoder")
 _ENCODER_KEYS = ("num_layers", "num_heads", "mlp_dim", "dropout_rate",
                  "attention_dropout_rate", "moe")
-_MOE_KEYS = ("layers", "num_experts", "group_size", "dispatcher", "router")
+_MOE_KEYS = ("layers", "num_experts", "group_size", "dispatcher", "routed_tokens_dtype",
+             "router")
 _CLASSIFIERS = ("token", "gap")
 
 
@@ -69,12 +72,17 @@ def build_model(model_config: Mapping[str, Any]) -> nn.Module:
     if dispatcher not in DISPATCHERS:
       raise ValueError(f"model.encoder.moe.dispatcher must be one of {sorted(DISPATCHERS)}, "
                        f"got {dispatcher!r}")
+    dtype = moe_cfg.get("routed_tokens_dtype")
+    if dtype is not None and dtype not in DTYPES:
+      raise ValueError(f"model.encoder.moe.routed_tokens_dtype must be None or one of "
+                       f"{list(DTYPES)}, got {dtype!r}")
     num_experts, group_size = int(moe_cfg["num_experts"]), int(moe_cfg["group_size"])
     if num_experts < 1 or group_size < 1:
       raise ValueError("model.encoder.moe.num_experts and group_size must be >= 1, got "
                        f"{num_experts} and {group_size}")
     moe_layers = parse_moe_layers(moe_cfg.get("layers", "every_2"), num_layers)
     moe = dict(num_experts=num_experts, group_size=group_size, dispatcher=dispatcher,
+               routed_tokens_dtype=dtype,
                router=parse_router_options(moe_cfg["router"]))
   rep = cfg.get("representation_size")
   return VisionTransformer(
@@ -94,5 +102,5 @@ def build_model(model_config: Mapping[str, Any]) -> nn.Module:
   )
 
 
-__all__ = ["build_model", "EXPERT_PARAMS_REGEX", "MODELS", "ROUTERS", "RouterOptions",
+__all__ = ["build_model", "EXPERT_PARAMS_REGEX", "MODELS", "ROUTERS", "RouterConfig",
            "config", "parse_router_options", "VisionTransformer"]

@@ -4,44 +4,42 @@ Configs in `configs/` start from `default_model_config()` and override what they
 need, so a locked ConfigDict rejects typos while every router option stays
 reachable from the command line (`--config.model.encoder.moe.router.name=sbase`).
 """
+import dataclasses
+import typing
+
 import ml_collections
+
+from vmoe_sparse_ot.nn import routers
+
+
+def _config_value(value, annotation):
+  """A ConfigDict leaf: None defaults keep their type for command-line overrides."""
+  if value is None:
+    inner = next(a for a in typing.get_args(annotation) if a is not type(None))
+    return ml_collections.FieldReference(None, field_type=inner)
+  return value
 
 
 def default_router_config() -> ml_collections.ConfigDict:
-  """All router options. Each router reads the common keys plus its own sub-dict."""
-  return ml_collections.ConfigDict({
-      # One of: 'topk', 'sbase', 'sparse_ot', 'expert_choice'.
-      'name': 'topk',
-      # K: experts per token (topk, sbase, sparse_ot token-choice form).
-      'num_selected_experts': 2,
-      # C = ceil(S * K * capacity_factor / E), rounded up to a multiple of 4,
-      # unless `capacity` is set, in which case it is used as is.
-      'capacity_factor': 1.0,
-      'capacity': ml_collections.FieldReference(None, field_type=int),
-      # Gate noise std during training; None means 1/E (V-MoE).
-      'noise_std': ml_collections.FieldReference(None, field_type=float),
-      # Batch-prioritized routing (V-MoE): tokens with larger gates claim capacity first.
-      'batch_priority': False,
-      'importance_loss_weight': 0.005,
-      'load_loss_weight': 0.005,
-      'sbase': {
-          'epsilon': 1.0,
-          'num_iters': 20,
-      },
-      'sparse_ot': {
-          # 'expert_choice': at most k=C tokens per expert (the paper's form);
-          # 'token_choice': at most K experts per token.
-          'form': 'expert_choice',
-          'solver': 'adam',
-          'num_steps': 50,
-          'learning_rate': 1e-2,
-          'gamma': 1.0,
-          # 'fast': the router's batched Adam (nn/sparse_ot_solver.py, same
-          # iterates as ot.solve, several times faster on CPU); 'reference':
-          # jax.vmap(ot.solve). L-BFGS always uses ot.solve.
-          'implementation': 'fast',
-      },
-  })
+  """Every router option with its default, derived from the routers' options dataclasses.
+
+  `name` picks the router (`nn.routers.ROUTERS`); options shared by routers sit
+  at the top level, each router's own options in a sub-dict named after it. The
+  options' meanings are documented on the dataclasses in `nn/routers/`.
+  """
+  types = {}
+  for r in routers.ROUTERS.values():
+    hints = typing.get_type_hints(r.options)
+    top = routers.base.top_level_fields(r.options)
+    for f in dataclasses.fields(r.options):
+      types[(None if f.name in top else r.name, f.name)] = hints[f.name]
+  out = {}
+  for key, value in routers.default_config().items():
+    if isinstance(value, dict):
+      out[key] = {k: _config_value(v, types[(key, k)]) for k, v in value.items()}
+    else:
+      out[key] = _config_value(value, types.get((None, key), str))
+  return ml_collections.ConfigDict(out)
 
 
 # (hidden_size, num_layers, num_heads, mlp_dim) of the ViT sizes (Dosovitskiy et al.).
@@ -85,6 +83,10 @@ def default_model_config() -> ml_collections.ConfigDict:
               'group_size': 64,
               # 'indices' (gather/scatter, default, fast) or 'einsum'.
               'dispatcher': 'indices',
+              # dtype in which the dispatcher moves tokens to the experts and
+              # combines their outputs (data and weights): None (the tokens'
+              # own), 'float32' or 'bfloat16' (as V-MoE's einsum dispatcher).
+              'routed_tokens_dtype': ml_collections.FieldReference(None, field_type=str),
               'router': default_router_config(),
           },
       },

@@ -6,15 +6,24 @@ Both take a `Routing` (expert-side slot assignment) and compute the same thing:
 'indices' does it with a gather and a scatter-add (O(G*E*C*D) work, the default);
 'einsum' builds one-hot (G, S, E, C) tensors (O(G*S*E*C*D) work, the classic
 V-MoE formulation, kept as a reference and for hardware where einsums are cheap).
+
+A `SoftRouting` (dense weights, Soft MoE) has no index form: both dispatchers
+compute it with the two einsums buf = sum_s D[g,s,e,c] x[g,s] and
+y[g,s] = sum_{e,c} W[g,s,e,c] out[g,e,c].
+
+`dtype` (e.g. bfloat16, as V-MoE runs its einsum dispatcher) casts the data and
+the weights for the dispatch/combine computation only; results come back in
+the input's dtype.
 """
-from typing import Dict
+from typing import Dict, Optional
 
 import jax
 import jax.numpy as jnp
 
-from vmoe_sparse_ot.nn.routing import Routing
+from vmoe_sparse_ot.nn.routing import Routing, SoftRouting
 
 Array = jax.Array
+DTYPES = ("float32", "bfloat16")
 
 
 def _indices_dispatch(x: Array, r: Routing) -> Array:
@@ -50,14 +59,50 @@ def _einsum_combine(out: Array, r: Routing, group_size: int) -> Array:
   return jnp.einsum("gecs,gecd->gsd", combine, out)
 
 
+def _soft_dispatch(x: Array, r: SoftRouting) -> Array:
+  return jnp.einsum("gsec,gsd->gecd", r.dispatch_weight.astype(x.dtype), x)
+
+
+def _soft_combine(out: Array, r: SoftRouting, group_size: int) -> Array:
+  del group_size
+  return jnp.einsum("gsec,gecd->gsd", r.combine_weight.astype(out.dtype), out)
+
+
 DISPATCHERS: Dict[str, tuple] = {
     "indices": (_indices_dispatch, _indices_combine),
     "einsum": (_einsum_dispatch, _einsum_combine),
 }
 
 
-def get_dispatcher(name: str):
-  """Returns (dispatch(x, routing), combine(out, routing, group_size))."""
+def get_dispatcher(name: str, dtype: Optional[str] = None):
+  """Returns (dispatch(x, routing), combine(out, routing, group_size)).
+
+  name: 'indices' or 'einsum'. dtype: None (compute in the input's dtype),
+  'float32' or 'bfloat16'.
+  """
   if name not in DISPATCHERS:
     raise ValueError(f"dispatcher must be one of {sorted(DISPATCHERS)}, got {name!r}")
-  return DISPATCHERS[name]
+  if dtype is not None and dtype not in DTYPES:
+    raise ValueError(f"dispatcher dtype must be None or one of {list(DTYPES)}, got {dtype!r}")
+  sparse_dispatch, sparse_combine = DISPATCHERS[name]
+  compute = None if dtype is None else jnp.dtype(dtype)
+
+  def cast(x: Array, r):
+    if compute is None:
+      return x, r
+    # Only float leaves change (indices and masks keep their dtypes).
+    r = jax.tree.map(lambda v: v.astype(compute) if jnp.issubdtype(v.dtype, jnp.floating)
+                     else v, r)
+    return x.astype(compute), r
+
+  def dispatch(x: Array, r) -> Array:
+    xc, rc = cast(x, r)
+    buf = _soft_dispatch(xc, rc) if isinstance(r, SoftRouting) else sparse_dispatch(xc, rc)
+    return buf.astype(x.dtype)
+
+  def combine(out: Array, r, group_size: int) -> Array:
+    oc, rc = cast(out, r)
+    fn = _soft_combine if isinstance(r, SoftRouting) else sparse_combine
+    return fn(oc, rc, group_size).astype(out.dtype)
+
+  return dispatch, combine

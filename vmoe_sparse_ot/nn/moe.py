@@ -6,12 +6,21 @@ buffers (G, E, C, D), processed by E MLPs as one batched computation with
 stacked parameters (E, D, H) / (E, H, D), and combined back. Tokens an expert
 does not take (over capacity) get 0 from the layer and keep only the residual.
 
+The router is a plug-in (`nn/routers/`): the layer asks it for the buffer size
+C, its logits layer (named 'router'), and whether it needs the 'gating' rng,
+and gets back a `Routing` (slot assignment) or a `SoftRouting` (dense weights),
+which the dispatcher handles alike.
+
+For analysis the layer sows `intermediates/expert_weights`, float32 (G, S, E):
+the total combine weight each token receives from each expert (0 where not
+dispatched). Read it with `model.apply(..., mutable=['intermediates'])`.
+
 On a mesh with axes ('data', 'expert'), groups are split over both axes and the
 expert buffers (E, G*C, D) and expert parameters over 'expert', so XLA moves
 tokens between the two layouts with all-to-alls.
 """
 import math
-from typing import Callable
+from typing import Callable, Optional
 
 import flax.linen as nn
 import jax
@@ -19,7 +28,7 @@ import jax.numpy as jnp
 
 from vmoe_sparse_ot.nn import routers
 from vmoe_sparse_ot.nn.dispatch import get_dispatcher
-from vmoe_sparse_ot.nn.routing import compute_capacity
+from vmoe_sparse_ot.nn.routing import expert_weights
 from vmoe_sparse_ot.nn.sharding import constrain
 
 Array = jax.Array
@@ -50,18 +59,6 @@ class Experts(nn.Module):
     return nn.Dropout(self.dropout_rate)(y, deterministic=not train)
 
 
-def _token_expert_weights(routing, group_size: int) -> Array:
-  """(G, S, E) float32: summed combine weight of each (token, expert) over the slots."""
-  e = routing.token_index.shape[1]
-  weight = jnp.where(routing.valid, routing.combine_weight, 0.0).astype(jnp.float32)
-
-  def per_group(token_index, w):  # (E, C) each
-    return jnp.zeros((group_size, e), jnp.float32).at[
-        token_index, jnp.arange(e)[:, None]].add(w)
-
-  return jax.lax.stop_gradient(jax.vmap(per_group)(routing.token_index, weight))
-
-
 class MoeLayer(nn.Module):
   """Routes tokens to E expert MLPs.
 
@@ -70,8 +67,9 @@ class MoeLayer(nn.Module):
   num_experts: int
   mlp_dim: int
   group_size: int
-  router: routers.RouterOptions
+  router: routers.RouterConfig
   dispatcher: str = "indices"
+  routed_tokens_dtype: Optional[str] = None
   dropout_rate: float = 0.0
 
   @nn.compact
@@ -85,22 +83,17 @@ class MoeLayer(nn.Module):
       tokens = jnp.pad(tokens, ((0, g * s - t), (0, 0)))
     tokens = constrain(tokens.reshape(g, s, d), (GROUP_AXES,))
     token_mask = (jnp.arange(g * s) < t).reshape(g, s)
-    capacity = compute_capacity(s, self.num_experts, self.router.num_selected_experts,
-                                self.router.capacity_factor, self.router.capacity)
+    router = routers.get_router(self.router.name)
+    opts = self.router.options
+    capacity = router.capacity(opts, s, self.num_experts)
 
-    logits = nn.Dense(self.num_experts, use_bias=False,
-                      kernel_init=nn.initializers.normal(stddev=0.02), name="router")(tokens)
-    rng = None
-    if train and self.router.name == "topk":
-      rng = self.make_rng("gating")
-    routing = routers.route(logits.astype(jnp.float32), token_mask, self.router, capacity,
-                            train, rng)
+    logits = router.logits_module(opts, self.num_experts, capacity, "router")(tokens)
+    rng = self.make_rng("gating") if router.needs_rng(opts, train) else None
+    routing = router.route(logits.astype(jnp.float32), token_mask, opts, capacity, train, rng)
+    if self.is_mutable_collection("intermediates"):
+      self.sow("intermediates", "expert_weights", expert_weights(routing, s))
 
-    # Per token, the total combine weight from each expert (0: not processed by it);
-    # kept only when 'intermediates' is mutable (vmoe_sparse_ot.plot's routing picture).
-    self.sow("intermediates", "expert_weights", _token_expert_weights(routing, s))
-
-    dispatch, combine = get_dispatcher(self.dispatcher)
+    dispatch, combine = get_dispatcher(self.dispatcher, self.routed_tokens_dtype)
     buf = dispatch(tokens, routing)                                  # (G, E, C, D)
     buf = jnp.swapaxes(buf, 0, 1).reshape(self.num_experts, g * capacity, d)
     buf = constrain(buf, (EXPERT_AXIS,))

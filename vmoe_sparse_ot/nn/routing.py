@@ -9,6 +9,11 @@ and expert-choice routers (experts pick tokens), and by construction no expert
 ever receives more than C tokens. The dispatchers in `dispatch.py` turn it into
 gathers/scatters or one-hot einsums.
 
+Soft routers (Soft MoE) return a `SoftRouting` instead: every one of an
+expert's C slots takes a convex combination of all the group's tokens (dense
+dispatch weights), and every token a convex combination of all slots' outputs
+(dense combine weights). The dispatchers accept both forms.
+
 Shapes: G groups, S tokens per group, E experts, C capacity, K experts per token.
 """
 import math
@@ -37,6 +42,43 @@ class Routing(NamedTuple):
   combine_weight: Array
   auxiliary_loss: Array
   metrics: Dict[str, Array]
+
+
+class SoftRouting(NamedTuple):
+  """Dense dispatch and combine weights between tokens and expert slots.
+
+  Attributes:
+    dispatch_weight: (G, S, E, C) float, slot (e, c) takes
+      sum_s dispatch_weight[g, s, e, c] * x[g, s]; sums to 1 over S (padding 0).
+    combine_weight: (G, S, E, C) float, token s gets
+      sum_{e, c} combine_weight[g, s, e, c] * out[g, e, c]; sums to 1 over
+      (E, C) for real tokens, 0 for padding.
+    auxiliary_loss: scalar, already weighted.
+    metrics: {name: scalar}.
+  """
+  dispatch_weight: Array
+  combine_weight: Array
+  auxiliary_loss: Array
+  metrics: Dict[str, Array]
+
+
+def expert_weights(routing, group_size: int) -> Array:
+  """(G, S, E) float32: the total combine weight each token gets from each expert.
+
+  0 where the token was not dispatched to the expert; for a `SoftRouting` the
+  sum over the expert's slots.
+  """
+  if isinstance(routing, SoftRouting):
+    return jnp.sum(routing.combine_weight, axis=-1).astype(jnp.float32)
+  g, e, c = routing.token_index.shape
+  w = jnp.where(routing.valid, routing.combine_weight, 0).astype(jnp.float32)
+  experts = jnp.broadcast_to(jnp.arange(e, dtype=jnp.int32)[:, None], (e, c))
+
+  def scatter(t, w):
+    return jnp.zeros((group_size, e), jnp.float32).at[t.reshape(-1), experts.reshape(-1)].add(
+        w.reshape(-1))
+
+  return jax.vmap(scatter)(routing.token_index, w)
 
 
 def compute_capacity(group_size: int, num_experts: int, num_selected_experts: int,

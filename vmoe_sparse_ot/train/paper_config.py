@@ -17,17 +17,31 @@ PAPER_TRAIN_STEPS = 7 * 305_000_000 // PAPER_BATCH_SIZE
 
 
 def paper_vmoe_config(variant: str, patch: int, arg: str | None) -> ml_collections.ConfigDict:
-  """V-MoE {variant}/{patch}, Every-2, E=32, K=2, capacity 16 (k=16 for sparse_ot).
+  """V-MoE {variant}/{patch} as in the paper's Appendix A.5, on the V-MoE recipe.
+
+  From the paper (Appendix A.5, "V-MoE architecture"): Every-2 MoE layers,
+  E = 32 experts, K = 2 experts per token for TopK and S-BASE, k = 16 nonzeros
+  per expert column for sparse_ot (which is then also its buffer size); Adam
+  for 50 steps at learning rate 1e-2 for the router's semi-dual ("The
+  Sparsity-constrained router").
+
+  From V-MoE (Riquelme et al. 2021) and its released configs, which the paper
+  follows for everything else: routing groups of 8 images, S = 8 x (tokens per
+  image) = 8 x 50 = 400 at 224px for B/32 (8 x 197 = 1576 for B/16); capacity
+  factor 1.05, so C = ceil(S K 1.05 / E) rounded up to a multiple of 4 = 28 for
+  B/32 (104 for B/16); the einsum dispatcher in bfloat16; gate noise 1/E and
+  importance and load loss weights 0.005 (the router defaults); token
+  classifier with a representation layer of size D; Adam (b1 0.9, b2 0.999)
+  with decoupled weight decay 0.1, 10k warmup steps then linear decay to 1e-5,
+  peak learning rate 8e-4 (V-MoE Table 8 for B/32, B/16); global batch 4096,
+  224x224 inputs with inception crop and flip.
 
   ViT sizes from `nn.config.VIT_SIZES`, written out as keys (model.variant stays
-  None) so that the config shows them and overrides can shrink them.
-
-  Adam (b1 0.9, b2 0.999) with decoupled weight decay 0.1, 10k warmup steps then
-  linear decay to 1e-5, peak learning rate 8e-4 (V-MoE Table 8 for B/32, B/16),
-  global batch 4096, 224x224 inputs with inception crop and flip. `arg` takes
+  None) so that the config shows them and overrides can shrink them. `arg` takes
   router=..., dataset=imagenet2012|imagenet21k, data_dir=... .
   """
   args = parse_arg(arg, router='sparse_ot', dataset='imagenet2012', data_dir='')
+  image_size = 224
   if args.dataset not in PAPER_DATASETS:
     raise ValueError(f'dataset={args.dataset!r}; valid: {sorted(PAPER_DATASETS)}')
   hidden, layers, heads, mlp = VIT_SIZES[variant]
@@ -44,12 +58,15 @@ def paper_vmoe_config(variant: str, patch: int, arg: str | None) -> ml_collectio
   m.encoder.num_heads = heads
   m.encoder.moe.layers = 'every_2'
   m.encoder.moe.num_experts = 32
-  # Groups of S=256 tokens; each expert's buffer holds C=16 of them
-  # (= S*K/E at capacity factor 1), and the sparse_ot router takes k = C = 16.
-  m.encoder.moe.group_size = 256
+  # V-MoE: groups of 8 images (tokens per image: patches + class token).
+  m.encoder.moe.group_size = 8 * ((image_size // patch) ** 2 + 1)
+  m.encoder.moe.dispatcher = 'einsum'
+  m.encoder.moe.routed_tokens_dtype = 'bfloat16'
   m.encoder.moe.router.name = args.router
   m.encoder.moe.router.num_selected_experts = 2
-  m.encoder.moe.router.capacity = 16
+  m.encoder.moe.router.capacity_factor = 1.05
+  m.encoder.moe.router.capacity = None
+  m.encoder.moe.router.sparse_ot.k = 16
   m.encoder.moe.router.sparse_ot.form = 'expert_choice'
   m.encoder.moe.router.sparse_ot.solver = 'adam'
   m.encoder.moe.router.sparse_ot.num_steps = 50
@@ -58,7 +75,7 @@ def paper_vmoe_config(variant: str, patch: int, arg: str | None) -> ml_collectio
   d.name = args.dataset
   d.train_split = 'train' if args.dataset == 'imagenet2012' else 'full[102400:]'
   d.eval_split = 'validation' if args.dataset == 'imagenet2012' else 'full[:102400]'
-  d.image_size = 224
+  d.image_size = image_size
   d.channels = 3
   d.augment = 'inception_crop_flip'
   d.shuffle_buffer = 250_000

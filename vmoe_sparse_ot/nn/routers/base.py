@@ -1,0 +1,180 @@
+"""What every router module provides, and the generic parsing of router options.
+
+A router is a `Router`: a name, a frozen options dataclass (each field's
+default written once, in the dataclass), and a route function
+
+  route(logits, token_mask, opts, capacity, train, rng) -> Routing | SoftRouting
+
+with logits (G, S, E) from the MoE layer's 'router' Dense layer (or whatever
+the router's `logits_module` returns), token_mask (G, S) bool (False for
+padding), C = `capacity(opts, S, E)` buffer slots per expert, and an rng only
+when `needs_rng(opts, train)`. The MoE layer asks the `Router` for these and
+never looks at its name.
+
+Options live in the config under `model.encoder.moe.router`:
+- fields of `CommonOptions`, and fields marked `top_level=True`, are read from
+  the router dict itself (`router.num_selected_experts`, `router.noise_std`);
+- every other field from the router's own section (`router.sparse_ot.num_steps`).
+`parse_options` converts and checks each field from its annotation and
+metadata (`choices`, `check`), so errors name the full config key.
+"""
+import dataclasses
+import math
+import numbers
+import typing
+from typing import Any, Callable, Dict, Mapping, Optional, Tuple, Union
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from vmoe_sparse_ot.config_keys import check_keys  # noqa: F401  (re-exported: nn.routers.check_keys)
+from vmoe_sparse_ot.nn import routing as rt
+
+Array = jax.Array
+AnyRouting = Union[rt.Routing, rt.SoftRouting]
+
+
+# Checks for `option(check=...)`: (predicate, what the value must be).
+POSITIVE = (lambda v: v > 0, "> 0")
+NON_NEGATIVE = (lambda v: v >= 0, ">= 0")
+AT_LEAST_ONE = (lambda v: v >= 1, ">= 1")
+
+
+def option(default: Any, doc: str, *, choices: Optional[Tuple] = None,
+           check: Optional[Tuple[Callable[[Any], bool], str]] = None,
+           top_level: bool = False) -> Any:
+  """A dataclass field with its config documentation and validation."""
+  return dataclasses.field(default=default, metadata={
+      "doc": doc, "choices": choices, "check": check, "top_level": top_level})
+
+
+@dataclasses.dataclass(frozen=True)
+class CommonOptions:
+  """Options every router reads from the top level of the router config."""
+  num_selected_experts: int = option(
+      2, "K: experts per token (also sets C below).", check=AT_LEAST_ONE)
+  capacity_factor: float = option(
+      1.0, "C = ceil(S * K * capacity_factor / E), rounded up to a multiple of 4 "
+      "(V-MoE), unless `capacity` is set.", check=POSITIVE)
+  capacity: Optional[int] = option(
+      None, "C, used as is when set (capped at S).", check=AT_LEAST_ONE)
+  batch_priority: bool = option(
+      False, "Batch-prioritized routing (token-choice routers): tokens with larger "
+      "top scores claim buffer slots first.")
+
+
+def default_capacity(opts: CommonOptions, group_size: int, num_experts: int) -> int:
+  """C for the router's expert buffers (V-MoE's rule, see `routing.compute_capacity`)."""
+  return rt.compute_capacity(group_size, num_experts, opts.num_selected_experts,
+                             opts.capacity_factor, opts.capacity)
+
+
+def dense_logits(opts, num_experts: int, capacity: int, name: str) -> nn.Module:
+  """The default router layer: tokens (G, S, D) -> logits (G, S, E), no bias."""
+  del opts, capacity
+  return nn.Dense(num_experts, use_bias=False,
+                  kernel_init=nn.initializers.normal(stddev=0.02), name=name)
+
+
+def never(opts, train: bool) -> bool:
+  del opts, train
+  return False
+
+
+@dataclasses.dataclass(frozen=True)
+class Router:
+  """A router plug-in; see the module docstring for the contract."""
+  name: str
+  options: type
+  route: Callable[..., AnyRouting]
+  needs_rng: Callable[[Any, bool], bool] = never
+  capacity: Callable[[Any, int, int], int] = default_capacity
+  logits_module: Callable[..., nn.Module] = dense_logits
+
+
+def top_level_fields(options: type) -> Tuple[str, ...]:
+  common = {f.name for f in dataclasses.fields(CommonOptions)}
+  return tuple(f.name for f in dataclasses.fields(options)
+               if f.name in common or f.metadata.get("top_level"))
+
+
+def section_fields(options: type) -> Tuple[str, ...]:
+  top = set(top_level_fields(options))
+  return tuple(f.name for f in dataclasses.fields(options) if f.name not in top)
+
+
+def _convert(value: Any, annotation: Any, key: str) -> Any:
+  """Converts a config value to the field's annotated type (None allowed if Optional)."""
+  args = typing.get_args(annotation)
+  if typing.get_origin(annotation) is Union and type(None) in args:
+    if value is None:
+      return None
+    annotation = next(a for a in args if a is not type(None))
+  is_bool = isinstance(value, (bool, numbers.Integral))
+  is_real = isinstance(value, numbers.Real) and not isinstance(value, bool)
+  if annotation is bool and is_bool:
+    return bool(value)
+  if annotation is int and is_real and float(value).is_integer():
+    return int(value)
+  if annotation is float and is_real:
+    return float(value)
+  if annotation is str and isinstance(value, str):
+    return value
+  raise ValueError(f"{key} must be {getattr(annotation, '__name__', annotation)}, got {value!r}")
+
+
+def parse_options(options: type, top: Mapping[str, Any], section: Mapping[str, Any],
+                  where: str, section_where: str):
+  """Builds `options` from config dicts: top-level keys from `top`, the rest from `section`.
+
+  Missing keys take the dataclass defaults. Raises ValueError naming the full
+  key for a wrong type, a value outside `choices`, or a failed `check`.
+  """
+  hints = typing.get_type_hints(options)
+  top_names = set(top_level_fields(options))
+  kwargs = {}
+  for f in dataclasses.fields(options):
+    src, prefix = (top, where) if f.name in top_names else (section, section_where)
+    if f.name not in src:
+      continue
+    key = f"{prefix}.{f.name}"
+    value = _convert(src[f.name], hints[f.name], key)
+    choices, check = f.metadata.get("choices"), f.metadata.get("check")
+    if choices is not None and value not in choices:
+      raise ValueError(f"{key} must be one of {list(choices)}, got {value!r}")
+    if check is not None and value is not None and not check[0](value):
+      raise ValueError(f"{key} must be {check[1]}, got {value!r}")
+    kwargs[f.name] = value
+  return options(**kwargs)
+
+
+def finish(gates: Array, token_index: Array, valid: Array, token_mask: Array,
+           auxiliary_loss: Array, extra: Optional[Dict[str, Array]] = None) -> rt.Routing:
+  """A `Routing` whose combine weights are `gates` (G, S, E) at the assigned slots."""
+  token_index = jax.lax.stop_gradient(token_index)
+  weight = rt.gather_gates(gates, token_index, valid)
+  metrics = rt.routing_metrics(token_index, valid, token_mask, auxiliary_loss)
+  metrics.update(extra or {})
+  return rt.Routing(token_index, valid, weight, auxiliary_loss, metrics)
+
+
+def assign_top_k(scores: Array, token_mask: Array, num_experts: int, k: int, capacity: int,
+                 batch_priority: bool, choice_mask_positive: bool = False):
+  """Token choice on (G, S, E) scores: each token's top-k experts, slots in priority order.
+
+  Returns (token_index, valid), see `routing.assign_token_choice`.
+  """
+  top, expert_index = jax.lax.top_k(jax.lax.stop_gradient(scores), k)
+  priority = top[..., 0] if batch_priority else None
+  choice_mask = top > 0 if choice_mask_positive else None
+  return rt.assign_token_choice(expert_index, token_mask, num_experts, capacity, priority,
+                                choice_mask)
+
+
+def zero_loss() -> Array:
+  return jnp.zeros((), jnp.float32)
+
+
+def round_half_up(x: float) -> int:
+  return int(math.floor(x + 0.5))

@@ -1,0 +1,68 @@
+"""'sbase': Sinkhorn-BASE (Clark et al. 2022), as adapted to V-MoE in the paper's Appendix A.5.
+
+Entropic OT per group with cost -logits, mass 1 per token and S/E per expert
+(the S-BASE problem of Appendix A.5), `num_iters` log-domain Sinkhorn
+iterations from zero potentials; each token takes the top-K experts of its
+plan row, slots as in TopK; combine weights softmax(logits). No gradient flows
+through Sinkhorn.
+
+Update order: the reference implementation (OTT's Sinkhorn, as used by the
+paper's code) updates the expert potential g first and the token potential f
+second in every iteration, so after a fixed number of iterations each token's
+row sums to exactly 1 and the expert columns are approximate. `first_update =
+'experts'` (default) does that; 'tokens' updates f first (columns exact). The
+two differ on peaked logits, where 20 iterations are far from convergence.
+"""
+import dataclasses
+from typing import Optional
+
+import jax
+import jax.numpy as jnp
+
+from vmoe_sparse_ot import ot
+from vmoe_sparse_ot.nn import routing as rt
+from vmoe_sparse_ot.nn.routers import base
+
+Array = jax.Array
+
+
+@dataclasses.dataclass(frozen=True)
+class SBaseOptions(base.CommonOptions):
+  epsilon: float = base.option(1.0, "Entropic regularization.", check=base.POSITIVE)
+  num_iters: int = base.option(20, "Sinkhorn iterations (fixed, no tolerance).",
+                               check=base.AT_LEAST_ONE)
+  first_update: str = base.option(
+      "experts", "Which potential each iteration updates first: 'experts' (g, as OTT "
+      "does) or 'tokens' (f).", choices=("experts", "tokens"))
+
+
+def plans(logits: Array, opts: SBaseOptions) -> Array:
+  """(G, S, E) entropic plans of the groups' logits (no gradient)."""
+  _, s, e = logits.shape
+  tokens, experts = jnp.ones((s,), jnp.float32), jnp.full((e,), s / e, jnp.float32)
+  cost = -jax.lax.stop_gradient(logits).astype(jnp.float32)
+
+  def solve(c):
+    # ot.sinkhorn updates the row potential first: rows are the potential that
+    # must go first, so the 'experts' order solves the transposed problem.
+    if opts.first_update == "experts":
+      return ot.sinkhorn(experts, tokens, c.T, opts.epsilon, max_iter=opts.num_iters,
+                         tol=0.0).plan.T
+    return ot.sinkhorn(tokens, experts, c, opts.epsilon, max_iter=opts.num_iters,
+                       tol=0.0).plan
+
+  return jax.vmap(solve)(cost)
+
+
+def route(logits: Array, token_mask: Array, opts: SBaseOptions, capacity: int, train: bool,
+          rng: Optional[Array]) -> rt.Routing:
+  del train, rng
+  e = logits.shape[-1]
+  k = min(opts.num_selected_experts, e)
+  token_index, valid = base.assign_top_k(plans(logits, opts), token_mask, e, k, capacity,
+                                         opts.batch_priority)
+  gates = jax.nn.softmax(logits, axis=-1)
+  return base.finish(gates, token_index, valid, token_mask, base.zero_loss())
+
+
+ROUTER = base.Router(name="sbase", options=SBaseOptions, route=route)
