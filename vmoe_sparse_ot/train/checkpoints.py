@@ -17,10 +17,12 @@ start. A checkpoint that fails to restore is damaged: the trainer moves it aside
 """
 from __future__ import annotations
 
+import gc
 import glob
 import logging as std_logging
 import os
 import shutil
+import sys
 import time
 from typing import Any, Callable
 
@@ -70,7 +72,7 @@ def _manager(workdir: str, *, max_to_keep: int | None = None, async_save: bool =
 def _reason(error: BaseException) -> str:
   """One short line describing an exception."""
   text = ' '.join(str(error).split())
-  text = text.split(' [tensorstore_spec=')[0]
+  text = text.split(' [tensorstore_spec=')[0].split(' See full TensorStore details')[0]
   return f'{type(error).__name__}: {text[:200]}{"..." if len(text) > 200 else ""}'
 
 
@@ -175,6 +177,45 @@ def _read_meta(manager: ocp.CheckpointManager, step: int) -> dict[str, Any]:
   return meta
 
 
+class _DropAbandonedReads(std_logging.Filter):
+  """asyncio's "exception was never retrieved" for the reads of a damaged step."""
+
+  def __init__(self):
+    super().__init__()
+    self.paths: set[str] = set()
+
+  def filter(self, record: std_logging.LogRecord) -> bool:
+    message = record.getMessage()
+    return not ('exception was never retrieved' in message
+                and any(path in message for path in self.paths))
+
+
+_ABANDONED_READS = _DropAbandonedReads()
+
+
+def _unraisable_hook(default):
+  def hook(info):
+    if not (isinstance(info.exc_value, RuntimeError)
+            and 'Event loop is closed' in str(info.exc_value)):
+      default(info)
+  hook.quiet_failed_reads = True
+  return hook
+
+
+def _quiet_closed_event_loop() -> None:
+  if not getattr(sys.unraisablehook, 'quiet_failed_reads', False):
+    sys.unraisablehook = _unraisable_hook(sys.unraisablehook)
+
+
+def _quiet_abandoned_io(step_dir: str) -> None:
+  """A failed Orbax read or write under `step_dir` leaves futures that complain, with
+  tracebacks, when collected (often at exit); the failure was reported in one line."""
+  if _ABANDONED_READS not in std_logging.getLogger('asyncio').filters:
+    std_logging.getLogger('asyncio').addFilter(_ABANDONED_READS)
+  _ABANDONED_READS.paths.add(step_dir.rstrip('/') + '/')
+  _quiet_closed_event_loop()
+
+
 def _all_processes_ok(ok: bool) -> bool:
   """Every process must take the same step: one failing read fails it for all."""
   if jax.process_count() == 1:
@@ -190,6 +231,13 @@ def _newest_restorable(manager, directory: str, restore: Callable[[int], Any],
   `damaged` lists (step, reason) of newer steps that failed. A `check_meta`
   error (the checkpoint is intact but does not fit) propagates.
   """
+  try:
+    return _search(manager, directory, restore, check_meta)
+  finally:
+    gc.collect()  # Abandoned reads complain now, while the filter is in place.
+
+
+def _search(manager, directory, restore, check_meta):
   damaged = []
   for step in sorted(manager.all_steps(), reverse=True):
     try:
@@ -199,6 +247,7 @@ def _newest_restorable(manager, directory: str, restore: Callable[[int], Any],
       meta, error = None, e
     if not _all_processes_ok(error is None):
       damaged.append((step, _reason(error) if error else 'failed on another process'))
+      _quiet_abandoned_io(os.path.join(directory, str(step)))
       continue
     if check_meta is not None:
       check_meta(meta)
@@ -208,6 +257,7 @@ def _newest_restorable(manager, directory: str, restore: Callable[[int], Any],
       restored, error = None, e
     if not _all_processes_ok(error is None):
       damaged.append((step, _reason(error) if error else 'failed on another process'))
+      _quiet_abandoned_io(os.path.join(directory, str(step)))
       continue
     return step, (meta, restored), damaged
   if damaged:
@@ -248,8 +298,12 @@ class Checkpointer:
                         len(removed), self.directory, ', '.join(removed))
     self._log_filter = _DropOrbaxErrors()
     std_logging.getLogger('absl').addFilter(self._log_filter)
+    # A failed write (e.g. a full disk) leaves tensorstore callbacks that hit
+    # Orbax's closed event loop, each printing a traceback.
+    _quiet_closed_event_loop()
     self._manager = _manager(workdir, **self._options)
     self._pending_step: int | None = None
+    self._write_failed_once = False
 
   def latest_step(self) -> int | None:
     return self._manager.latest_step()
@@ -277,7 +331,10 @@ class Checkpointer:
 
   def _write_failed(self, error: BaseException) -> None:
     step, self._pending_step = self._pending_step, None
-    saved = [s for s in self._manager.all_steps(read=True) if s != step]
+    self._write_failed_once = True
+    _quiet_abandoned_io(self.directory)
+    self._manager.reload()
+    saved = [s for s in self._manager.all_steps() if s != step]
     last = f'step {max(saved)}' if saved else 'none'
     cause = ('the disk is full or a file-size limit was reached'
              if is_disk_full(error) else 'the write failed')
@@ -331,7 +388,10 @@ class Checkpointer:
       self.wait()
     finally:
       self._manager.close()
-      std_logging.getLogger('absl').removeFilter(self._log_filter)
+      # After a failed save, Orbax's threads may still log errors until the
+      # process exits; the failure was reported in one line.
+      if not self._write_failed_once:
+        std_logging.getLogger('absl').removeFilter(self._log_filter)
 
 
 def _read_only(workdir: str, step: int | None) -> ocp.CheckpointManager:

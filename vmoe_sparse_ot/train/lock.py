@@ -76,7 +76,10 @@ class WorkdirLock:
 
   def release(self) -> None:
     if self._fd is not None:
-      # The file stays: deleting it would let a waiting process lock a stale inode.
+      # Emptied, so the next trainer sees a clean release rather than a dead
+      # holder; the file stays, since deleting it would let a process that opened
+      # it a moment ago lock an inode nobody else sees.
+      os.ftruncate(self._fd, 0)
       fcntl.flock(self._fd, fcntl.LOCK_UN)
       os.close(self._fd)
       self._fd = None
