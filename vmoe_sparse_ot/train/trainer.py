@@ -268,7 +268,7 @@ def _train_and_evaluate(config, workdir, model, devices, allow_schedule_change):
   failed = True
   try:
     with jax.set_mesh(mesh):
-      state, saved = ckpt.restore(state_lib.with_shardings(abstract_state, state_sharding),
+      state, _ = ckpt.restore(state_lib.with_shardings(abstract_state, state_sharding),
                                   check_meta)
       if state is None:
         state = jax.jit(init_state, out_shardings=state_sharding)()
