@@ -113,5 +113,25 @@ class ProgressLogger:
                    format_duration((self.total_steps - step) / max(steady_rate, 1e-9)))
 
 
+  def summary(self) -> dict[str, Any]:
+    """What summary.json reports about training (after at least one `log`).
+
+    train_loss_last_interval_mean: the mean loss over train_last_interval_steps
+    ([first, last]); final_train_loss is the same value under its older name.
+    steps_per_sec / images_per_sec: after the first (compiling) step, pauses
+    excluded; absent when the run trained a single step. train_loss_history and
+    losses (every step's) are returned but not written to the file.
+    """
+    interval = self.last_interval
+    out = {'train_loss_last_interval_mean': interval['loss'],
+           'final_train_loss': interval['loss'],
+           'train_last_interval_steps': [interval['first_step'], interval['last_step']],
+           'train_loss_history': self.history, 'losses': self.losses}
+    if self.steady_steps:
+      out['steps_per_sec'] = self.steady_steps / self.steady_seconds
+      out['images_per_sec'] = out['steps_per_sec'] * self.batch_size
+    return out
+
+
 def _isfinite(x: float) -> bool:
   return x == x and abs(x) != float('inf')

@@ -347,15 +347,7 @@ def _train_loop(config, workdir, model, mesh, tx, schedule, ckpt, state, start_s
           action(step, state=state, metrics=metrics)
         summary['step'] = step
       eval_results.append(actions[1].get_last_callback_result())
-      interval = progress.last_interval
-      summary['train_loss_last_interval_mean'] = interval['loss']
-      summary['final_train_loss'] = interval['loss']  # Same value, the older name.
-      summary['train_last_interval_steps'] = [interval['first_step'], interval['last_step']]
-      if progress.steady_steps:
-        summary['steps_per_sec'] = progress.steady_steps / progress.steady_seconds
-        summary['images_per_sec'] = summary['steps_per_sec'] * config.batch_size
-      summary['train_loss_history'] = progress.history
-      summary['losses'] = progress.losses
+      summary.update(progress.summary())
     if not eval_results:  # Nothing left to train: evaluate the restored params.
       eval_results.append(evaluate(eval_step, state.params, eval_ds, batch_sharding))
       _log_eval(summary['step'], ds_cfg.eval_split, eval_results[-1], writer)
@@ -364,7 +356,7 @@ def _train_loop(config, workdir, model, mesh, tx, schedule, ckpt, state, start_s
 
   summary['eval'] = eval_results[-1]
   summary.setdefault('train_loss_history', [])
-  summary.setdefault('losses', [])
+  summary.setdefault('losses', [])  # Nothing was trained.
   if jax.process_index() == 0:
     with open(os.path.join(workdir, 'summary.json'), 'w') as f:
       json.dump({k: v for k, v in summary.items()
