@@ -178,7 +178,7 @@ def _read_meta(manager: ocp.CheckpointManager, step: int) -> dict[str, Any]:
 
 
 class _DropAbandonedReads(std_logging.Filter):
-  """asyncio's "exception was never retrieved" for the reads of a damaged step."""
+  """asyncio's "exception was never retrieved" for failed reads or writes under `paths`."""
 
   def __init__(self):
     super().__init__()
@@ -198,12 +198,12 @@ def _unraisable_hook(default):
     if not (isinstance(info.exc_value, RuntimeError)
             and 'Event loop is closed' in str(info.exc_value)):
       default(info)
-  hook.quiet_failed_reads = True
+  hook.quiet_closed_event_loop = True
   return hook
 
 
 def _quiet_closed_event_loop() -> None:
-  if not getattr(sys.unraisablehook, 'quiet_failed_reads', False):
+  if not getattr(sys.unraisablehook, 'quiet_closed_event_loop', False):
     sys.unraisablehook = _unraisable_hook(sys.unraisablehook)
 
 
@@ -226,15 +226,17 @@ def _all_processes_ok(ok: bool) -> bool:
 
 def _newest_restorable(manager, directory: str, restore: Callable[[int], Any],
                        check_meta: Callable[[dict[str, Any]], None] | None):
-  """(step, restored, damaged) for the newest step whose meta and arrays read cleanly.
+  """(step, (meta, restored), damaged) for the newest step whose meta and arrays read.
 
   `damaged` lists (step, reason) of newer steps that failed. A `check_meta`
-  error (the checkpoint is intact but does not fit) propagates.
+  error (the checkpoint is intact but does not fit) propagates. Raises
+  CheckpointRestoreError when steps exist but none reads; (None, None, []) when
+  there is none.
   """
   try:
     return _search(manager, directory, restore, check_meta)
   finally:
-    gc.collect()  # Abandoned reads complain now, while the filter is in place.
+    gc.collect()  # Abandoned reads complain now, while their filter is in place.
 
 
 def _search(manager, directory, restore, check_meta):
