@@ -46,7 +46,7 @@ class ProgressLogger:
     self._learning_rate, self._writer, self._last_good = learning_rate, writer, last_good
     self._start = time.monotonic()
     self._paused = 0.0  # Seconds spent paused since the start.
-    self._compiled_at: float | None = None  # Clock (minus pauses) after the first step.
+    self._compiled = False  # Whether the first (compiling) step was reported.
     self._last_time, self._last_step = 0.0, first_step - 1
     self.history: list[tuple[int, float]] = []  # (step, mean loss of the interval).
     self.losses: list[float] = []  # Every step's loss.
@@ -83,14 +83,22 @@ class ProgressLogger:
     self.check_finite(step, fetched, means)
     first, num_steps = self._last_step + 1, step - self._last_step
     elapsed = now - self._last_time
-    self._last_time, self._last_step = now, step
+    self._last_step = step
+    try:
+      self._report(step, fetched, means, first, num_steps, elapsed)
+    finally:
+      # The next interval starts after this report: its first-time costs (the
+      # TensorBoard writer, the schedule's eager ops) stay out of steps/s.
+      self._last_time = self._clock()
+
+  def _report(self, step, fetched, means, first, num_steps, elapsed) -> None:
     learning_rate = float(self._learning_rate(step - 1))  # optax counts from 0.
     self.history.append((step, means['loss']))
     self.losses += fetched.step_losses()
     self.last_interval = {'first_step': first, 'last_step': step, **means}
     scalars = dict(means, learning_rate=learning_rate)
-    if self._compiled_at is None:  # The first step: compilation and one step.
-      self._compiled_at = now
+    if not self._compiled:  # The first step: compilation and one step.
+      self._compiled = True
       self._writer.write_scalars(step, scalars)
       if jax.process_index() == 0:
         logging.info('step %d/%d: compiled and ran in %.1fs; loss %.4f, accuracy %.3f; '
@@ -111,7 +119,6 @@ class ProgressLogger:
                    means['accuracy'], learning_rate, steps_per_sec,
                    scalars['images_per_sec'],
                    format_duration((self.total_steps - step) / max(steady_rate, 1e-9)))
-
 
   def summary(self) -> dict[str, Any]:
     """What summary.json reports about training (after at least one `log`).
