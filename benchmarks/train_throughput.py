@@ -1,9 +1,10 @@
 """Training throughput (images/s) of configs/vmoe_tiny_mnist.py per router.
 
 Runs the real trainer (input pipeline, jitted sharded step, logging, checkpoint at
-the end) for `--steps` steps per router and reads its steady-state throughput:
-steps after the first logging interval (which holds compilation) divided by their
-wall time, times the global batch. Routers run round-robin for `--rounds` rounds
+the end) for `--steps` steps per router and reads its steady-state throughput from
+summary['images_per_sec']: the steps after the first one (which holds
+compilation) divided by their wall time (evaluation and checkpoint waits
+excluded), times the global batch. Routers run round-robin for `--rounds` rounds
 so that load from other processes hits them alike; compilations after the first
 round come from a persistent cache. Reports the best and the median round.
 

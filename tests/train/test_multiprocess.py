@@ -20,11 +20,7 @@ def _free_port():
     return s.getsockname()[1]
 
 
-def test_two_processes_match_one_process(tmp_path):
-  workdir = str(tmp_path / 'two')
-  # One device per process and experts split over the two processes: the MoE
-  # all-to-alls cross the process boundary.
-  flags = helpers.cli_args(workdir, 'router=topk', mesh__expert=2, **OVERRIDES)
+def _run_two_processes(flags):
   address = f'127.0.0.1:{_free_port()}'
   procs = [subprocess.Popen(
       helpers.main_command(*flags, f'--coordinator_address={address}', '--num_processes=2',
@@ -39,7 +35,22 @@ def test_two_processes_match_one_process(tmp_path):
         p.kill()
   for p, (_, err) in zip(procs, outs):
     assert p.returncode == 0, err[-3000:]
+  return outs
+
+
+def test_two_processes_match_one_process(tmp_path):
+  workdir = str(tmp_path / 'two')
+  # One device per process and experts split over the two processes: the MoE
+  # all-to-alls cross the process boundary.
+  flags = helpers.cli_args(workdir, 'router=topk', mesh__expert=2, **OVERRIDES)
+  outs = _run_two_processes(flags)
   assert "mesh {'data': 1, 'expert': 2}; 2 process(es)" in outs[0][1]
+  # Each process holds its own workdir lock; only process 0 prints progress.
+  assert sorted(f for f in os.listdir(workdir) if f.startswith('.lock')) == [
+      '.lock', '.lock.process-1']
+  assert 'step 6/6: mean of step' in outs[0][1] and 'step 6/6:' not in outs[1][1]
+  assert 'step 1/6: compiled and ran in' in outs[0][1]
+  assert 'compiled and ran in' not in outs[1][1]
   with open(os.path.join(workdir, 'summary.json')) as f:
     two = json.load(f)
 
@@ -57,3 +68,10 @@ def test_two_processes_match_one_process(tmp_path):
   # on a 1e-9 difference in summation order: compare at the learning-rate scale.
   for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-4)
+
+  # Relaunched, both processes agree on the checkpoint to restore (a collective
+  # check) and, with nothing left to train, only evaluate.
+  outs = _run_two_processes(flags)
+  for _, err in outs:
+    assert 'Resumed from step 6 of' in err
+  assert 'Final test[:300] accuracy at step 6' in outs[0][0]

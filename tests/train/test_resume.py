@@ -1,4 +1,5 @@
 """Command line end to end: SIGKILL after a checkpoint, restart, same final params."""
+import json
 import os
 import re
 import signal
@@ -46,9 +47,25 @@ def test_kill_and_resume_matches_uninterrupted_run(tmp_path):
   assert f'Resumed from step {steps_at_kill[-1]}' in resumed.stderr
   assert re.search(r'Final test\[:300\] accuracy at step 30: \d+\.\d\d% \(300 examples',
                    resumed.stdout), resumed.stdout
-  # Progress report with steps/s and ETA, TensorBoard event files.
-  assert re.search(r'step \d+/30: loss .* steps/s, .* images/s, ETA', resumed.stderr)
+  # One progress line per interval (means, steps/s, ETA), the first right after
+  # compilation; scalars and hyperparameters stay off the console.
+  first = steps_at_kill[-1] + 1
+  assert re.search(rf'step {first}/30: compiled and ran in \d+\.\ds; loss \d\.\d{{4}}',
+                   resumed.stderr), resumed.stderr[-3000:]
+  progress = re.findall(r'step (\d+)/30: mean of steps (\d+)-(\d+): loss \d\.\d{4}, '
+                        r'accuracy \d\.\d{3}; lr \S+; \S+ steps/s, \d+ images/s; ETA \dm\d\ds',
+                        resumed.stderr)
+  want = [s for s in range(first + 1, 31) if s % 4 == 0 or s == 30]
+  assert [int(p[0]) for p in progress] == want, resumed.stderr[-3000:]
+  assert 'routing/' not in resumed.stderr and 'hparams' not in resumed.stderr.lower()
   assert any(f.startswith('events.out.tfevents') for f in os.listdir(killed))
+  # metrics.jsonl: the killed run's records after its last checkpoint were
+  # dropped on resume, so each step is logged once.
+  with open(os.path.join(killed, 'metrics.jsonl')) as f:
+    records = [json.loads(line) for line in f]
+  train_steps = [r['step'] for r in records if r['split'] == 'train']
+  assert train_steps == sorted(set(train_steps)) and train_steps[-1] == 30
+  assert [r['step'] for r in records if r['split'] == 'eval'] == [30]
 
   reference = str(tmp_path / 'reference')
   trainer.train_and_evaluate(helpers.small_config('router=topk', **OVERRIDES), reference,

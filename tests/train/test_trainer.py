@@ -2,12 +2,14 @@
 import json
 import math
 import os
+import shutil
 
 import jax
 import numpy as np
 import pytest
 
 from vmoe_sparse_ot.train import checkpoints
+from vmoe_sparse_ot.train import errors
 from vmoe_sparse_ot.train import trainer
 from tests.train.helpers import small_config
 
@@ -24,11 +26,26 @@ def learned(tmp_path_factory):
   return workdir, summary
 
 
+def _records(workdir):
+  with open(os.path.join(workdir, 'metrics.jsonl')) as f:
+    return [json.loads(line) for line in f]
+
+
 def test_tiny_config_trains_and_loss_falls(learned):
   workdir, summary = learned
-  losses = summary['losses']
-  assert len(losses) == 40 and all(math.isfinite(x) for x in losses)
-  assert np.mean(losses[-10:]) < np.mean(losses[:10]) - 0.3, losses
+  history = summary['train_loss_history']
+  # Logged after step 1 (compilation), every 5 steps, and at the end.
+  assert [s for s, _ in history] == [1, 5, 10, 15, 20, 25, 30, 35, 40]
+  assert all(math.isfinite(x) for _, x in history)
+  assert history[-1][1] < history[1][1] - 0.3, history
+  losses = summary['losses']  # Every step's loss, read once per interval.
+  assert len(losses) == 40
+  assert history[0][1] == losses[0]
+  assert history[1][1] == pytest.approx(np.mean(losses[1:5]), rel=1e-6)
+  assert history[-1][1] == pytest.approx(np.mean(losses[35:]), rel=1e-6)
+  assert summary['train_loss_last_interval_mean'] == summary['final_train_loss'] == \
+      history[-1][1]
+  assert summary['train_last_interval_steps'] == [36, 40]
   assert summary['eval']['num_examples'] == 300
   assert summary['eval']['accuracy'] > 0.3  # Chance is 0.1.
   assert sorted(os.listdir(os.path.join(workdir, 'checkpoints'))) == ['20', '40']
@@ -36,15 +53,60 @@ def test_tiny_config_trains_and_loss_falls(learned):
   with open(os.path.join(workdir, 'summary.json')) as f:
     written = json.load(f)
   assert written['step'] == 40 and written['eval'] == summary['eval']
+  assert written['train_loss_last_interval_mean'] == summary['final_train_loss']
   params, step = checkpoints.restore_params(workdir)
   assert step == 40 and params['head']['kernel'].shape == (32, 10)
+
+
+def test_metrics_jsonl_and_config_json(learned):
+  workdir, summary = learned
+  records = _records(workdir)
+  train = [r for r in records if r['split'] == 'train']
+  evals = [r for r in records if r['split'] == 'eval']
+  assert [r['step'] for r in train] == [s for s, _ in summary['train_loss_history']]
+  assert [r['loss'] for r in train] == [x for _, x in summary['train_loss_history']]
+  for r in train:
+    assert {'loss', 'accuracy', 'cross_entropy', 'auxiliary_loss', 'grad_norm',
+            'learning_rate'} <= set(r)
+    assert any(k.startswith('routing/encoderblock_1/') for k in r)
+  assert 'steps_per_sec' not in train[0] and 'steps_per_sec' in train[1]  # Step 1 compiles.
+  # The warmup schedule (5 steps to 3e-3): step t used lr(t - 1).
+  assert train[0]['learning_rate'] == 0.0
+  assert train[1]['learning_rate'] == pytest.approx(4 / 5 * 3e-3)
+  assert [r['step'] for r in evals] == [20, 40]
+  assert evals[-1]['accuracy'] == pytest.approx(summary['eval']['accuracy'])
+  with open(os.path.join(workdir, 'config.json')) as f:
+    written = json.load(f)
+  want = json.loads(json.dumps(small_config('router=sparse_ot', **LEARN).to_dict()))
+  assert written == want
+
+
+def test_logged_metrics_are_interval_means_of_the_per_step_values(tmp_path):
+  """Logging every step gives the per-step values; every 4 steps, their means."""
+  overrides = dict(train_steps=9, log_every_steps=1)
+  every = str(tmp_path / 'every')
+  trainer.train_and_evaluate(small_config('router=topk', **overrides), every,
+                             devices=jax.devices()[:1])
+  per_step = {r['step']: r for r in _records(every) if r['split'] == 'train'}
+  assert sorted(per_step) == list(range(1, 10))
+  overrides['log_every_steps'] = 4
+  interval = str(tmp_path / 'interval')
+  trainer.train_and_evaluate(small_config('router=topk', **overrides), interval,
+                             devices=jax.devices()[:1])
+  logged = {r['step']: r for r in _records(interval) if r['split'] == 'train'}
+  assert sorted(logged) == [1, 4, 8, 9]
+  for step, steps in ((1, [1]), (4, [2, 3, 4]), (8, [5, 6, 7, 8]), (9, [9])):
+    for name in ('loss', 'accuracy', 'cross_entropy', 'grad_norm',
+                 'routing/encoderblock_1/tokens_per_expert_min'):
+      want = np.mean([per_step[s][name] for s in steps])
+      assert logged[step][name] == pytest.approx(want, rel=1e-5, abs=1e-7), (step, name)
 
 
 def test_restart_after_the_last_step_only_evaluates(learned):
   workdir, summary = learned
   again = trainer.train_and_evaluate(small_config('router=sparse_ot', **LEARN), workdir,
                                      devices=jax.devices()[:1])
-  assert again['losses'] == [] and again['step'] == 40
+  assert again['train_loss_history'] == [] and again['step'] == 40
   assert again['eval'] == pytest.approx(summary['eval'])
 
 
@@ -55,23 +117,83 @@ def test_checkpoint_config_mismatch_fails_clearly(learned):
                      r'checkpoint 32, config 48'):
     trainer.train_and_evaluate(config, workdir, devices=jax.devices()[:1])
   config = small_config('router=sparse_ot', **dict(LEARN, batch_size=32))
-  with pytest.raises(ValueError, match='different input stream'):
+  with pytest.raises(ValueError, match='different input stream: dataset.batch_size: '
+                     'checkpoint 16, config 32'):
     trainer.train_and_evaluate(config, workdir, devices=jax.devices()[:1])
 
 
-def test_nan_loss_stops_naming_the_step_and_keeps_last_good_checkpoint(tmp_path):
-  config = small_config('router=topk', train_steps=30, optimizer__name='sgd',
-                        optimizer__momentum=0.0, schedule__name='warmup_constant',
-                        schedule__warmup_steps=0, schedule__peak_value=1e30,
+@pytest.mark.parametrize('overrides, named', [
+    (dict(optimizer__name='sgd'), ["optimizer.name: checkpoint 'adam', config 'sgd'"]),
+    (dict(optimizer__weight_decay=0.0, optimizer__b2=0.99),
+     ['optimizer.b2: checkpoint 0.999, config 0.99',
+      'optimizer.weight_decay: checkpoint 0.0001, config 0.0']),
+])
+def test_resuming_with_another_optimizer_names_the_setting(learned, overrides, named):
+  workdir, _ = learned
+  config = small_config('router=sparse_ot', **dict(LEARN, **overrides))
+  with pytest.raises(errors.ResumeMismatchError, match='the optimizer differs') as e:
+    trainer.train_and_evaluate(config, workdir, devices=jax.devices()[:1])
+  message = str(e.value)
+  assert '\n' not in message and workdir in message
+  for text in named:
+    assert text in message
+  assert message.count('optimizer.') == len(named)
+
+
+def test_schedule_change_refused_unless_allowed(learned, tmp_path):
+  workdir, _ = learned
+  config = small_config('router=sparse_ot', **dict(LEARN, train_steps=45))
+  with pytest.raises(errors.ResumeMismatchError,
+                     match='train_steps: checkpoint 40, config 45.*allow_schedule_change'):
+    trainer.train_and_evaluate(config, workdir, devices=jax.devices()[:1])
+  config = small_config('router=sparse_ot', **dict(LEARN, schedule__peak_value=1e-3))
+  with pytest.raises(errors.ResumeMismatchError,
+                     match=r'schedule.peak_value: checkpoint 0.003, config 0.001'):
+    trainer.train_and_evaluate(config, workdir, devices=jax.devices()[:1])
+  copy = str(tmp_path / 'extended')
+  shutil.copytree(workdir, copy, ignore=shutil.ignore_patterns('.lock*'))
+  config = small_config('router=sparse_ot', **dict(LEARN, train_steps=45))
+  summary = trainer.train_and_evaluate(config, copy, devices=jax.devices()[:1],
+                                       allow_schedule_change=True)
+  assert summary['step'] == 45 and [s for s, _ in summary['train_loss_history']] == [41, 45]
+  _, meta, step = checkpoints.restore_params_with_meta(copy)
+  assert step == 45 and meta['train_steps'] == 45 and meta['step'] == 45
+
+
+HUGE_LR = dict(train_steps=30, optimizer__name='sgd', optimizer__momentum=0.0,
+               schedule__name='warmup_constant', schedule__warmup_steps=0)
+
+
+@pytest.mark.parametrize('peak_value', [1e30, float('inf')])
+def test_nan_never_reaches_a_checkpoint_and_the_last_good_one_restores(tmp_path, peak_value):
+  config = small_config('router=topk', **HUGE_LR, schedule__peak_value=peak_value,
                         checkpoint__every_steps=1, checkpoint__keep=1)
+  workdir = str(tmp_path)
   with pytest.raises(trainer.NonFiniteLossError,
-                     match=r'Non-finite training loss .* at step (\d+); stopping') as e:
-    trainer.train_and_evaluate(config, str(tmp_path), devices=jax.devices()[:1])
-  bad_step = int(str(e.value).split('at step ')[1].split(';')[0])
-  params, good_step = checkpoints.restore_params(str(tmp_path))
+                     match=r'Non-finite .* at step (\d+); stopping. The last good') as e:
+    trainer.train_and_evaluate(config, workdir, devices=jax.devices()[:1])
+  message = str(e.value)
+  assert '\n' not in message
+  bad_step = int(message.split('at step ')[1].split(';')[0])
+  # Every step is checkpointed, so only the bad one is missing.
+  saved = [int(d) for d in os.listdir(os.path.join(workdir, 'checkpoints')) if d.isdigit()]
+  assert saved == ([bad_step - 1] if bad_step > 1 else [])
+  if bad_step == 1:
+    assert 'last good checkpoint is none' in message
+    return
+  params, good_step = checkpoints.restore_params(workdir)
+  assert f'last good checkpoint is step {good_step} in' in message
   assert good_step == bad_step - 1
-  assert f'step {good_step} in' in str(e.value)
   assert all(np.isfinite(x).all() for x in jax.tree.leaves(params))
+
+
+def test_nan_between_checkpoints_is_caught_on_the_logging_step_with_its_step(tmp_path):
+  config = small_config('router=topk', **HUGE_LR, schedule__peak_value=1e30,
+                        checkpoint__every_steps=1000, log_every_steps=10)
+  with pytest.raises(trainer.NonFiniteLossError, match=r'at step [2-9]; stopping\. The last '
+                     r'good checkpoint is none \(no step was saved yet\)\.$'):
+    trainer.train_and_evaluate(config, str(tmp_path), devices=jax.devices()[:1])
+  assert not os.listdir(os.path.join(tmp_path, 'checkpoints'))
 
 
 def test_periodic_fewshot_runs_first_every_n_and_last_step(monkeypatch, tmp_path):

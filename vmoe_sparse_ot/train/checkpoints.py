@@ -1,46 +1,90 @@
-"""Orbax checkpoints under `WORKDIR/checkpoints`: params, train state and metadata.
+"""Orbax checkpoints of a TrainState under `WORKDIR/checkpoints`.
 
 Each step directory holds three items:
-- 'params': the model parameters (sharded arrays, written by every process);
-- 'state': optimizer state and the RNG key data;
-- 'meta': JSON with the step, the data position, the model config and every
-  parameter's shape, so a workdir whose checkpoint does not match the config is
-  rejected with the differences instead of loading garbage.
+- 'params': the model parameters (sharded arrays, written by every process), on
+  their own so that the few-shot job reads them without the optimizer;
+- 'state': the rest of the TrainState: {'opt_state', 'rng', 'step'};
+- 'meta': JSON with 'step', 'model_config', 'param_shapes', 'data' (what fixes the
+  input stream's position), 'optimizer', 'schedule' and 'train_steps', so that a
+  workdir whose checkpoint does not fit the config is refused with the
+  differences named, before any array is read.
 
-Saves are asynchronous and atomic (Orbax writes a temporary directory and renames
-it when complete), so a process killed mid-save leaves the previous checkpoint
-as the latest one.
+Saves are asynchronous and atomic (Orbax writes `N.orbax-checkpoint-tmp*` and
+renames it when complete), so a process killed mid-save leaves the previous
+checkpoint as the latest one; leftover temporary folders are removed at the next
+start. A checkpoint that fails to restore is damaged: the trainer moves it aside
+(`N.corrupt`) and resumes from the newest one that restores.
 """
 from __future__ import annotations
 
+import gc
+import glob
+import logging as std_logging
 import os
-from typing import Any
+import shutil
+import sys
+import time
+from typing import Any, Callable
 
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
+from absl import logging
 
 from vmoe_sparse_ot.train import config as config_lib
 from vmoe_sparse_ot.train import partitioning
+from vmoe_sparse_ot.train.errors import CheckpointRestoreError
+from vmoe_sparse_ot.train.errors import CheckpointWriteError
+from vmoe_sparse_ot.train.errors import ResumeMismatchError
+from vmoe_sparse_ot.train.state import TrainState
 
 ITEMS = ('params', 'state', 'meta')
+TMP_PATTERN = '*.orbax-checkpoint-tmp*'
+CORRUPT_SUFFIX = '.corrupt'
+# Messages of writes that failed for lack of space (errno ENOSPC, EDQUOT, EFBIG;
+# tensorstore reports them as ValueError text with the OS error code).
+_DISK_FULL_HINTS = ('No space left', 'File too large', 'Disk quota', "os_error_code='28'",
+                    "os_error_code='27'", "os_error_code='122'")
 
 
 def checkpoint_dir(workdir: str) -> str:
   return os.path.join(os.path.abspath(workdir), 'checkpoints')
 
 
+class _DropOrbaxErrors(std_logging.Filter):
+  """Orbax logs a failed background save with several tracebacks; we report it in one line."""
+
+  def filter(self, record: std_logging.LogRecord) -> bool:
+    return not ('/orbax/' in record.pathname and record.levelno >= std_logging.ERROR)
+
+
 def _manager(workdir: str, *, max_to_keep: int | None = None, async_save: bool = True,
              read_only: bool = False) -> ocp.CheckpointManager:
   options = ocp.CheckpointManagerOptions(
       max_to_keep=max_to_keep, create=not read_only, read_only=read_only,
-      enable_async_checkpointing=async_save,
-      # A save cut short by a kill leaves a temporary directory; drop it on restart.
-      cleanup_tmp_directories=not read_only)
+      enable_async_checkpointing=async_save, cleanup_tmp_directories=not read_only)
   handlers = {'params': ocp.StandardCheckpointHandler(),
               'state': ocp.StandardCheckpointHandler(), 'meta': ocp.JsonCheckpointHandler()}
   return ocp.CheckpointManager(checkpoint_dir(workdir), options=options,
                                item_handlers=handlers)
+
+
+def _reason(error: BaseException) -> str:
+  """One short line describing an exception."""
+  text = ' '.join(str(error).split())
+  text = text.split(' [tensorstore_spec=')[0].split(' See full TensorStore details')[0]
+  return f'{type(error).__name__}: {text[:200]}{"..." if len(text) > 200 else ""}'
+
+
+def is_disk_full(error: BaseException) -> bool:
+  seen = error
+  while seen is not None:
+    if isinstance(seen, OSError) and seen.errno in (28, 27, 122):
+      return True
+    if any(hint in str(seen) for hint in _DISK_FULL_HINTS):
+      return True
+    seen = seen.__cause__ or seen.__context__
+  return False
 
 
 def param_shapes(params: Any) -> dict[str, list[int]]:
@@ -50,89 +94,372 @@ def param_shapes(params: Any) -> dict[str, list[int]]:
           for path, leaf in flat}
 
 
+def _differences(saved: Any, now: Any, prefix: str) -> list[str]:
+  flat_saved = config_lib.flatten(saved or {}) if isinstance(saved, dict) else {'': saved}
+  flat_now = config_lib.flatten(now or {}) if isinstance(now, dict) else {'': now}
+  out = []
+  for key in sorted(set(flat_saved) | set(flat_now)):
+    a, b = flat_saved.get(key, '<absent>'), flat_now.get(key, '<absent>')
+    if a != b:
+      out.append(f'{prefix}{"." + key if key else ""}: checkpoint {a!r}, config {b!r}')
+  return out
+
+
+def _join(problems: list[str], limit: int = 12) -> str:
+  more = f'; ... and {len(problems) - limit} more' if len(problems) > limit else ''
+  return '; '.join(problems[:limit]) + more
+
+
 def check_compatible(meta: dict[str, Any], model_config: dict[str, Any],
                      abstract_params: Any, directory: str) -> None:
-  """Raises ValueError naming what differs between a checkpoint and the config."""
-  problems = []
-  saved_config = meta.get('model_config', {})
-  if saved_config != model_config:
-    flat_saved, flat_now = config_lib.flatten(saved_config), config_lib.flatten(model_config)
-    for key in sorted(set(flat_saved) | set(flat_now)):
-      if flat_saved.get(key, '<absent>') != flat_now.get(key, '<absent>'):
-        problems.append(f'model.{key}: checkpoint {flat_saved.get(key, "<absent>")!r}, '
-                        f'config {flat_now.get(key, "<absent>")!r}')
+  """Raises ResumeMismatchError naming what differs between a checkpoint and the model."""
+  problems = _differences(meta.get('model_config', {}), model_config, 'model')
   saved_shapes, shapes = meta.get('param_shapes', {}), param_shapes(abstract_params)
   for key in sorted(set(saved_shapes) | set(shapes)):
     if saved_shapes.get(key) != shapes.get(key):
       problems.append(f'param {key}: checkpoint shape {saved_shapes.get(key)}, '
                       f'config shape {shapes.get(key)}')
   if problems:
-    shown = '\n  '.join(problems[:20])
-    more = f'\n  ... and {len(problems) - 20} more' if len(problems) > 20 else ''
-    raise ValueError(
+    raise ResumeMismatchError(
         f'The checkpoint in {directory} does not match the config; use a fresh --workdir '
-        f'or the config it was trained with. Differences:\n  {shown}{more}')
+        f'or the config it was trained with. Differences: {_join(problems)}')
+
+
+def check_resume(meta: dict[str, Any], expected: dict[str, Any], directory: str, *,
+                 allow_schedule_change: bool = False) -> list[str]:
+  """Compares the input stream, optimizer and schedule of a checkpoint with this run.
+
+  `expected` holds this run's 'data', 'optimizer', 'schedule' and 'train_steps'.
+  A different input stream or optimizer always fails (the optimizer state would
+  not fit or would mean something else); a different schedule or train_steps
+  fails unless `allow_schedule_change`, and is then returned, to be logged.
+  A key the checkpoint does not record is not compared.
+  """
+  step = meta.get('step', '?')
+  if 'data' in meta and meta['data'] != expected['data']:
+    raise ResumeMismatchError(
+        f'The checkpoint in {directory} was trained on a different input stream: '
+        f'{_join(_differences(meta["data"], expected["data"], "dataset"))}. '
+        'Use a fresh --workdir.')
+  if 'optimizer' in meta:
+    changed = _differences(meta['optimizer'], expected['optimizer'], 'optimizer')
+    if changed:
+      raise ResumeMismatchError(
+          f'Cannot resume from step {step} in {directory}: the optimizer differs from the '
+          f'checkpoint\'s: {_join(changed)}. Use the checkpoint\'s optimizer settings or a '
+          'fresh --workdir.')
+  changed = []
+  if 'schedule' in meta:
+    changed += _differences(meta['schedule'], expected['schedule'], 'schedule')
+  if 'train_steps' in meta:
+    changed += _differences(meta['train_steps'], expected['train_steps'], 'train_steps')
+  if changed and not allow_schedule_change:
+    raise ResumeMismatchError(
+        f'Resuming from step {step} in {directory} would change the learning-rate schedule: '
+        f'{_join(changed)}. Pass allow_schedule_change (main: --allow_schedule_change) to '
+        'continue with the new one, or use the checkpoint\'s values.')
+  return changed
+
+
+def _restore_step(manager: ocp.CheckpointManager, step: int, abstract_params: Any,
+                  abstract_state: Any | None) -> tuple[Any, Any]:
+  args = {'params': ocp.args.StandardRestore(abstract_params)}
+  if abstract_state is not None:
+    args['state'] = ocp.args.StandardRestore(abstract_state)
+  restored = manager.restore(step, args=ocp.args.Composite(**args))
+  return restored['params'], restored.get('state') if abstract_state is not None else None
+
+
+def _read_meta(manager: ocp.CheckpointManager, step: int) -> dict[str, Any]:
+  meta = manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))['meta']
+  if not isinstance(meta, dict):
+    raise ValueError(f'metadata is {type(meta).__name__}, not a JSON object')
+  return meta
+
+
+class _DropAbandonedReads(std_logging.Filter):
+  """asyncio's "exception was never retrieved" for failed reads or writes under `paths`."""
+
+  def __init__(self):
+    super().__init__()
+    self.paths: set[str] = set()
+
+  def filter(self, record: std_logging.LogRecord) -> bool:
+    message = record.getMessage()
+    return not ('exception was never retrieved' in message
+                and any(path in message for path in self.paths))
+
+
+_ABANDONED_READS = _DropAbandonedReads()
+
+
+def _unraisable_hook(default):
+  def hook(info):
+    if not (isinstance(info.exc_value, RuntimeError)
+            and 'Event loop is closed' in str(info.exc_value)):
+      default(info)
+  hook.quiet_closed_event_loop = True
+  return hook
+
+
+def _quiet_closed_event_loop() -> None:
+  if not getattr(sys.unraisablehook, 'quiet_closed_event_loop', False):
+    sys.unraisablehook = _unraisable_hook(sys.unraisablehook)
+
+
+def _quiet_abandoned_io(step_dir: str) -> None:
+  """A failed Orbax read or write under `step_dir` leaves futures that complain, with
+  tracebacks, when collected (often at exit); the failure was reported in one line."""
+  if _ABANDONED_READS not in std_logging.getLogger('asyncio').filters:
+    std_logging.getLogger('asyncio').addFilter(_ABANDONED_READS)
+  _ABANDONED_READS.paths.add(step_dir.rstrip('/') + '/')
+  _quiet_closed_event_loop()
+
+
+def _all_processes_ok(ok: bool) -> bool:
+  """Every process must take the same step: one failing read fails it for all."""
+  if jax.process_count() == 1:
+    return ok
+  from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+  return bool(np.all(multihost_utils.process_allgather(np.int32(ok))))
+
+
+def _newest_restorable(manager, directory: str, restore: Callable[[int], Any],
+                       check_meta: Callable[[dict[str, Any]], None] | None):
+  """(step, (meta, restored), damaged) for the newest step whose meta and arrays read.
+
+  `damaged` lists (step, reason) of newer steps that failed. A `check_meta`
+  error (the checkpoint is intact but does not fit) propagates. Raises
+  CheckpointRestoreError when steps exist but none reads; (None, None, []) when
+  there is none.
+  """
+  try:
+    return _search(manager, directory, restore, check_meta)
+  finally:
+    gc.collect()  # Abandoned reads complain now, while their filter is in place.
+
+
+def _search(manager, directory, restore, check_meta):
+  damaged = []
+  for step in sorted(manager.all_steps(), reverse=True):
+    try:
+      meta = _read_meta(manager, step)
+      error = None
+    except Exception as e:  # pylint: disable=broad-except
+      meta, error = None, e
+    if not _all_processes_ok(error is None):
+      damaged.append((step, _reason(error) if error else 'failed on another process'))
+      _quiet_abandoned_io(os.path.join(directory, str(step)))
+      continue
+    if check_meta is not None:
+      check_meta(meta)
+    try:
+      restored, error = restore(step), None
+    except Exception as e:  # pylint: disable=broad-except
+      restored, error = None, e
+    if not _all_processes_ok(error is None):
+      damaged.append((step, _reason(error) if error else 'failed on another process'))
+      _quiet_abandoned_io(os.path.join(directory, str(step)))
+      continue
+    return step, (meta, restored), damaged
+  if damaged:
+    raise CheckpointRestoreError(
+        f'No checkpoint in {directory} restores: step(s) {[s for s, _ in damaged]} are damaged '
+        f'(step {damaged[0][0]}: {damaged[0][1]}); move them away to start afresh.')
+  return None, None, damaged
+
+
+def _move_aside(directory: str, step: int) -> str:
+  target = os.path.join(directory, f'{step}{CORRUPT_SUFFIX}')
+  if os.path.exists(target):
+    target += f'-{int(time.time())}'
+  os.rename(os.path.join(directory, str(step)), target)
+  return target
+
+
+def remove_unfinished_saves(directory: str) -> list[str]:
+  """Deletes `*.orbax-checkpoint-tmp*` folders left by a save that never completed."""
+  removed = []
+  for path in sorted(glob.glob(os.path.join(directory, TMP_PATTERN))):
+    shutil.rmtree(path, ignore_errors=True)
+    removed.append(os.path.basename(path))
+  return removed
 
 
 class Checkpointer:
-  """Periodic async saves (keep the last `keep`) and resume from the latest step."""
+  """Periodic async saves of a TrainState (keep the last `keep`) and fault-tolerant resume."""
 
   def __init__(self, workdir: str, *, keep: int = 2, async_save: bool = True):
     self.directory = checkpoint_dir(workdir)
-    self._manager = _manager(workdir, max_to_keep=keep, async_save=async_save)
+    self._options = dict(max_to_keep=keep, async_save=async_save)
+    self._workdir = workdir
+    if jax.process_index() == 0 and os.path.isdir(self.directory):
+      removed = remove_unfinished_saves(self.directory)
+      if removed:
+        logging.warning('Removed %d unfinished checkpoint folder(s) in %s: %s',
+                        len(removed), self.directory, ', '.join(removed))
+    self._log_filter = _DropOrbaxErrors()
+    std_logging.getLogger('absl').addFilter(self._log_filter)
+    # A failed write (e.g. a full disk) leaves tensorstore callbacks that hit
+    # Orbax's closed event loop, each printing a traceback.
+    _quiet_closed_event_loop()
+    self._manager = _manager(workdir, **self._options)
+    self._pending_step: int | None = None
+    self._write_failed_once = False
 
   def latest_step(self) -> int | None:
     return self._manager.latest_step()
 
-  def save(self, step: int, params: Any, state: Any, meta: dict[str, Any]) -> None:
-    """Starts an async save of step `step`; returns once device arrays are copied."""
-    self._manager.save(step, args=ocp.args.Composite(
-        params=ocp.args.StandardSave(params), state=ocp.args.StandardSave(state),
-        meta=ocp.args.JsonSave(meta)), force=True)
+  def last_good(self) -> str:
+    """'step N in DIR', or 'none (no step was saved yet)' (after waiting for saves)."""
+    try:
+      self.wait()
+    except CheckpointWriteError:
+      pass  # Reported by whoever waits next; the steps on disk are what counts here.
+    step = self._manager.latest_step()
+    return f'step {step} in {self.directory}' if step else 'none (no step was saved yet)'
 
-  def restore_meta(self, step: int) -> dict[str, Any]:
-    return self._manager.restore(
-        step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))['meta']
+  def save(self, step: int, state: TrainState, meta: dict[str, Any]) -> None:
+    """Starts an async save of `state`; returns once device arrays are copied."""
+    self.wait()  # Reports a failure of the previous save before starting a new one.
+    rest = {'opt_state': state.opt_state, 'rng': state.rng, 'step': state.step}
+    self._pending_step = step
+    try:
+      self._manager.save(step, args=ocp.args.Composite(
+          params=ocp.args.StandardSave(state.params), state=ocp.args.StandardSave(rest),
+          meta=ocp.args.JsonSave(meta)), force=True)
+    except Exception as e:  # pylint: disable=broad-except
+      self._write_failed(e)
 
-  def restore(self, step: int, abstract_params: Any, abstract_state: Any) -> tuple[Any, Any]:
-    """Params and state of `step`, placed as the ShapeDtypeStructs' shardings say."""
-    restored = self._manager.restore(step, args=ocp.args.Composite(
-        params=ocp.args.StandardRestore(abstract_params),
-        state=ocp.args.StandardRestore(abstract_state)))
-    return restored['params'], restored['state']
+  def _write_failed(self, error: BaseException) -> None:
+    step, self._pending_step = self._pending_step, None
+    self._write_failed_once = True
+    _quiet_abandoned_io(self.directory)
+    self._manager.reload()
+    saved = [s for s in self._manager.all_steps() if s != step]
+    last = f'step {max(saved)}' if saved else 'none'
+    cause = ('the disk is full or a file-size limit was reached'
+             if is_disk_full(error) else 'the write failed')
+    raise CheckpointWriteError(
+        f'Writing checkpoint step {step} to {self.directory} failed: {cause} ({_reason(error)}). '
+        f'The last good checkpoint is {last}; its partial folder is removed at the next '
+        'start.') from error
 
   def wait(self) -> None:
-    self._manager.wait_until_finished()
+    """Waits for a save in flight; raises CheckpointWriteError if it failed."""
+    try:
+      self._manager.wait_until_finished()
+    except Exception as e:  # pylint: disable=broad-except
+      self._write_failed(e)
+    self._pending_step = None
+
+  def restore(self, abstract_state: TrainState,
+              check_meta: Callable[[dict[str, Any]], None] | None = None,
+              ) -> tuple[TrainState | None, dict[str, Any] | None]:
+    """(state, meta) of the newest checkpoint that restores; (None, None) if none exists.
+
+    `abstract_state`: ShapeDtypeStructs with shardings. `check_meta(meta)` runs
+    before any array is read and may raise to refuse the checkpoint. Damaged newer
+    checkpoints are renamed `N.corrupt` (one warning line each). Raises
+    CheckpointRestoreError when checkpoints exist but none restores.
+    """
+    rest = {'opt_state': abstract_state.opt_state, 'rng': abstract_state.rng,
+            'step': abstract_state.step}
+    step, restored, damaged = _newest_restorable(
+        self._manager, self.directory,
+        lambda s: _restore_step(self._manager, s, abstract_state.params, rest), check_meta)
+    if damaged:
+      for bad, reason in damaged:
+        target = _move_aside(self.directory, bad) if jax.process_index() == 0 else '?'
+        logging.warning('Checkpoint step %d in %s is damaged (%s); moved it to %s and resumed '
+                        'from step %d.', bad, self.directory, reason,
+                        os.path.basename(target), step)
+      if jax.process_count() > 1:
+        from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+        multihost_utils.sync_global_devices('checkpoints_moved_aside')
+      self._manager.close()  # Forget the renamed steps.
+      self._manager = _manager(self._workdir, **self._options)
+    if step is None:
+      return None, None
+    meta, (params, rest) = restored
+    return TrainState(params=params, opt_state=rest['opt_state'], rng=rest['rng'],
+                      step=rest['step']), meta
 
   def close(self) -> None:
-    self._manager.wait_until_finished()
-    self._manager.close()
+    try:
+      self.wait()
+    finally:
+      self._manager.close()
+      # After a failed save, Orbax's threads may still log errors until the
+      # process exits; the failure was reported in one line.
+      if not self._write_failed_once:
+        std_logging.getLogger('absl').removeFilter(self._log_filter)
+
+
+def _read_only(workdir: str, step: int | None) -> ocp.CheckpointManager:
+  directory = checkpoint_dir(workdir)
+  if not os.path.isdir(directory):
+    raise CheckpointRestoreError(f'No checkpoint directory {directory}')
+  manager = _manager(workdir, read_only=True)
+  steps = manager.all_steps()
+  if not steps:
+    manager.close()
+    raise CheckpointRestoreError(f'No checkpoint in {directory}')
+  if step is not None and step not in steps:
+    manager.close()
+    raise CheckpointRestoreError(f'No checkpoint for step {step} in {directory}; available '
+                                 f'steps: {sorted(steps)}')
+  return manager
+
+
+def _restore_read_only(workdir: str, step: int | None,
+                       restore: Callable[[ocp.CheckpointManager, int], Any]):
+  """(meta, restored, step): `step`, or the newest that restores (damaged ones skipped)."""
+  directory = checkpoint_dir(workdir)
+  manager = _read_only(workdir, step)
+  try:
+    if step is not None:
+      try:
+        return _read_meta(manager, step), restore(manager, step), step
+      except Exception as e:  # pylint: disable=broad-except
+        raise CheckpointRestoreError(
+            f'Checkpoint step {step} in {directory} does not restore ({_reason(e)})') from None
+    good, restored, damaged = _newest_restorable(
+        manager, directory, lambda s: restore(manager, s), None)
+    for bad, reason in damaged:
+      # Read-only: a trainer may own the workdir; it moves the damaged step aside.
+      logging.warning('Checkpoint step %d in %s is damaged (%s); using step %d.', bad,
+                      directory, reason, good)
+    meta, arrays = restored
+    return meta, arrays, good
+  finally:
+    manager.close()
+
+
+def restore_params_with_meta(workdir: str, step: int | None = None
+                             ) -> tuple[Any, dict[str, Any], int]:
+  """(params, metadata, step) of checkpoint `step` (default: the newest that restores).
+
+  Arrays come back on this process's first device, whatever mesh saved them.
+  Metadata holds 'model_config' (the model the params belong to), 'step',
+  'param_shapes', 'data', 'optimizer', 'schedule' and 'train_steps'. With
+  step=None a damaged newest checkpoint is skipped (one warning line) for the one
+  before; params and metadata always come from the same step. Raises
+  CheckpointRestoreError (a FileNotFoundError) naming the directory when there is
+  no checkpoint or none restores.
+  """
+  def restore(manager, s):
+    device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+    metadata = manager.item_metadata(s)['params']
+    abstract = jax.tree.map(
+        lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=device), metadata)
+    return _restore_step(manager, s, abstract, None)[0]
+
+  meta, params, step = _restore_read_only(workdir, step, restore)
+  return params, meta, step
 
 
 def restore_params(workdir: str, step: int | None = None) -> tuple[Any, int]:
-  """(params, step) of the checkpoint `step` (default: latest) in `workdir`.
-
-  Arrays come back on this process's first device, whatever mesh saved them.
-  Raises FileNotFoundError naming the directory when there is no checkpoint.
-  """
-  directory = checkpoint_dir(workdir)
-  if not os.path.isdir(directory):
-    raise FileNotFoundError(f'No checkpoint directory {directory}')
-  manager = _manager(workdir, read_only=True)
-  try:
-    steps = manager.all_steps()
-    if not steps:
-      raise FileNotFoundError(f'No checkpoint in {directory}')
-    step = manager.latest_step() if step is None else step
-    if step not in steps:
-      raise FileNotFoundError(f'No checkpoint for step {step} in {directory}; '
-                              f'available steps: {sorted(steps)}')
-    metadata = manager.item_metadata(step)['params']
-    device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
-    abstract = jax.tree.map(
-        lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=device), metadata)
-    restored = manager.restore(step, args=ocp.args.Composite(
-        params=ocp.args.StandardRestore(abstract)))
-    return restored['params'], step
-  finally:
-    manager.close()
+  """(params, step): `restore_params_with_meta` without the metadata."""
+  params, _, step = restore_params_with_meta(workdir, step)
+  return params, step

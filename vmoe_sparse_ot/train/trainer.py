@@ -1,21 +1,31 @@
-"""The sharded training loop: init or resume, train, log, evaluate, checkpoint.
+"""The sharded training loop: init or resume a TrainState, train, log, evaluate, checkpoint.
 
-One `jax.jit` train step with explicit in/out shardings over the ('data', 'expert')
-mesh (set with `jax.set_mesh` so the model's sharding constraints apply); the
-same code runs on one device, on fake CPU devices and across processes.
+One `jax.jit` train step, `(TrainState, batch, TrainMetrics) -> (TrainState,
+TrainMetrics)`, with the shardings of one TrainState tree over the ('data',
+'expert') mesh (set with `jax.set_mesh` so the model's sharding constraints
+apply); the same code runs on one device, on fake CPU devices and across
+processes. Batches are put on the mesh two steps ahead, and the host reads
+metrics only on logging steps and before checkpoints, so it never waits for the
+device in between.
 
-Reproducibility: the per-step RNG is `fold_in(root_key, step)`, the input stream
-is a seeded pipeline positioned by step (see `vmoe_sparse_ot.data.pipeline`), and
-checkpoints hold params, optimizer state, the root key and the data position, so
-a run killed and restarted ends with the same parameters as an uninterrupted one.
+The loop body is one step followed by periodic actions (clu `PeriodicCallback`):
+the progress line, checkpointing (after checking the state is finite),
+evaluation and few-shot transfer.
+
+Reproducibility: step t draws its keys from `fold_in(root key, t)`, the input
+stream is a seeded pipeline positioned by step (see `vmoe_sparse_ot.data.pipeline`),
+and checkpoints hold the whole TrainState, so a run killed and restarted ends
+with the same parameters as an uninterrupted one.
 """
 from __future__ import annotations
 
+import collections
+import contextlib
+import itertools
 import json
-import math
 import os
 import time
-from typing import Any
+from typing import Any, Iterator
 
 import jax
 import jax.numpy as jnp
@@ -23,31 +33,44 @@ import ml_collections
 import numpy as np
 import optax
 from absl import logging
-from clu import metric_writers
+from clu import periodic_actions
 from jax.sharding import PartitionSpec as P
 
 from vmoe_sparse_ot import data as data_lib
 from vmoe_sparse_ot import nn
 from vmoe_sparse_ot.train import checkpoints
 from vmoe_sparse_ot.train import config as config_lib
+from vmoe_sparse_ot.train import lock as lock_lib
+from vmoe_sparse_ot.train import metrics as metrics_lib
 from vmoe_sparse_ot.train import optimizer as optimizer_lib
 from vmoe_sparse_ot.train import partitioning
+from vmoe_sparse_ot.train import progress as progress_lib
+from vmoe_sparse_ot.train import state as state_lib
+from vmoe_sparse_ot.train.errors import NonFiniteLossError  # pylint: disable=unused-import
+from vmoe_sparse_ot.train.errors import TrainerError  # pylint: disable=unused-import
+from vmoe_sparse_ot.train.state import TrainState
+
+PREFETCH = 2  # Batches put on the mesh ahead of the step that uses them.
 
 
-class NonFiniteLossError(FloatingPointError):
-  """Training produced a NaN/Inf loss or gradient; the message names the step."""
-
-
-def _model_config_dict(config: ml_collections.ConfigDict) -> dict[str, Any]:
+def _json(tree: Any) -> Any:
   # JSON round trip: tuples become lists, as they come back from the checkpoint.
-  return json.loads(json.dumps(config.model.to_dict()))
+  return json.loads(json.dumps(tree))
 
 
-def _data_position_meta(config: ml_collections.ConfigDict) -> dict[str, Any]:
-  """What fixes the meaning of "global batch t" of the training stream."""
-  return {'name': config.dataset.name, 'split': config.dataset.train_split,
-          'batch_size': int(config.batch_size), 'seed': int(config.seed),
-          'shuffle_buffer': int(config.dataset.shuffle_buffer)}
+def run_meta(config: ml_collections.ConfigDict, abstract_params: Any) -> dict[str, Any]:
+  """Checkpoint metadata fixed for the run (the step is added at each save)."""
+  return {
+      'model_config': _json(config.model.to_dict()),
+      'param_shapes': checkpoints.param_shapes(abstract_params),
+      # What fixes the meaning of "global batch t" of the training stream.
+      'data': {'name': config.dataset.name, 'split': config.dataset.train_split,
+               'batch_size': int(config.batch_size), 'seed': int(config.seed),
+               'shuffle_buffer': int(config.dataset.shuffle_buffer)},
+      'optimizer': _json(config.optimizer.to_dict()),
+      'schedule': _json(config.schedule.to_dict()),
+      'train_steps': int(config.train_steps),
+  }
 
 
 def _per_process(global_size: int, what: str, num_devices: int) -> int:
@@ -66,33 +89,62 @@ def _dataset(config, split: str, batch_size: int, training: bool, start_step: in
       process_count=jax.process_count(), start_step=start_step, augment=ds.augment)
 
 
+def prefetch_to_mesh(batches: Iterator[dict[str, np.ndarray]], sharding,
+                     size: int = PREFETCH) -> Iterator[dict[str, jax.Array]]:
+  """Global device batches, `size` transfers ahead (flax's prefetch_to_device, sharded)."""
+  queue = collections.deque()
+
+  def enqueue(n):
+    for batch in itertools.islice(batches, n):
+      queue.append(data_lib.to_global(batch, sharding))
+
+  enqueue(size)
+  while queue:
+    yield queue.popleft()
+    enqueue(1)
+
+
 def _flatten_routing(routing: dict[str, dict[str, Any]]) -> dict[str, Any]:
   return {f'routing/{layer}/{name}': value
           for layer, metrics in routing.items() for name, value in metrics.items()}
 
 
-def make_train_step(model, tx: optax.GradientTransformation, schedule: optax.Schedule):
-  """(params, opt_state, batch, root_key, step) -> (params, opt_state, metrics)."""
+def make_step(model, tx: optax.GradientTransformation):
+  """(TrainState, batch) -> (TrainState one step later, {metric name: scalar})."""
 
-  def train_step(params, opt_state, batch, root_key, step):
-    dropout_key, gating_key = jax.random.split(jax.random.fold_in(root_key, step))
+  def step_fn(state: TrainState, batch):
+    step = state.step + 1
+    dropout_key, gating_key = jax.random.split(jax.random.fold_in(state.key, step))
 
-    def loss_fn(p):
-      logits, aux = model.apply({'params': p}, batch['image'], train=True,
+    def loss_fn(params):
+      logits, aux = model.apply({'params': params}, batch['image'], train=True,
                                 rngs={'dropout': dropout_key, 'gating': gating_key})
       ce = optax.softmax_cross_entropy_with_integer_labels(logits, batch['label']).mean()
       return ce + aux['auxiliary_loss'], (ce, logits, aux)
 
-    (loss, (ce, logits, aux)), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
-    updates, opt_state = tx.update(grads, opt_state, params)
-    params = optax.apply_updates(params, updates)
-    metrics = {
+    (loss, (ce, logits, aux)), grads = jax.value_and_grad(loss_fn, has_aux=True)(
+        state.params)
+    updates, opt_state = tx.update(grads, state.opt_state, state.params)
+    values = {
         'loss': loss, 'cross_entropy': ce, 'auxiliary_loss': aux['auxiliary_loss'],
         'accuracy': jnp.mean(jnp.argmax(logits, -1) == batch['label']),
-        'grad_norm': optax.tree.norm(grads), 'learning_rate': schedule(step - 1),
+        'grad_norm': optax.tree.norm(grads),
         **_flatten_routing(aux.get('routing', {})),
     }
-    return params, opt_state, metrics
+    new_state = state.replace(params=optax.apply_updates(state.params, updates),
+                              opt_state=opt_state, step=step)
+    return new_state, values
+
+  return step_fn
+
+
+def make_train_step(model, tx: optax.GradientTransformation):
+  """(TrainState, batch, TrainMetrics) -> (TrainState, TrainMetrics with this step merged)."""
+  step_fn = make_step(model, tx)
+
+  def train_step(state: TrainState, batch, metrics: metrics_lib.TrainMetrics):
+    new_state, values = step_fn(state, batch)
+    return new_state, metrics.update(values, new_state.step)
 
   return train_step
 
@@ -113,14 +165,15 @@ def make_eval_step(model):
 
 def evaluate(eval_step, params, dataset, sharding) -> dict[str, float]:
   """Loss and top-1 accuracy over every real (mask=True) example of `dataset`."""
-  totals = {'loss_sum': 0.0, 'correct': 0.0, 'count': 0.0}
-  for batch in dataset.as_numpy_iterator():
-    out = jax.device_get(eval_step(params, data_lib.to_global(batch, sharding)))
-    for k in totals:
-      totals[k] += float(out[k])
-  count = max(totals['count'], 1.0)
-  return {'loss': totals['loss_sum'] / count, 'accuracy': totals['correct'] / count,
-          'num_examples': int(totals['count'])}
+  totals = None
+  for batch in prefetch_to_mesh(dataset.as_numpy_iterator(), sharding):
+    out = eval_step(params, batch)  # Summed on device; fetched once at the end.
+    totals = out if totals is None else jax.tree.map(jnp.add, totals, out)
+  totals = {k: float(v) for k, v in jax.device_get(totals).items()} if totals else {}
+  count = max(totals.get('count', 0.0), 1.0)
+  return {'loss': totals.get('loss_sum', 0.0) / count,
+          'accuracy': totals.get('correct', 0.0) / count,
+          'num_examples': int(totals.get('count', 0.0))}
 
 
 def _make_fewshot(config, model, mesh, writer):
@@ -136,25 +189,45 @@ def _make_fewshot(config, model, mesh, writer):
                                  last_step=config.train_steps)
 
 
-def _format_duration(seconds: float) -> str:
-  seconds = int(round(seconds))
-  return f'{seconds // 3600}h{seconds // 60 % 60:02d}m{seconds % 60:02d}s' if seconds >= 3600 \
-      else f'{seconds // 60}m{seconds % 60:02d}s'
+def _write_config(config: ml_collections.ConfigDict, workdir: str) -> None:
+  """WORKDIR/config.json: the resolved config of this run (rewritten on resume)."""
+  if jax.process_index() > 0:
+    return
+  path = os.path.join(workdir, 'config.json')
+  with open(path + '.tmp', 'w', encoding='utf-8') as f:
+    json.dump(config.to_dict(), f, indent=2, sort_keys=True, default=str)
+    f.write('\n')
+  os.replace(path + '.tmp', path)
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
-                       devices: list[Any] | None = None) -> dict[str, Any]:
-  """Trains `config` in `workdir` (resuming from its latest checkpoint).
+                       devices: list[Any] | None = None,
+                       allow_schedule_change: bool = False) -> dict[str, Any]:
+  """Trains `config` in `workdir`, resuming from its newest checkpoint that restores.
 
   `devices` (default: all) builds the mesh; tests pass a subset to compare layouts.
-  Returns a summary: final evaluation metrics, the final step, throughput, and the
-  per-step training losses of this run (`losses`, not written to summary.json).
-  Raises ValueError for a bad config or a checkpoint that does not match it, and
-  NonFiniteLossError when the loss or gradient becomes NaN/Inf.
+  `allow_schedule_change`: resume even if `train_steps` or `config.schedule`
+  differ from the checkpoint's (otherwise refused, naming the change).
+
+  Returns a summary: final evaluation metrics, the final step, steady-state
+  throughput, the mean training loss of the last logging interval
+  (`train_loss_last_interval_mean`; `final_train_loss` is the same value),
+  `train_loss_history`, [(step, mean loss of the interval ending there)], and
+  `losses`, every step's loss, of this run (these two are not written to
+  summary.json). Raises a `TrainerError` with a one-line
+  message for a checkpoint that does not fit the config (ResumeMismatchError, a
+  ValueError), NaN/Inf values (NonFiniteLossError), a workdir held by another
+  trainer (WorkdirLockedError), checkpoints that all fail to restore
+  (CheckpointRestoreError) or a failed checkpoint write (CheckpointWriteError).
   """
   config_lib.validate(config)
   model = nn.build_model(config.model)
   os.makedirs(workdir, exist_ok=True)
+  with lock_lib.WorkdirLock(workdir, jax.process_index()):
+    return _train_and_evaluate(config, workdir, model, devices, allow_schedule_change)
+
+
+def _train_and_evaluate(config, workdir, model, devices, allow_schedule_change):
   num_experts = config.model.encoder.moe.num_experts if config.model.name == 'vit_moe' else 1
   mesh = partitioning.make_mesh(config.mesh, devices, num_experts)
   batch_size = _per_process(config.batch_size, 'batch_size', mesh.size)
@@ -162,9 +235,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
   ds_cfg = config.dataset
   image_shape = (1, ds_cfg.image_size, ds_cfg.image_size, ds_cfg.channels)
 
-  # Parameters, optimizer state and RNG, laid out on the mesh.
-  seed_key = jax.random.key(config.seed)
-  init_key, root_key = jax.random.split(seed_key)
+  init_key, root_key = jax.random.split(jax.random.key(config.seed))
 
   def init_params(key):
     params_key, gating_key, dropout_key = jax.random.split(key, 3)
@@ -172,157 +243,177 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
                             'dropout': dropout_key}, jnp.zeros(image_shape), train=False)
     return variables['params']
 
-  abstract_params = jax.eval_shape(init_params, init_key)
-  rules = [(nn.EXPERT_PARAMS_REGEX, P('expert'))]
-  params_sharding = partitioning.param_shardings(mesh, abstract_params, rules)
   schedule = optimizer_lib.make_schedule(config.schedule, int(config.train_steps))
+  abstract_params = jax.eval_shape(init_params, init_key)
   tx = optimizer_lib.make_optimizer(config.optimizer, schedule, abstract_params)
-  abstract_opt_state = jax.eval_shape(tx.init, abstract_params)
-  opt_sharding = partitioning.opt_state_shardings(tx, abstract_opt_state, params_sharding, mesh)
-  replicated = partitioning.replicated(mesh)
-  batch_sharding = partitioning.batch_sharding(mesh)
+  init_state = lambda: state_lib.create(init_params(init_key), tx, root_key)
+  abstract_state = jax.eval_shape(init_state)
+  params_sharding = partitioning.param_shardings(mesh, abstract_params,
+                                                 [(nn.EXPERT_PARAMS_REGEX, P('expert'))])
+  state_sharding = state_lib.shardings(
+      params_sharding,
+      partitioning.opt_state_shardings(tx, abstract_state.opt_state, params_sharding, mesh),
+      mesh)
 
+  meta = run_meta(config, abstract_params)
   ckpt = checkpoints.Checkpointer(workdir, keep=config.checkpoint.keep,
                                   async_save=config.checkpoint.async_save)
-  model_config = _model_config_dict(config)
-  data_meta = _data_position_meta(config)
-  start_step = ckpt.latest_step() or 0
+  changes = []
+
+  def check_meta(saved):
+    checkpoints.check_compatible(saved, meta['model_config'], abstract_params, ckpt.directory)
+    changes[:] = checkpoints.check_resume(saved, meta, ckpt.directory,
+                                          allow_schedule_change=allow_schedule_change)
+
+  failed = True
   try:
     with jax.set_mesh(mesh):
-      if start_step:
-        params, opt_state, root_key = _restore(
-            ckpt, start_step, model_config, data_meta, abstract_params, params_sharding,
-            abstract_opt_state, opt_sharding, replicated)
+      state, _ = ckpt.restore(state_lib.with_shardings(abstract_state, state_sharding),
+                                  check_meta)
+      if state is None:
+        state = jax.jit(init_state, out_shardings=state_sharding)()
+        start_step = 0
       else:
-        params = jax.jit(init_params, out_shardings=params_sharding)(init_key)
-        opt_state = jax.jit(tx.init, out_shardings=opt_sharding)(params)
-        # A jit, not device_put: the mesh may span devices of other processes.
-        root_key = jax.jit(lambda k: k, out_shardings=replicated)(root_key)
-      return _train_loop(
-          config, workdir, model, mesh, tx, schedule, ckpt, params, opt_state, root_key,
-          start_step, meta={'model_config': model_config, 'data': data_meta,
-                            'param_shapes': checkpoints.param_shapes(abstract_params)},
-          shardings=(params_sharding, opt_sharding, replicated, batch_sharding),
-          batch_sizes=(batch_size, eval_batch_size))
+        start_step = int(jax.device_get(state.step))
+        logging.info('Resumed from step %d of %s', start_step, ckpt.directory)
+        if changes:
+          logging.warning('Resuming with a changed schedule (allowed): %s', '; '.join(changes))
+      summary = _train_loop(config, workdir, model, mesh, tx, schedule, ckpt, state,
+                            start_step, meta=meta, state_sharding=state_sharding,
+                            batch_sizes=(batch_size, eval_batch_size))
+    failed = False
+    return summary
   finally:
-    ckpt.close()  # Waits for a save in flight.
+    # Waits for a save in flight; its failure must not hide the error in flight.
+    with contextlib.suppress(TrainerError) if failed else contextlib.nullcontext():
+      ckpt.close()
 
 
-def _restore(ckpt, step, model_config, data_meta, abstract_params, params_sharding,
-             abstract_opt_state, opt_sharding, replicated):
-  """(params, opt_state, root_key) of checkpoint `step`, after checking it fits."""
-  meta = ckpt.restore_meta(step)
-  checkpoints.check_compatible(meta, model_config, abstract_params, ckpt.directory)
-  if meta.get('data') != data_meta:
-    raise ValueError(
-        f'The checkpoint in {ckpt.directory} was trained on a different input stream '
-        f'{meta.get("data")}; this config gives {data_meta}. Use a fresh --workdir.')
-  with_sharding = lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s)
-  abstract_state = {
-      'opt_state': jax.tree.map(with_sharding, abstract_opt_state, opt_sharding),
-      'rng': jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=replicated)}
-  params, state = ckpt.restore(
-      step, jax.tree.map(with_sharding, abstract_params, params_sharding), abstract_state)
-  logging.info('Resumed from step %d of %s', step, ckpt.directory)
-  return params, state['opt_state'], jax.random.wrap_key_data(state['rng'])
-
-
-def _train_loop(config, workdir, model, mesh, tx, schedule, ckpt, params, opt_state,
-                root_key, start_step, *, meta, shardings, batch_sizes):
-  """Steps `start_step + 1 .. train_steps`: log, evaluate, few-shot, checkpoint."""
-  params_sharding, opt_sharding, replicated, batch_sharding = shardings
+def _train_loop(config, workdir, model, mesh, tx, schedule, ckpt, state, start_step, *,
+                meta, state_sharding, batch_sizes):
+  """Steps `start_step + 1 .. train_steps`, each followed by the periodic actions."""
   batch_size, eval_batch_size = batch_sizes
   train_steps = int(config.train_steps)
   ds_cfg = config.dataset
+  replicated = partitioning.replicated(mesh)
+  batch_sharding = partitioning.batch_sharding(mesh)
   num_params = sum(int(np.prod(s)) for s in meta['param_shapes'].values())
   logging.info('Model %s with %.2fM parameters, router %s; mesh %s; %d process(es)',
                config.model.name, num_params / 1e6, config.model.encoder.moe.router.name,
                dict(mesh.shape), jax.process_count())
 
-  train_step = jax.jit(
-      make_train_step(model, tx, schedule),
-      in_shardings=(params_sharding, opt_sharding, batch_sharding, replicated, replicated),
-      out_shardings=(params_sharding, opt_sharding, replicated), donate_argnums=(0, 1))
-  eval_step = jax.jit(make_eval_step(model), in_shardings=(params_sharding, batch_sharding),
-                      out_shardings=replicated)
-  writer = metric_writers.create_default_writer(
-      workdir, just_logging=jax.process_index() > 0, asynchronous=False)
+  _write_config(config, workdir)
+  writer = metrics_lib.make_writer(workdir, resume_step=start_step)
   if start_step == 0:
     writer.write_hparams({k: v for k, v in config_lib.flatten(config.to_dict()).items()
                           if isinstance(v, (int, float, str, bool))})
-  fewshot = _make_fewshot(config, model, mesh, writer)
+  eval_step = jax.jit(make_eval_step(model), in_shardings=(state_sharding.params,
+                                                           batch_sharding),
+                      out_shardings=replicated)
   eval_ds = _dataset(config, ds_cfg.eval_split, eval_batch_size, training=False)
-  train_iter = iter(_dataset(config, ds_cfg.train_split, batch_size, training=True,
-                             start_step=start_step).as_numpy_iterator())
+  batches = prefetch_to_mesh(
+      _dataset(config, ds_cfg.train_split, batch_size, training=True,
+               start_step=start_step).as_numpy_iterator(), batch_sharding)
 
-  summary: dict[str, Any] = {'step': start_step, 'losses': []}
-  interval_start, interval_steps = time.time(), 0
-  steady = {'time': 0.0, 'steps': 0}  # Throughput after the first (compiling) interval.
-  eval_metrics = None
-  for step in range(start_step + 1, train_steps + 1):
-    batch = data_lib.to_global(next(train_iter), batch_sharding)
-    params, opt_state, metrics = train_step(params, opt_state, batch, root_key,
-                                            jnp.asarray(step, jnp.int32))
-    loss, grad_norm = (float(v) for v in jax.device_get((metrics['loss'],
-                                                          metrics['grad_norm'])))
-    if not (math.isfinite(loss) and math.isfinite(grad_norm)):
-      writer.flush()
-      ckpt.wait()
-      last_good = ckpt.latest_step()
-      raise NonFiniteLossError(
-          f'Non-finite training loss {loss} (gradient norm {grad_norm}) at step {step}; '
-          'stopping. The last good checkpoint is '
-          + (f'step {last_good} in {ckpt.directory}.' if last_good else
-             'none (no step was saved yet).'))
-    summary['losses'].append(loss)
-    interval_steps += 1
+  summary: dict[str, Any] = {'step': start_step}
+  eval_results: list[dict[str, float]] = []
+  try:
+    if start_step < train_steps:
+      first_batch = next(batches)
+      batches = itertools.chain([first_batch], batches)
+      names = sorted(jax.eval_shape(make_step(model, tx), state, first_batch)[1])
+      empty_metrics = jax.jit(
+          lambda: metrics_lib.TrainMetrics.empty(names, int(config.log_every_steps)),
+          out_shardings=replicated)
+      train_step = jax.jit(make_train_step(model, tx),
+                           in_shardings=(state_sharding, batch_sharding, replicated),
+                           out_shardings=(state_sharding, replicated), donate_argnums=(0, 2))
+      progress = progress_lib.ProgressLogger(
+          first_step=start_step + 1, total_steps=train_steps,
+          every_steps=int(config.log_every_steps), batch_size=int(config.batch_size),
+          learning_rate=schedule, writer=writer, last_good=ckpt.last_good)
+      actions = _periodic_actions(
+          config, writer, ckpt, meta, progress,
+          lambda params: evaluate(eval_step, params, eval_ds, batch_sharding),
+          _make_fewshot(config, model, mesh, writer), replicated)
+      metrics = empty_metrics()
+      for step in range(start_step + 1, train_steps + 1):
+        with jax.profiler.StepTraceAnnotation('train', step_num=step):
+          state, metrics = train_step(state, next(batches), metrics)
+        if progress.should_log(step):
+          progress.log(step, metrics)
+          metrics = empty_metrics()
+        for action in actions:
+          action(step, state=state, metrics=metrics)
+        summary['step'] = step
+      eval_results.append(actions[1].get_last_callback_result())
+      summary.update(progress.summary())
+    if not eval_results:  # Nothing left to train: evaluate the restored params.
+      eval_results.append(evaluate(eval_step, state.params, eval_ds, batch_sharding))
+      _log_eval(summary['step'], ds_cfg.eval_split, eval_results[-1], writer)
+  finally:
+    writer.close()
 
-    if step % config.log_every_steps == 0 or step == train_steps:
-      elapsed = time.time() - interval_start
-      steps_per_sec = interval_steps / max(elapsed, 1e-9)
-      if step - interval_steps > start_step:
-        steady['time'] += elapsed
-        steady['steps'] += interval_steps
-      scalars = {k: float(v) for k, v in jax.device_get(metrics).items()}
-      scalars.update({'loss': float(np.mean(summary['losses'][-interval_steps:])),
-                      'steps_per_sec': steps_per_sec,
-                      'images_per_sec': steps_per_sec * config.batch_size})
-      writer.write_scalars(step, scalars)
-      logging.info('step %d/%d: loss %.4f, train acc %.3f, %.2f steps/s, %.0f images/s, '
-                   'ETA %s', step, train_steps, scalars['loss'], scalars['accuracy'],
-                   steps_per_sec, scalars['images_per_sec'],
-                   _format_duration((train_steps - step) / max(steps_per_sec, 1e-9)))
-      interval_start, interval_steps = time.time(), 0
-
-    pause = time.time()  # Evaluation stays out of steps/s.
-    if step == train_steps or (config.eval_every_steps and
-                               step % config.eval_every_steps == 0):
-      eval_metrics = evaluate(eval_step, params, eval_ds, batch_sharding)
-      writer.write_scalars(step, {f'eval/{k}': v for k, v in eval_metrics.items()})
-      logging.info('eval at step %d on %s: loss %.4f, top-1 accuracy %.4f (%d examples, '
-                   '%.1fs)', step, ds_cfg.eval_split, eval_metrics['loss'],
-                   eval_metrics['accuracy'], eval_metrics['num_examples'],
-                   time.time() - pause)
-    if fewshot is not None:
-      fewshot(step, params)
-    interval_start += time.time() - pause
-
-    if step % config.checkpoint.every_steps == 0 or step == train_steps:
-      ckpt.save(step, params, {'opt_state': opt_state, 'rng': jax.random.key_data(root_key)},
-                dict(meta, step=step))
-    summary['step'] = step
-
-  if eval_metrics is None:  # Nothing left to train: evaluate the restored params.
-    eval_metrics = evaluate(eval_step, params, eval_ds, batch_sharding)
-  writer.flush()
-
-  summary['eval'] = eval_metrics
-  if summary['losses']:
-    summary['final_train_loss'] = summary['losses'][-1]
-  if steady['steps']:
-    summary['steps_per_sec'] = steady['steps'] / steady['time']
-    summary['images_per_sec'] = summary['steps_per_sec'] * config.batch_size
+  summary['eval'] = eval_results[-1]
+  summary.setdefault('train_loss_history', [])
+  summary.setdefault('losses', [])  # Nothing was trained.
   if jax.process_index() == 0:
     with open(os.path.join(workdir, 'summary.json'), 'w') as f:
-      json.dump({k: v for k, v in summary.items() if k != 'losses'}, f, indent=2)
+      json.dump({k: v for k, v in summary.items()
+                 if k not in ('train_loss_history', 'losses')}, f, indent=2)
   return summary
+
+
+def _log_eval(step, split, result, writer, seconds=None):
+  writer.write_scalars(step, {f'eval/{k}': v for k, v in result.items()})
+  writer.flush()
+  logging.info('eval at step %d on %s: loss %.4f, top-1 accuracy %.4f (%d examples%s)', step,
+               split, result['loss'], result['accuracy'], result['num_examples'],
+               '' if seconds is None else f', {seconds:.1f}s')
+
+
+def _periodic_actions(config, writer, ckpt, meta, progress, run_eval, fewshot, replicated):
+  """Checkpoint, evaluation and few-shot as clu PeriodicCallbacks.
+
+  Each is called after every step as `action(step, state=..., metrics=...)`; the
+  evaluation action's `get_last_callback_result()` is the latest eval result.
+  """
+  train_steps = int(config.train_steps)
+  all_finite = jax.jit(state_lib.all_finite, out_shardings=replicated)
+
+  def save_checkpoint(step, t, state, metrics):
+    del t
+    with progress.paused():
+      # Never write a non-finite state: the last checkpoint must stay a good one.
+      finite, bad = jax.device_get((all_finite(state), metrics.first_nonfinite_step))
+      if not finite or bad:
+        what = 'training loss or gradient' if bad else 'parameters or optimizer state'
+        raise NonFiniteLossError(
+            f'Non-finite {what} at step {int(bad) or step}; stopping. The last good '
+            f'checkpoint is {ckpt.last_good()}.')
+      ckpt.save(step, state, dict(meta, step=step))
+
+  def evaluate_params(step, t, state, metrics):
+    del t, metrics
+    with progress.paused():
+      start = time.monotonic()
+      result = run_eval(state.params)
+      _log_eval(step, config.dataset.eval_split, result, writer, time.monotonic() - start)
+    return result
+
+  def few_shot(step, t, state, metrics):
+    del t, metrics
+    with progress.paused():
+      fewshot(step, state.params)  # PeriodicFewShot keeps its own schedule.
+
+  actions = [
+      periodic_actions.PeriodicCallback(
+          every_steps=int(config.checkpoint.every_steps), on_steps=[train_steps],
+          callback_fn=save_checkpoint),
+      periodic_actions.PeriodicCallback(
+          every_steps=int(config.eval_every_steps) or None, on_steps=[train_steps],
+          callback_fn=evaluate_params),
+  ]
+  if fewshot is not None:
+    actions.append(periodic_actions.PeriodicCallback(every_steps=1, callback_fn=few_shot))
+  return actions

@@ -1,0 +1,31 @@
+"""The trainer's user-facing errors: each message is one line that says what to do.
+
+Command lines print `str(error)` for any `TrainerError` and exit non-zero; the
+second base class keeps the usual `except` clauses working (a checkpoint that
+does not fit the config is a ValueError, a missing one a FileNotFoundError).
+"""
+from __future__ import annotations
+
+
+class TrainerError(Exception):
+  """Base class: a failure the user can act on, described in one line."""
+
+
+class NonFiniteLossError(TrainerError, FloatingPointError):
+  """Training produced a NaN/Inf loss, gradient or parameter; names the step."""
+
+
+class ResumeMismatchError(TrainerError, ValueError):
+  """The workdir's checkpoint was written with another model, data or optimizer."""
+
+
+class CheckpointRestoreError(TrainerError, FileNotFoundError):
+  """No checkpoint in the folder restores (all are damaged, or none exists)."""
+
+
+class CheckpointWriteError(TrainerError, OSError):
+  """Writing a checkpoint failed (full disk, file-size limit, ...)."""
+
+
+class WorkdirLockedError(TrainerError, RuntimeError):
+  """Another trainer holds the workdir."""
