@@ -207,8 +207,6 @@ def test_short_run_console_has_no_library_chatter(console):
   assert any(line.startswith('Final test[:300] accuracy at step 10:') for line in console)
 
 
-@pytest.mark.xfail(strict=False, reason='CLU LoggingWriter repeats every log interval; the '
-                   'trainer branch removes it (trainer.py is not part of this change)')
 def test_short_run_console_prints_each_log_interval_once(console):
   messages = [_ABSL_PREFIX.sub('', line) for line in console]
   for step in (5, 10):

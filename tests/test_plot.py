@@ -32,7 +32,8 @@ def workdir(tmp_path_factory):
 def test_read_scalars_has_the_trainer_tags(workdir):
   scalars = plot.read_scalars(str(workdir))
   steps, loss = scalars['loss']
-  assert list(steps) == [5, 10] and np.all(np.isfinite(loss))
+  # The first step is logged on its own (as soon as it ran), then every 5 steps.
+  assert list(steps) == [1, 5, 10] and np.all(np.isfinite(loss))
   assert list(scalars['eval/accuracy'][0]) == [10]
   # Two blocks, the second one MoE (every_2): its load scalars are there.
   assert plot._moe_layers(scalars) == ['encoderblock_1']  # pylint: disable=protected-access
@@ -44,11 +45,9 @@ def test_read_scalars_has_the_trainer_tags(workdir):
 def test_expert_choices_follow_the_sown_weights(workdir):
   import ml_collections  # pylint: disable=g-import-not-at-top
   from vmoe_sparse_ot import nn  # pylint: disable=g-import-not-at-top
-  from vmoe_sparse_ot.evaluate.checkpoint_config import read_checkpoint_meta
   from vmoe_sparse_ot.train import checkpoints  # pylint: disable=g-import-not-at-top
-  params, step = checkpoints.restore_params(str(workdir))
-  model_config = ml_collections.ConfigDict(
-      read_checkpoint_meta(checkpoints.checkpoint_dir(str(workdir)), step)['model_config'])
+  params, meta, _ = checkpoints.restore_params_with_meta(str(workdir))
+  model_config = ml_collections.ConfigDict(meta['model_config'])
   model = nn.build_model(model_config)
   images = np.random.default_rng(0).uniform(-1, 1, (3, 28, 28, 1)).astype(np.float32)
   choices = plot.expert_choices(model, params, images, 'token')

@@ -43,7 +43,6 @@ from vmoe_sparse_ot import nn
 from vmoe_sparse_ot.evaluate import fewshot
 from vmoe_sparse_ot.evaluate.checkpoint_config import CheckpointMismatchError
 from vmoe_sparse_ot.evaluate.checkpoint_config import describe_model
-from vmoe_sparse_ot.evaluate.checkpoint_config import read_checkpoint_meta
 from vmoe_sparse_ot.evaluate.checkpoint_config import resolve_model_config
 from vmoe_sparse_ot.train import checkpoints, partitioning
 from vmoe_sparse_ot.train import config as config_lib
@@ -90,8 +89,7 @@ def run(config: ml_collections.ConfigDict, workdir: str, step: int | None = None
       config (and `use_checkpoint_config` is False), or its parameters do not fit.
     fewshot.DatasetError: a dataset of `config.fewshot.datasets` cannot be loaded.
   """
-  params, step = checkpoints.restore_params(workdir, step)
-  meta = read_checkpoint_meta(checkpoints.checkpoint_dir(workdir), step)
+  params, meta, step = checkpoints.restore_params_with_meta(workdir, step)
   config = resolve_model_config(
       config, meta, use_checkpoint_config=use_checkpoint_config,
       where=f'checkpoint step {step} in {checkpoints.checkpoint_dir(workdir)}')

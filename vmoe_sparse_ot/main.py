@@ -15,7 +15,6 @@ a mistake there is one line on stderr and exit status 2.
 """
 from __future__ import annotations
 
-import inspect
 import os
 
 from vmoe_sparse_ot import quiet_logs
@@ -86,16 +85,10 @@ def main(argv: list[str]) -> None:
   except (OSError, ValueError) as e:
     config_cli.fail(PROG, e)
   from vmoe_sparse_ot.train import trainer
-  kwargs = {}
-  if _ALLOW_SCHEDULE_CHANGE.value:
-    # Passed only when asked for, and only to a trainer that takes it.
-    if 'allow_schedule_change' not in inspect.signature(trainer.train_and_evaluate).parameters:
-      config_cli.fail(PROG, '--allow_schedule_change is not supported by this trainer')
-    kwargs['allow_schedule_change'] = True
   try:
-    summary = trainer.train_and_evaluate(config, _WORKDIR.value, **kwargs)
-  except (trainer.NonFiniteLossError, ValueError) as e:
-    logging.error('%s', e)
+    summary = trainer.train_and_evaluate(
+        config, _WORKDIR.value, allow_schedule_change=_ALLOW_SCHEDULE_CHANGE.value)
+  except (trainer.TrainerError, ValueError) as e:
     config_cli.fail(PROG, e, status=1, first_line_only=False)
   ev = summary['eval']
   import jax

@@ -254,10 +254,8 @@ def routing_figure(workdir: str, path: str, *, num_images: int = 4, dataset: str
   import ml_collections
   from vmoe_sparse_ot import data
   from vmoe_sparse_ot import nn
-  from vmoe_sparse_ot.evaluate.checkpoint_config import read_checkpoint_meta
   from vmoe_sparse_ot.train import checkpoints
-  params, step = checkpoints.restore_params(workdir)
-  meta = read_checkpoint_meta(checkpoints.checkpoint_dir(workdir), step)
+  params, meta, step = checkpoints.restore_params_with_meta(workdir)
   model_config = ml_collections.ConfigDict(meta['model_config'])
   if model_config.name != 'vit_moe':
     return None
@@ -306,11 +304,8 @@ def plot_workdir(workdir: str, out: str | None = None, *, num_images: int = 4,
   has_checkpoint = os.path.isdir(os.path.join(workdir, 'checkpoints')) and any(
       name.isdigit() for name in os.listdir(os.path.join(workdir, 'checkpoints')))
   if has_checkpoint:
-    from vmoe_sparse_ot.evaluate.checkpoint_config import read_checkpoint_meta
     from vmoe_sparse_ot.train import checkpoints
-    step = max(int(n) for n in os.listdir(checkpoints.checkpoint_dir(workdir)) if n.isdigit())
-    meta_model = read_checkpoint_meta(checkpoints.checkpoint_dir(workdir), step).get(
-        'model_config')
+    meta_model = checkpoints.read_meta(workdir)[0].get('model_config')
   label = os.path.basename(os.path.normpath(workdir))
   if meta_model and meta_model.get('name') == 'vit_moe':
     label += f" (router {meta_model['encoder']['moe']['router']['name']})"

@@ -8,29 +8,15 @@ config they were given.
 from __future__ import annotations
 
 import json
-import os
 from typing import Any
 
 import ml_collections
-import orbax.checkpoint as ocp
 
 from vmoe_sparse_ot.train.config_files import flatten
 
 
 class CheckpointMismatchError(ValueError):
   """The checkpoint does not fit the model of the config (config keys or parameters)."""
-
-
-def read_checkpoint_meta(checkpoint_dir: str, step: int) -> dict[str, Any]:
-  """The 'meta' JSON item of checkpoint `step` under `checkpoint_dir` (never writes)."""
-  manager = ocp.CheckpointManager(
-      os.path.abspath(checkpoint_dir),
-      options=ocp.CheckpointManagerOptions(read_only=True, create=False),
-      item_handlers={'meta': ocp.JsonCheckpointHandler()})
-  try:
-    return manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))['meta']
-  finally:
-    manager.close()
 
 
 def model_config_differences(saved: dict[str, Any], model_config: Any) -> list[str]:

@@ -459,6 +459,15 @@ def restore_params_with_meta(workdir: str, step: int | None = None
   return params, meta, step
 
 
+def read_meta(workdir: str, step: int | None = None) -> tuple[dict[str, Any], int]:
+  """(metadata, step) of checkpoint `step` (default: the newest whose metadata reads).
+
+  Read-only and cheap (no arrays): for tools that only need the run's model config.
+  """
+  meta, _, step = _restore_read_only(workdir, step, lambda manager, s: None)
+  return meta, step
+
+
 def restore_params(workdir: str, step: int | None = None) -> tuple[Any, int]:
   """(params, step): `restore_params_with_meta` without the metadata."""
   params, _, step = restore_params_with_meta(workdir, step)
