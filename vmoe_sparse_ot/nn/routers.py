@@ -25,7 +25,6 @@ import jax.numpy as jnp
 
 from vmoe_sparse_ot import ot
 from vmoe_sparse_ot.nn import routing as rt
-from vmoe_sparse_ot.nn.sparse_ot_solver import sparse_semi_dual_adam
 
 Array = jax.Array
 
@@ -249,8 +248,8 @@ def sparse_ot_plans(logits: Array, token_mask: Array, opts: RouterOptions,
 def _solve_plans(cost: Array, a: Array, b: Array, k: int, opts: RouterOptions) -> Array:
   """(G, m, n) plans of G semi-duals, <= k nonzeros per column."""
   if opts.sparse_ot_solver == "adam" and opts.sparse_ot_implementation == "fast":
-    return sparse_semi_dual_adam(cost, a, b, k, opts.sparse_ot_gamma,
-                                 opts.sparse_ot_num_steps, opts.sparse_ot_learning_rate)
+    return ot.batched_semi_dual_adam(cost, a, b, k, opts.sparse_ot_gamma,
+                                     opts.sparse_ot_num_steps, opts.sparse_ot_learning_rate)
   return jax.vmap(lambda c, a, b: sparse_ot_plan(c, a, b, k, opts))(cost, a, b)
 
 

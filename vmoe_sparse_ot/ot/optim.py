@@ -73,8 +73,20 @@ def _gnorm(g):
   return jnp.max(jnp.abs(g))
 
 
+ADAM_B1, ADAM_B2, ADAM_EPS = 0.9, 0.999, 1e-8
+
+
+def adam_update(i, x, m, v, g, learning_rate, b1=ADAM_B1, b2=ADAM_B2, eps=ADAM_EPS):
+  """One Adam ascent step (iteration i from 0) on arrays of any shape: (x, m, v)."""
+  t = (i + 1).astype(x.dtype)
+  m = b1 * m + (1 - b1) * g
+  v = b2 * v + (1 - b2) * g * g
+  x = x + learning_rate * (m / (1 - b1 ** t)) / (jnp.sqrt(v / (1 - b2 ** t)) + eps)
+  return x, m, v
+
+
 def adam(fun: Callable, x0: Array, *, max_iter: int, tol: float, learning_rate: float,
-         b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8,
+         b1: float = ADAM_B1, b2: float = ADAM_B2, eps: float = ADAM_EPS,
          trace: bool = False) -> OptState:
   """Adam ascent. Stops when max|grad| <= tol (checked only if tol > 0).
 
@@ -83,13 +95,7 @@ def adam(fun: Callable, x0: Array, *, max_iter: int, tol: float, learning_rate: 
   dtype = x0.dtype
 
   def step(i, x, m, v, g):
-    t = (i + 1).astype(dtype)
-    m = b1 * m + (1 - b1) * g
-    v = b2 * v + (1 - b2) * g * g
-    mhat = m / (1 - b1 ** t)
-    vhat = v / (1 - b2 ** t)
-    x = x + learning_rate * mhat / (jnp.sqrt(vhat) + eps)
-    return x, m, v
+    return adam_update(i, x, m, v, g, learning_rate, b1, b2, eps)
 
   zeros = jnp.zeros_like(x0)
   tr0 = _empty_trace(max_iter, dtype) if trace else None

@@ -213,6 +213,41 @@ def uses_radix(k: int, m: int, dtype) -> bool:
   return k >= _RADIX_MIN_K[8 if jnp.dtype(dtype) == jnp.float64 else 4]
 
 
+def _tree(x: Array, op) -> Array:
+  """(1, ...): x (m, ...) reduced along axis 0 by a halving tree of elementwise `op`.
+
+  XLA's CPU backend fuses such a tree with the where() producing x, whereas a
+  reduce op first writes the full where() array.
+  """
+  while x.shape[0] > 1:
+    h = x.shape[0] // 2
+    y = op(x[:h], x[h:2 * h])
+    x = jnp.concatenate([y, x[2 * h:]]) if x.shape[0] % 2 else y
+  return x
+
+
+def distinct_top_values(x: Array, k: int) -> Array:
+  """(k, ...): the k largest distinct values along axis 0 of x (m, ...), decreasing.
+
+  -inf once a slice has fewer than k distinct values. One "next smaller maximum"
+  pass over x per value, in a loop (compile time does not grow with k; the loop
+  keeps each pass a separate fusion reading x from memory). The values-only
+  passes kernel, for callers that handle ties themselves (`ot.batched`).
+  """
+  def body(r, carry):
+    v, values = carry
+    v = _tree(jnp.where(x < v, x, -jnp.inf), jnp.maximum)
+    return v, lax.dynamic_update_slice_in_dim(values, v, r, 0)
+
+  init = (jnp.full((1,) + x.shape[1:], jnp.inf, x.dtype), jnp.zeros((k,) + x.shape[1:], x.dtype))
+  return lax.fori_loop(0, k, body, init)[1]
+
+
+def count_at_least(x: Array, thresholds: Array) -> Array:
+  """(r, ...): entries of each slice of x (m, ...) >= each of `thresholds` (r, ...)."""
+  return _tree((x[:, None] >= thresholds[None]).astype(x.dtype), jnp.add)[0]
+
+
 def _check_k(k: int, m: int):
   if not 1 <= k <= m:
     raise ValueError(f"k must be in [1, {m}], got {k}")
@@ -301,22 +336,27 @@ def densify(values: Array, indices: Array, m: int, axis: int = -1) -> Array:
   return out
 
 
-def _threshold_from_sorted(values: Array, b: Array, axis: int) -> Tuple[Array, Array]:
-  """tau with sum_i [v_i - tau]_+ = b for values sorted in decreasing order.
+def _threshold_from_sorted(values: Array, b: Array, axis: int) -> Array:
+  """tau with sum_i [v_i - tau]_+ = b for values sorted in decreasing order, keepdims.
 
-  Returns tau (keepdims along `axis`) and the number rho of active values.
+  tau = max over r of (v_1 + ... + v_r - b) / r (Duchi et al. 2008: the terms
+  increase up to the support size and decrease after). A running sum over the
+  k slices, unrolled: this serves the passes kernel only (k below the radix
+  crossover, `uses_radix`), where it is cheaper than a cumsum.
   """
   kk = values.shape[axis]
-  cs = jnp.cumsum(values, axis=axis)
-  shape = [1] * values.ndim
-  shape[axis] = kk
-  r = jnp.arange(1, kk + 1, dtype=values.dtype).reshape(shape)
-  taus = (cs - b) / r
-  # The condition holds on a prefix (Duchi et al. 2008); rho is its length.
-  cond = values > taus
-  rho = jnp.maximum(jnp.sum(cond, axis=axis, keepdims=True), 1).astype(values.dtype)
-  tau = jnp.sum(jnp.where(r == rho, taus, 0), axis=axis, keepdims=True)
-  return tau, rho
+  if kk > 2 * max(_RADIX_MIN_K.values()):
+    cs = jnp.cumsum(values, axis=axis)
+    shape = [1] * values.ndim
+    shape[axis] = kk
+    r = jnp.arange(1, kk + 1, dtype=values.dtype).reshape(shape)
+    return jnp.max((cs - b) / r, axis=axis, keepdims=True)
+  total = jnp.zeros_like(lax.slice_in_dim(values, 0, 1, axis=axis))
+  tau = jnp.full_like(total, -jnp.inf)
+  for r in range(kk):
+    total = total + lax.slice_in_dim(values, r, r + 1, axis=axis)
+    tau = jnp.maximum(tau, (total - b) / (r + 1))
+  return tau
 
 
 def simplex_threshold(x: Array, b=1.0, axis: int = -1, mask: Array | None = None) -> Array:
@@ -404,7 +444,7 @@ def sparse_simplex_topk(x: Array, k: int, b=1.0, axis: int = -1) -> SparseSimple
   axis = axis % x.ndim
   b = _expand(b, x, axis)
   values, indices = top_k(x, k, axis)
-  tau, _ = _threshold_from_sorted(values, b, axis)
+  tau = _threshold_from_sorted(values, b, axis)
   # Under the packed float64 keys near-ties (2^-(52 - ceil(log2 m)) relative)
   # may be out of order, which can put tau off by that much: recompute it from
   # the active set so that sum_active (x - tau) = b holds to rounding. Entries
