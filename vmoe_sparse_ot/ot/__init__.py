@@ -24,7 +24,7 @@ from vmoe_sparse_ot.ot.objectives import (
     semi_dual_objective,
     semi_dual_value_and_grad,
 )
-from vmoe_sparse_ot.ot.optim import OTTrace
+from vmoe_sparse_ot.ot.optim import STATUS, OTTrace
 from vmoe_sparse_ot.ot.projections import (
     projection_nonneg,
     projection_simplex,
@@ -49,6 +49,7 @@ __all__ = [
     "NegEntropy",
     "OTResult",
     "OTTrace",
+    "STATUS",
     "Regularizer",
     "SinkhornResult",
     "SparsityConstrained",
