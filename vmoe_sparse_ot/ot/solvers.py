@@ -268,18 +268,21 @@ def _solve(a, b, C, reg, alpha0, beta0, *, formulation, solver, max_iter, tol,
     st = optim.adam(fun, x0, max_iter=max_iter, tol=tol, learning_rate=learning_rate,
                     trace=trace, tol_scale=mass)
   else:
-    # L-BFGS on the objective per unit of mass: its first step length and its
-    # rounding-noise tests are then the same at every scale of the marginals
-    # (no change at mass 1).
-    def unit(x):
+    # Marginals of extreme total mass: L-BFGS on the objective per unit of mass,
+    # so that its first step length and its curvature tests (absolute epsilons)
+    # behave as at mass ~1 (tested at 1e-20 and 1e3). Masses in [1/256, 256]
+    # are left as they are.
+    unit = jnp.where((mass < 2.0 ** -8) | (mass > 2.0 ** 8), mass, 1.0)
+
+    def per_unit(x):
       value, g, T = fun(x)
-      return value / mass, g / mass, T
-    st = optim.lbfgs(unit, x0, max_iter=max_iter, tol=tol, history=history, ftol=ftol,
-                     patience=patience, rtol=rtol, trace=trace)
-    st = st._replace(value=st.value * mass, grad=st.grad * mass,
-                     grad_norm=st.grad_norm * mass,
+      return value / unit, g / unit, T
+    st = optim.lbfgs(per_unit, x0, max_iter=max_iter, tol=tol, history=history, ftol=ftol,
+                     patience=patience, rtol=rtol, trace=trace, tol_scale=mass / unit)
+    st = st._replace(value=st.value * unit, grad=st.grad * unit,
+                     grad_norm=st.grad_norm * unit,
                      trace=None if st.trace is None else st.trace._replace(
-                         value=st.trace.value * mass, grad_norm=st.trace.grad_norm * mass))
+                         value=st.trace.value * unit, grad_norm=st.trace.grad_norm * unit))
   x = park(st.x)
 
   if formulation == "semi_dual":
