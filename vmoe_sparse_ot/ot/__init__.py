@@ -43,9 +43,11 @@ from vmoe_sparse_ot.ot.regularizers import (
     SquaredL2,
 )
 from vmoe_sparse_ot.ot.sinkhorn import SinkhornResult, sinkhorn
-from vmoe_sparse_ot.ot.solvers import OTResult, semi_dual_loss, solve
+from vmoe_sparse_ot.ot.solvers import LBFGS, Adam, OTResult, semi_dual_loss, solve
 
 __all__ = [
+    "LBFGS",
+    "Adam",
     "NegEntropy",
     "OTResult",
     "OTTrace",

@@ -67,6 +67,23 @@ class OTResult(NamedTuple):
     return optim.STATUS[int(self.status)]
 
 
+class LBFGS(NamedTuple):
+  """`solve(..., solver=LBFGS(...))`: L-BFGS with its options in one place.
+
+  history: memory size; rtol / ftol / patience: the objective stop rules (see
+  `solve`; rtol None picks the default).
+  """
+  history: int = 10
+  rtol: Optional[float] = None
+  ftol: float = 0.0
+  patience: int = 1
+
+
+class Adam(NamedTuple):
+  """`solve(..., solver=Adam(learning_rate))`: Adam ascent with this step size."""
+  learning_rate: float = 1e-2
+
+
 def _float_dtype(*xs):
   """The solve's float dtype: float64 or float32; half precisions compute in float32
   (their 3 significant digits cannot resolve the solvers' steps)."""
@@ -168,7 +185,8 @@ def solve(a, b, C, regularizer: Regularizer, formulation: str = "semi_dual",
     regularizer: `SparsityConstrained(k, gamma)` (at most k nonzeros per column;
       k >= m behaves as SquaredL2), `SquaredL2(gamma)` or `NegEntropy(gamma)`.
     formulation: "semi_dual" (max over alpha) or "dual" (max over alpha, beta).
-    solver: "lbfgs" or "adam".
+    solver: "lbfgs" or "adam", or an option object `LBFGS(history, rtol, ftol,
+      patience)` / `Adam(learning_rate)` whose fields replace those keywords.
     max_iter: Python int >= 1, iteration budget.
     tol: Python float >= 0 (None: 1e-6), relative to the total mass: stop once
       the largest marginal violation (max |grad|) is <= tol * sum(a). tol == 0 runs exactly
@@ -203,6 +221,11 @@ def solve(a, b, C, regularizer: Regularizer, formulation: str = "semi_dual",
         "regularizer must be SparsityConstrained, SquaredL2 or NegEntropy, got "
         f"{type(regularizer).__name__}")
   validation.check_choice("formulation", formulation, FORMULATIONS)
+  if isinstance(solver, LBFGS):
+    history, rtol, ftol, patience = solver.history, solver.rtol, solver.ftol, solver.patience
+    solver = "lbfgs"
+  elif isinstance(solver, Adam):
+    learning_rate, solver = solver.learning_rate, "adam"
   validation.check_choice("solver", solver, SOLVERS)
   max_iter = validation.check_int("max_iter", max_iter, 1)
   history = validation.check_int("history", history, 1)
