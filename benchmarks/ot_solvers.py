@@ -1,20 +1,22 @@
 """Sparse-OT solvers: this project (JAX) against POT's `ot.smooth`, side by side.
 
 For each problem (m, n, k, gamma) both solve the sparsity-constrained semi-dual
-with L-BFGS from alpha = 0 (POT: scipy L-BFGS-B, its defaults stopThr=1e-9,
-numItermax=500; ours: `ot.solve(..., solver="lbfgs")` jitted, float64, stopped by
-the predicted remaining gain (rtol) or by small achieved and predicted gains
-(ftol; grid problems only, see --router-ftol)). Printed:
-warm solve time (median of repeats, compile excluded), compile time, iterations
-(objective evaluations in parentheses), the semi-dual objective reached, the
-relative objective deficit (POT - ours) / |POT| (<= 0 means ours is at least as
-good) and the speed-up POT time / our time.
+with L-BFGS from alpha = 0: POT with scipy L-BFGS-B at its defaults
+(stopThr=1e-9, numItermax=500); ours with `ot.solve(a, b, C, reg)` at ITS
+DEFAULTS (no tuning flags; --tol/--rtol/--ftol/--max-iter override them),
+jitted, float64. Printed: warm solve time (median of repeats), first-call time
+(compile + first run) and compile time in separate columns, iterations
+(objective evaluations in parentheses), the objectives, the relative deficit
+(POT - ours) / |POT| (<= 0: ours at least as good) and the speed-up POT time /
+our warm time.
 
-The router batch is 64 problems of 256 x 32 with k = 16 solved in one `vmap`
-against POT in a Python loop; its objective is summed over the 64 problems and the
-worst per-problem deficit is reported.
+Rows: the small-k grid, the large-k rows (k ~ 1.15 m / n, as in the paper's MNIST
+clustering; the radix top-k kernel), and the router batch (64 problems of
+256 x 32 with k = 16 in one `vmap`, POT in a Python loop; objectives summed,
+worst per-problem deficit). Then a k-sweep at (5000, 10, k).
 
     python benchmarks/ot_solvers.py [--json PATH] [--repeats N] [--quick]
+    python benchmarks/ot_solvers.py --kernels     # top-k kernel crossover only
 """
 from __future__ import annotations
 
@@ -41,6 +43,9 @@ import ot as pot  # noqa: E402
 from vmoe_sparse_ot import ot  # noqa: E402
 
 GRID = [(100, 100, 2, 1.0), (500, 500, 5, 0.1), (1000, 1000, 5, 0.1), (2000, 64, 64, 1.0)]
+LARGE_K = [(2000, 10, 230, 0.1), (5000, 10, 575, 0.1), (10000, 100, 100, 0.1),
+           (50000, 10, 5750, 0.1)]
+K_SWEEP = (5000, 10, (5, 50, 575, 2500), 0.1)
 ROUTER = dict(batch=64, m=256, n=32, k=16, gamma=1.0)
 
 
@@ -70,48 +75,57 @@ def pot_solve(a, b, C, k, gamma):
 
 
 def time_jax(fn, args, repeats):
-  """Compile time (lower + compile) and median warm time of a jitted fn."""
+  """(compile time, first-call time = compile + first run, median warm time, out)."""
   t0 = time.perf_counter()
   compiled = jax.jit(fn).lower(*args).compile()
   t_compile = time.perf_counter() - t0
   out = jax.block_until_ready(compiled(*args))
+  t_first = time.perf_counter() - t0
   times = []
   for _ in range(repeats):
     t0 = time.perf_counter()
     out = jax.block_until_ready(compiled(*args))
     times.append(time.perf_counter() - t0)
-  return t_compile, statistics.median(times), out
+  return t_compile, t_first, statistics.median(times), out
 
 
-def make_solver(k, gamma, tol, max_iter, ftol, rtol, patience):
+def make_solver(k, gamma, overrides):
+  """ot.solve with its defaults, except the flags given on the command line."""
   reg = ot.SparsityConstrained(k=k, gamma=gamma)
 
   def fn(a, b, C):
-    r = ot.solve(a, b, C, reg, formulation="semi_dual", solver="lbfgs", tol=tol,
-                 max_iter=max_iter, ftol=ftol, rtol=rtol, patience=patience)
+    r = ot.solve(a, b, C, reg, **overrides)
     return r.value, r.num_iter, r.num_evals, r.grad_norm
   return fn
 
 
+def solve_row(m, n, k, gamma, overrides, repeats, with_pot=True):
+  a, b, C = grid_problem(m, n)
+  p_time, p_obj, p_nit, p_nfev = pot_solve(a, b, C, k, gamma) if with_pot else (
+      float("nan"), float("nan"), -1, -1)
+  t_c, t_f, t_w, (val, nit, nev, gn) = time_jax(
+      make_solver(k, gamma, overrides), (jnp.asarray(a), jnp.asarray(b), jnp.asarray(C)),
+      repeats)
+  return dict(problem=f"({m},{n},{k},{gamma:g})", m=m, n=n, k=k, gamma=gamma,
+              radix=ot.uses_radix(k, m, jnp.float64),
+              pot_time_s=p_time, time_s=t_w, first_call_s=t_f, compile_s=t_c,
+              speedup=p_time / t_w, pot_iter=p_nit, pot_evals=p_nfev, iter=int(nit),
+              evals=int(nev), pot_objective=p_obj, objective=float(val),
+              rel_deficit=(p_obj - float(val)) / abs(p_obj), grad_norm=float(gn))
+
+
 def run(args):
+  overrides = {name: getattr(args, name) for name in ("tol", "rtol", "ftol", "max_iter")
+               if getattr(args, name) is not None}
   rows = []
-  grid = GRID[:2] if args.quick else GRID
-  header = (f"{'problem':<24}{'POT s':>9}{'ours s':>9}{'compile s':>10}{'speed-up':>9}"
-            f"{'POT it(ev)':>12}{'our it(ev)':>12}{'POT objective':>17}{'our objective':>17}"
-            f"{'rel deficit':>12}")
+  grid = GRID[:2] + LARGE_K[:1] if args.quick else GRID + LARGE_K
+  header = (f"{'problem':<26}{'POT s':>9}{'ours s':>9}{'1st call s':>11}{'compile s':>10}"
+            f"{'speed-up':>9}{'POT it(ev)':>12}{'our it(ev)':>12}{'POT objective':>17}"
+            f"{'our objective':>17}{'rel deficit':>12}")
   print(header)
   print("-" * len(header))
   for (m, n, k, gamma) in grid:
-    a, b, C = grid_problem(m, n)
-    p_time, p_obj, p_nit, p_nfev = pot_solve(a, b, C, k, gamma)
-    fn = make_solver(k, gamma, args.tol, args.max_iter, args.ftol, args.rtol, args.patience)
-    t_c, t_w, (val, nit, nev, gn) = time_jax(fn, (jnp.asarray(a), jnp.asarray(b),
-                                                   jnp.asarray(C)), args.repeats)
-    row = dict(problem=f"({m},{n},{k},{gamma:g})", m=m, n=n, k=k, gamma=gamma,
-               pot_time_s=p_time, time_s=t_w, compile_s=t_c, speedup=p_time / t_w,
-               pot_iter=p_nit, pot_evals=p_nfev, iter=int(nit), evals=int(nev),
-               pot_objective=p_obj, objective=float(val),
-               rel_deficit=(p_obj - float(val)) / abs(p_obj), grad_norm=float(gn))
+    row = solve_row(m, n, k, gamma, overrides, args.repeats)
     rows.append(row)
     print_row(row)
 
@@ -125,41 +139,91 @@ def run(args):
     p_objs.append(obj)
     p_nits.append(nit)
   p_time *= r["batch"] / n_pot
-  fn = jax.vmap(make_solver(r["k"], r["gamma"], args.tol, args.max_iter, args.router_ftol,
-                            args.rtol, args.patience))
-  t_c, t_w, (vals, nits, nevs, gns) = time_jax(
+  fn = jax.vmap(make_solver(r["k"], r["gamma"], overrides))
+  t_c, t_f, t_w, (vals, nits, nevs, gns) = time_jax(
       fn, (jnp.asarray(A), jnp.asarray(B), jnp.asarray(Cs)), args.repeats)
   vals = np.asarray(vals)
   deficits = (np.asarray(p_objs) - vals[:n_pot]) / np.abs(p_objs)
   row = dict(problem=f"router {r['batch']}x({r['m']}x{r['n']},k={r['k']})", m=r["m"],
              n=r["n"], k=r["k"], gamma=r["gamma"], batch=r["batch"], pot_time_s=p_time,
-             time_s=t_w, compile_s=t_c, speedup=p_time / t_w,
+             time_s=t_w, first_call_s=t_f, compile_s=t_c, speedup=p_time / t_w,
              pot_iter=int(np.max(p_nits)), pot_evals=-1, iter=int(np.max(nits)),
              evals=int(np.max(nevs)), pot_objective=float(np.sum(p_objs)),
              objective=float(np.sum(vals[:n_pot])), rel_deficit=float(deficits.max()),
              grad_norm=float(np.max(gns)), pot_problems_timed=n_pot)
   rows.append(row)
   print_row(row)
+
+  sweep = []
+  if not args.quick:
+    m, n, ks, gamma = K_SWEEP
+    print(f"\nk-sweep at ({m},{n},k,{gamma:g}): warm time against k=50")
+    for k in ks:
+      row = solve_row(m, n, k, gamma, overrides, args.repeats)
+      sweep.append(row)
+      print_row(row)
+    base = next(x["time_s"] for x in sweep if x["k"] == 50)
+    print("  warm time / time at k=50: " + ", ".join(
+        f"k={x['k']}: {x['time_s'] / base:.2f}x" for x in sweep))
+
   meta = dict(command=" ".join([os.path.basename(sys.executable)] + sys.argv), jax=jax.__version__,
-              pot=pot.__version__, dtype="float64", tol=args.tol, ftol=args.ftol,
-              router_ftol=args.router_ftol, rtol=args.rtol, patience=args.patience,
-              max_iter=args.max_iter,
+              pot=pot.__version__, dtype="float64", overrides=overrides,
               repeats=args.repeats, cpu_count=os.cpu_count(),
-              load_avg=os.getloadavg()[0] if hasattr(os, "getloadavg") else None)
-  print(f"\nours: ot.solve(semi_dual, lbfgs, tol={args.tol:g}, ftol={args.ftol:g} "
-        f"(router {args.router_ftol:g}), rtol={args.rtol:g}, patience={args.patience}, "
-        f"max_iter={args.max_iter}), "
-        f"float64; POT {pot.__version__}: smooth_ot_semi_dual defaults. "
-        f"load average {meta['load_avg']}")
+              load_avg=os.getloadavg() if hasattr(os, "getloadavg") else None)
+  print(f"\nours: ot.solve(a, b, C, reg{''.join(f', {k}={v}' for k, v in overrides.items())})"
+        f" (semi-dual, L-BFGS), float64; POT {pot.__version__}: smooth_ot_semi_dual "
+        f"defaults. load average {meta['load_avg']}")
   if args.json:
     with open(args.json, "w") as f:
-      json.dump(dict(meta=meta, results=rows), f, indent=2)
+      json.dump(dict(meta=meta, results=rows, k_sweep=sweep), f, indent=2)
   return rows
 
 
+def kernels(args):
+  """Warm time of one semi-dual evaluation with the k-pass and the radix top-k
+  kernels, round-robin, to place the automatic crossover (`ot.uses_radix`)."""
+  from vmoe_sparse_ot.ot import objectives, projections
+  rng = np.random.default_rng(0)
+  print(f"{'m x n':<12}{'dtype':<9}{'k':>5}{'passes ms':>11}{'radix ms':>10}{'passes/radix':>14}"
+        f"{'auto':>8}")
+  out = []
+  for (m, n) in ((5000, 10), (1000, 1000)):
+    for dt in (jnp.float32, jnp.float64):
+      C = jnp.asarray(rng.random((m, n)), dt)
+      a, b = jnp.full((m,), 1 / m, dt), jnp.full((n,), 1 / n, dt)
+      alpha = jnp.asarray(rng.random(m) * 0.01, dt)
+      for k in (8, 16, 32, 48, 64, 96, 128):
+        fns = {}
+        saved = projections._RADIX_MIN_K
+        for name, thr in (("passes", 10 ** 9), ("radix", 1)):
+          projections._RADIX_MIN_K = {4: thr, 8: thr}
+          reg = ot.SparsityConstrained(k=k, gamma=0.1)
+          fns[name] = jax.jit(lambda al, reg=reg: objectives.semi_dual_value_and_grad(
+              al, a, b, C, reg)[:2]).lower(alpha).compile()
+        projections._RADIX_MIN_K = saved
+        times = {name: [] for name in fns}
+        for _ in range(args.repeats * 3):
+          for name, f in fns.items():
+            jax.block_until_ready(f(alpha))
+            t0 = time.perf_counter()
+            jax.block_until_ready(f(alpha))
+            times[name].append(time.perf_counter() - t0)
+        tp, tr = (statistics.median(times[x]) * 1e3 for x in ("passes", "radix"))
+        auto = "radix" if ot.uses_radix(k, m, dt) else "passes"
+        print(f"{f'{m}x{n}':<12}{jnp.dtype(dt).name:<9}{k:>5}{tp:>11.2f}{tr:>10.2f}"
+              f"{tp / tr:>13.2f}x{auto:>8}", flush=True)
+        out.append(dict(m=m, n=n, dtype=jnp.dtype(dt).name, k=k, passes_ms=tp, radix_ms=tr,
+                        auto=auto))
+  print(f"load average {os.getloadavg() if hasattr(os, 'getloadavg') else None}")
+  if args.json:
+    with open(args.json, "w") as f:
+      json.dump(dict(kernels=out), f, indent=2)
+
+
 def print_row(r):
-  print(f"{r['problem']:<24}{r['pot_time_s']:>9.3f}{r['time_s']:>9.4f}{r['compile_s']:>10.2f}"
-        f"{r['speedup']:>8.1f}x{r['pot_iter']:>6}({r['pot_evals']:>4}){r['iter']:>6}"
+  print(f"{r['problem']:<26}{r['pot_time_s']:>9.3f}{r['time_s']:>9.4f}{r['first_call_s']:>11.2f}"
+        f"{r['compile_s']:>10.2f}{r['speedup']:>8.1f}x{r['pot_iter']:>6}({r['pot_evals']:>4})"
+        f"{r['iter']:>6}"
         f"({r['evals']:>4}){r['pot_objective']:>17.10g}{r['objective']:>17.10g}"
         f"{r['rel_deficit']:>12.2e}", flush=True)
 
@@ -168,19 +232,15 @@ def main(argv=None):
   p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   p.add_argument("--json", help="also write the figures to this JSON file")
   p.add_argument("--repeats", type=int, default=5, help="warm runs per problem (median)")
-  p.add_argument("--tol", type=float, default=1e-9, help="our gradient tolerance")
-  p.add_argument("--max-iter", type=int, default=500, help="our iteration budget")
-  p.add_argument("--ftol", type=float, default=3e-7,
-                 help="our relative-improvement stop (the k-binding optimum is a kink); "
-                      "fires when achieved and predicted gains are both below it")
-  p.add_argument("--router-ftol", type=float, default=0.0,
-                 help="ftol for the router batch (k does not bind there: the problems "
-                      "are smooth and the rtol stop suffices; ftol stopped some early)")
-  p.add_argument("--rtol", type=float, default=1e-8,
-                 help="our stop on the predicted remaining gain -g^T p / 2 <= rtol |value|")
-  p.add_argument("--patience", type=int, default=1, help="consecutive ftol hits to stop")
+  p.add_argument("--tol", type=float, default=None, help="override solve's tol")
+  p.add_argument("--max-iter", dest="max_iter", type=int, default=None,
+                 help="override solve's max_iter")
+  p.add_argument("--ftol", type=float, default=None, help="override solve's ftol")
+  p.add_argument("--rtol", type=float, default=None, help="override solve's rtol")
+  p.add_argument("--kernels", action="store_true", help="only the top-k kernel crossover")
   p.add_argument("--quick", action="store_true", help="small grid, 8 POT router problems")
-  run(p.parse_args(argv))
+  args = p.parse_args(argv)
+  kernels(args) if args.kernels else run(args)
 
 
 if __name__ == "__main__":

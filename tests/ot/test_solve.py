@@ -145,3 +145,20 @@ def test_lbfgs_stop_rules_rtol_and_ftol_with_patience():
                   rtol=1e-9)
   assert int(res1.num_iter) <= int(res.num_iter)
   assert float(res1.value) <= float(res.value)
+
+
+def test_solver_option_objects_equal_the_keywords():
+  a, b, C = problem(10, 8, seed=7)
+  reg = ot.SparsityConstrained(k=3, gamma=0.1)
+  obj = ot.solve(a, b, C, reg, solver=ot.LBFGS(history=5, rtol=1e-7))
+  kw = ot.solve(a, b, C, reg, solver="lbfgs", history=5, rtol=1e-7)
+  np.testing.assert_array_equal(np.asarray(obj.alpha), np.asarray(kw.alpha))
+  assert int(obj.num_iter) == int(kw.num_iter)
+  other = ot.solve(a, b, C, reg, solver="lbfgs", history=10, rtol=1e-7)
+  assert int(other.num_evals) != int(kw.num_evals) or not np.array_equal(
+      np.asarray(other.alpha), np.asarray(kw.alpha))            # history matters
+  obj = ot.solve(a, b, C, reg, solver=ot.Adam(learning_rate=0.05), max_iter=30, tol=0.0)
+  kw = ot.solve(a, b, C, reg, solver="adam", learning_rate=0.05, max_iter=30, tol=0.0)
+  np.testing.assert_array_equal(np.asarray(obj.alpha), np.asarray(kw.alpha))
+  with pytest.raises(ValueError, match="history"):
+    ot.solve(a, b, C, reg, solver=ot.LBFGS(history=0))

@@ -3,7 +3,8 @@
 The dual and semi-dual framework of "Sparsity-Constrained Optimal Transport"
 (Liu, Puigcerver, Blondel, ICLR 2023): OT with squared-L2 regularization and at
 most k nonzeros per column of the plan, solved through its dual or semi-dual with
-L-BFGS or Adam; plus the squared-L2 and entropic baselines and log-domain Sinkhorn.
+L-BFGS or Adam; plus the squared-L2 and entropic baselines and log-domain Sinkhorn,
+and `batched_semi_dual_adam`, many small semi-duals at once (the MoE router's solver).
 
     from vmoe_sparse_ot import ot
     res = ot.solve(a, b, C, ot.SparsityConstrained(k=2, gamma=1.0))
@@ -11,6 +12,7 @@ L-BFGS or Adam; plus the squared-L2 and entropic baselines and log-domain Sinkho
 
 Everything runs under `jax.jit` and `jax.vmap`; see docs/ARCHITECTURE.md.
 """
+from vmoe_sparse_ot.ot.batched import batched_semi_dual_adam
 from vmoe_sparse_ot.ot.ksupport import squared_k_support_norm
 from vmoe_sparse_ot.ot.objectives import (
     dual_objective,
@@ -22,15 +24,17 @@ from vmoe_sparse_ot.ot.objectives import (
     semi_dual_objective,
     semi_dual_value_and_grad,
 )
-from vmoe_sparse_ot.ot.optim import OTTrace
+from vmoe_sparse_ot.ot.optim import STATUS, OTTrace
 from vmoe_sparse_ot.ot.projections import (
     projection_nonneg,
     projection_simplex,
     projection_sparse_nonneg,
     projection_sparse_simplex,
     simplex_threshold,
+    threshold_top_k_mask,
     top_k,
     top_k_mask,
+    uses_radix,
 )
 from vmoe_sparse_ot.ot.regularizers import (
     NegEntropy,
@@ -39,16 +43,20 @@ from vmoe_sparse_ot.ot.regularizers import (
     SquaredL2,
 )
 from vmoe_sparse_ot.ot.sinkhorn import SinkhornResult, sinkhorn
-from vmoe_sparse_ot.ot.solvers import OTResult, semi_dual_loss, solve
+from vmoe_sparse_ot.ot.solvers import LBFGS, Adam, OTResult, semi_dual_loss, solve
 
 __all__ = [
+    "LBFGS",
+    "Adam",
     "NegEntropy",
     "OTResult",
     "OTTrace",
+    "STATUS",
     "Regularizer",
     "SinkhornResult",
     "SparsityConstrained",
     "SquaredL2",
+    "batched_semi_dual_adam",
     "dual_objective",
     "dual_value_and_grad",
     "marginal_errors",
@@ -67,5 +75,7 @@ __all__ = [
     "solve",
     "squared_k_support_norm",
     "top_k",
+    "threshold_top_k_mask",
     "top_k_mask",
+    "uses_radix",
 ]

@@ -37,6 +37,16 @@ class OTTrace(NamedTuple):
   num_evals: Array
 
 
+# Why a solver stopped (OptState.status, OTResult.status); names in STATUS.
+CONVERGED = 0       # max |grad| <= tol: the marginals hold to tol
+OBJECTIVE_TOL = 1   # L-BFGS: the objective stopped improving (rtol / ftol rules)
+MAX_ITER = 2        # the iteration budget ran out first
+STALLED = 3         # L-BFGS: the line search found no increase (rounding level,
+                    # or a kink it cannot cross)
+FIXED_ITER = 4      # tol == 0: ran exactly max_iter iterations, as asked
+STATUS = ("converged", "objective_tol", "max_iter", "stalled", "fixed_iter")
+
+
 class OptState(NamedTuple):
   x: Array
   value: Array
@@ -45,6 +55,7 @@ class OptState(NamedTuple):
   num_evals: Array
   grad_norm: Array
   trace: Optional[OTTrace] = None
+  status: Array = None
 
 
 def _empty_trace(max_iter: int, dtype) -> OTTrace:
@@ -73,23 +84,29 @@ def _gnorm(g):
   return jnp.max(jnp.abs(g))
 
 
+ADAM_B1, ADAM_B2, ADAM_EPS = 0.9, 0.999, 1e-8
+
+
+def adam_update(i, x, m, v, g, learning_rate, b1=ADAM_B1, b2=ADAM_B2, eps=ADAM_EPS):
+  """One Adam ascent step (iteration i from 0) on arrays of any shape: (x, m, v)."""
+  t = (i + 1).astype(x.dtype)
+  m = b1 * m + (1 - b1) * g
+  v = b2 * v + (1 - b2) * g * g
+  x = x + learning_rate * (m / (1 - b1 ** t)) / (jnp.sqrt(v / (1 - b2 ** t)) + eps)
+  return x, m, v
+
+
 def adam(fun: Callable, x0: Array, *, max_iter: int, tol: float, learning_rate: float,
-         b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8,
-         trace: bool = False) -> OptState:
-  """Adam ascent. Stops when max|grad| <= tol (checked only if tol > 0).
+         b1: float = ADAM_B1, b2: float = ADAM_B2, eps: float = ADAM_EPS,
+         trace: bool = False, tol_scale=1.0) -> OptState:
+  """Adam ascent. Stops when max|grad| <= tol * tol_scale (checked only if tol > 0).
 
   trace=True also returns an `OTTrace` of the iterates (one more carried buffer
   per recorded quantity; nothing when off)."""
   dtype = x0.dtype
 
   def step(i, x, m, v, g):
-    t = (i + 1).astype(dtype)
-    m = b1 * m + (1 - b1) * g
-    v = b2 * v + (1 - b2) * g * g
-    mhat = m / (1 - b1 ** t)
-    vhat = v / (1 - b2 ** t)
-    x = x + learning_rate * mhat / (jnp.sqrt(vhat) + eps)
-    return x, m, v
+    return adam_update(i, x, m, v, g, learning_rate, b1, b2, eps)
 
   zeros = jnp.zeros_like(x0)
   tr0 = _empty_trace(max_iter, dtype) if trace else None
@@ -108,13 +125,15 @@ def adam(fun: Callable, x0: Array, *, max_iter: int, tol: float, learning_rate: 
     value, g, _ = fun(x)
     tr = _record(tr, max_iter - 1, value, g, max_iter + 1)
     return OptState(x, value, g, jnp.asarray(max_iter, jnp.int32),
-                    jnp.asarray(max_iter + 1, jnp.int32), _gnorm(g), tr)
+                    jnp.asarray(max_iter + 1, jnp.int32), _gnorm(g), tr,
+                    jnp.asarray(FIXED_ITER, jnp.int32))
 
   value0, g0, _ = fun(x0)
+  gtol = tol * tol_scale
 
   def cond(c):
     i, x, m, v, value, g, _ = c
-    return (i < max_iter) & (_gnorm(g) > tol)
+    return (i < max_iter) & (_gnorm(g) > gtol)
 
   def body(c):
     i, x, m, v, value, g, tr = c
@@ -125,13 +144,14 @@ def adam(fun: Callable, x0: Array, *, max_iter: int, tol: float, learning_rate: 
 
   i, x, _, _, value, g, tr = lax.while_loop(
       cond, body, (jnp.asarray(0, jnp.int32), x0, zeros, zeros, value0, g0, tr0))
-  return OptState(x, value, g, i, i + 1, _gnorm(g), _finish_trace(tr, i, i + 1))
+  status = jnp.where(_gnorm(g) <= gtol, CONVERGED, MAX_ITER).astype(jnp.int32)
+  return OptState(x, value, g, i, i + 1, _gnorm(g), _finish_trace(tr, i, i + 1), status)
 
 
 def lbfgs(fun: Callable, x0: Array, *, max_iter: int, tol: float, history: int = 10,
           ftol: float = 0.0, patience: int = 1, rtol: float = 0.0, c1: float = 1e-4,
-          max_linesearch: int = 30, trace: bool = False) -> OptState:
-  """L-BFGS ascent with Armijo backtracking. Stops when max|grad| <= tol, when an
+          max_linesearch: int = 30, trace: bool = False, tol_scale=1.0) -> OptState:
+  """L-BFGS ascent with Armijo backtracking. Stops when max|grad| <= tol * tol_scale, when an
   iteration increases the value by <= ftol * |value| (ftol > 0), after max_iter
   iterations, or when the line search can no longer increase the value.
 
@@ -155,6 +175,7 @@ def lbfgs(fun: Callable, x0: Array, *, max_iter: int, tol: float, history: int =
     return -value, -g
 
   f0, g0 = F(x0)
+  gtol = tol * tol_scale
 
   def direction(g, S, Y, rho, gamma0):
     q = g
@@ -183,11 +204,12 @@ def lbfgs(fun: Callable, x0: Array, *, max_iter: int, tol: float, history: int =
     stalled: Array
     small: Array
     trace: Optional[OTTrace]
+    reason: Array
 
   def cond(c: Carry):
     keep = (c.it < max_iter) & ~c.stalled
     if tol > 0:
-      keep = keep & (_gnorm(c.g) > tol)
+      keep = keep & (_gnorm(c.g) > gtol)
     return keep
 
   def body(c: Carry):
@@ -243,14 +265,17 @@ def lbfgs(fun: Callable, x0: Array, *, max_iter: int, tol: float, history: int =
     f = jnp.where(ok, f_new, c.f)
     g = jnp.where(ok, g_new, c.g)
     # No strict decrease means the value is at rounding level: stop.
-    stalled = ~ok | ~(f_new < c.f) | done
+    no_gain = (~ok | ~(f_new < c.f)) & ~done
+    objective_stop = done
     small = c.small
     if ftol > 0:
       # Both the achieved and the predicted gain must be small: a short step
       # alone (backtracking across a kink) is no sign of convergence.
       tiny_gain = (c.f - f_new <= ftol * jnp.abs(f_new)) & (-0.5 * gp <= ftol * jnp.abs(c.f))
       small = jnp.where(tiny_gain, small + 1, 0)
-      stalled = stalled | (small >= patience)
+      objective_stop = objective_stop | (ok & (small >= patience))
+    stalled = no_gain | objective_stop
+    reason = jnp.where(objective_stop, OBJECTIVE_TOL, jnp.where(no_gain, STALLED, c.reason))
     # An iteration stopped by rtol before its line search is not counted (nor
     # recorded): it took no step.
     tr = c.trace
@@ -258,12 +283,16 @@ def lbfgs(fun: Callable, x0: Array, *, max_iter: int, tol: float, history: int =
       new = _record(tr, c.it, -f, -g, c.evals + n)
       tr = jax.tree_util.tree_map(lambda u, o: jnp.where(done, o, u), new, tr)
     return Carry(c.it + (~done).astype(c.it.dtype), c.evals + n, x, f, g, S, Y, rho, gamma0,
-                 stalled, small, tr)
+                 stalled, small, tr, reason.astype(jnp.int32))
 
   init = Carry(jnp.asarray(0, jnp.int32), jnp.asarray(1, jnp.int32), x0, f0, g0,
                jnp.zeros((M, d), dtype), jnp.zeros((M, d), dtype), jnp.zeros((M,), dtype),
                jnp.asarray(1.0, dtype), jnp.asarray(False), jnp.asarray(0, jnp.int32),
-               _empty_trace(max_iter, dtype) if trace else None)
+               _empty_trace(max_iter, dtype) if trace else None,
+               jnp.asarray(MAX_ITER, jnp.int32))
   c = lax.while_loop(cond, body, init)
+  status = c.reason
+  if tol > 0:
+    status = jnp.where(_gnorm(c.g) <= gtol, CONVERGED, status)
   return OptState(c.x, -c.f, -c.g, c.it, c.evals, _gnorm(c.g),
-                  _finish_trace(c.trace, c.it, c.evals))
+                  _finish_trace(c.trace, c.it, c.evals), status)

@@ -107,6 +107,147 @@ def _top_pairs(x: Array, k: int, axis: int):
   return jnp.concatenate(values, axis), jnp.concatenate(indices, axis)
 
 
+def _order_keys(x: Array) -> Array:
+  """Unsigned integer keys of x's width, ordered like the values (float32 or float64).
+
+  Negative floats have all their bits flipped, non-negative ones only the sign
+  bit; -0.0 is first mapped to +0.0 so that equal values have equal keys.
+  """
+  x = jnp.where(x == 0, jnp.zeros((), x.dtype), x)
+  if x.dtype == jnp.float64:
+    bits = lax.bitcast_convert_type(x, jnp.uint64)
+    sign = jnp.uint64(1 << 63)
+  else:
+    bits = lax.bitcast_convert_type(x, jnp.uint32)
+    sign = jnp.uint32(1 << 31)
+  return jnp.where(bits >= sign, ~bits, bits | sign)
+
+
+def _radix_select(keys: Array, k, axis: int, valid=None) -> Array:
+  """The k-th largest of each slice of unsigned `keys` (keepdims), counting only
+  `valid` entries; k may be an array (keepdims).
+
+  The answer's bits are fixed from the highest down; a bit is set iff at least k
+  entries are >= the answer with that bit set. One counting pass per bit, in a
+  loop that is not unrolled.
+  """
+  nbits = keys.dtype.itemsize * 8
+  red_shape = list(keys.shape)
+  red_shape[axis] = 1
+  one = jnp.ones((), keys.dtype)
+
+  def body(i, t):
+    cand = t | (one << (nbits - 1 - i).astype(keys.dtype))
+    hit = keys >= cand
+    if valid is not None:
+      hit = hit & valid
+    count = jnp.sum(hit, axis=axis, keepdims=True, dtype=jnp.int32)
+    return jnp.where(count >= k, cand, t)
+
+  return lax.fori_loop(0, nbits, body, jnp.zeros(red_shape, keys.dtype))
+
+
+def kth_largest_key(keys: Array, k: int, axis: int) -> Array:
+  """The k-th largest of each slice of unsigned `keys`, keepdims along `axis`.
+
+  32 counting passes for 32-bit keys, whatever k is. 64-bit keys are split in
+  two 32-bit words (the high word's k-th largest, then the low word's among the
+  entries sharing it): the same 64 passes, over half-width data.
+  """
+  if keys.dtype != jnp.uint64:
+    return _radix_select(keys, k, axis)
+  high = (keys >> 32).astype(jnp.uint32)
+  low = keys.astype(jnp.uint32)
+  h = _radix_select(high, k, axis)
+  k_low = k - jnp.sum(high > h, axis=axis, keepdims=True, dtype=jnp.int32)
+  lo = _radix_select(low, k_low, axis, valid=high == h)
+  return (h.astype(jnp.uint64) << 32) | lo.astype(jnp.uint64)
+
+
+def _tie_ranks(at: Array, axis: int) -> Array:
+  """1-based rank of each True of `at` among the Trues before it along `axis`."""
+  return jnp.cumsum(at, axis=axis, dtype=jnp.int32)
+
+
+def threshold_top_k_mask(x: Array, k: int, axis: int = -1) -> Array:
+  """bool mask of the k largest entries along `axis` by radix selection.
+
+  Same set as `top_k_mask` (ties at the k-th value go to the lower indices) at
+  a cost that does not depend on k: 32 (float32) or 64 (float64) counting passes
+  for the k-th value, one for the entries above it, and a cumulative sum over
+  the tied entries only when some slice has more ties at its k-th value than it
+  can take. Needs 64-bit types (x64) for float64 input; float16/bfloat16 are
+  selected as float32.
+  """
+  axis = axis % x.ndim
+  _check_k(k, x.shape[axis])
+  if x.dtype not in (jnp.float32, jnp.float64):
+    x = x.astype(jnp.float32)
+  keys = _order_keys(x)
+  kth = kth_largest_key(keys, k, axis)
+  above = keys > kth
+  n_above = jnp.sum(above, axis=axis, keepdims=True, dtype=jnp.int32)
+  at = keys == kth
+  n_at = jnp.sum(at, axis=axis, keepdims=True, dtype=jnp.int32)
+
+  def split_ties(at, n_above):
+    return at & (_tie_ranks(at, axis) <= k - n_above)
+
+  # A tie that straddles the k-th place is rare for real data: pay for the
+  # cumulative sum only when one occurs.
+  tied = lax.cond(jnp.any(n_above + n_at > k), split_ties, lambda at, _: at, at, n_above)
+  return above | tied
+
+
+# Kernel choice: the passes kernel costs about k reductions per slice, the radix
+# kernel a fixed number of counting passes (more for float64). Measured with
+# benchmarks/ot_solvers.py --kernels (2-core CPU): the radix kernel wins from
+# about these k on (see RESULTS.md).
+_RADIX_MIN_K = {4: 32, 8: 64}
+
+
+def uses_radix(k: int, m: int, dtype) -> bool:
+  """Whether top-k selection of k of m entries of `dtype` uses radix selection."""
+  if k >= m:
+    return False
+  return k >= _RADIX_MIN_K[8 if jnp.dtype(dtype) == jnp.float64 else 4]
+
+
+def _tree(x: Array, op) -> Array:
+  """(1, ...): x (m, ...) reduced along axis 0 by a halving tree of elementwise `op`.
+
+  XLA's CPU backend fuses such a tree with the where() producing x, whereas a
+  reduce op first writes the full where() array.
+  """
+  while x.shape[0] > 1:
+    h = x.shape[0] // 2
+    y = op(x[:h], x[h:2 * h])
+    x = jnp.concatenate([y, x[2 * h:]]) if x.shape[0] % 2 else y
+  return x
+
+
+def distinct_top_values(x: Array, k: int) -> Array:
+  """(k, ...): the k largest distinct values along axis 0 of x (m, ...), decreasing.
+
+  -inf once a slice has fewer than k distinct values. One "next smaller maximum"
+  pass over x per value, in a loop (compile time does not grow with k; the loop
+  keeps each pass a separate fusion reading x from memory). The values-only
+  passes kernel, for callers that handle ties themselves (`ot.batched`).
+  """
+  def body(r, carry):
+    v, values = carry
+    v = _tree(jnp.where(x < v, x, -jnp.inf), jnp.maximum)
+    return v, lax.dynamic_update_slice_in_dim(values, v, r, 0)
+
+  init = (jnp.full((1,) + x.shape[1:], jnp.inf, x.dtype), jnp.zeros((k,) + x.shape[1:], x.dtype))
+  return lax.fori_loop(0, k, body, init)[1]
+
+
+def count_at_least(x: Array, thresholds: Array) -> Array:
+  """(r, ...): entries of each slice of x (m, ...) >= each of `thresholds` (r, ...)."""
+  return _tree((x[:, None] >= thresholds[None]).astype(x.dtype), jnp.add)[0]
+
+
 def _check_k(k: int, m: int):
   if not 1 <= k <= m:
     raise ValueError(f"k must be in [1, {m}], got {k}")
@@ -115,9 +256,10 @@ def _check_k(k: int, m: int):
 def top_k_mask(x: Array, k: int, axis: int = -1) -> Tuple[Array, Array]:
   """The k largest entries of `x` along `axis`, without sorting.
 
-  Ties are broken by the lower index (the set `lax.top_k` picks). With 64-bit
-  enabled, one max-reduction per selected entry over packed (value, index) keys;
-  otherwise two reductions per entry (value, then index).
+  Ties are broken by the lower index (the set `lax.top_k` picks). For small k,
+  with 64-bit enabled, one max-reduction per selected entry over packed (value,
+  index) keys; otherwise two reductions per entry (value, then index). For large
+  k (`uses_radix`), `threshold_top_k_mask`, whose cost does not grow with k.
 
   Args:
     x: array (..., m, ...).
@@ -133,6 +275,10 @@ def top_k_mask(x: Array, k: int, axis: int = -1) -> Tuple[Array, Array]:
   axis = axis % x.ndim
   m = x.shape[axis]
   _check_k(k, m)
+  if uses_radix(k, m, x.dtype):
+    # Values (sorted) only if the caller uses them; XLA drops them otherwise.
+    values = jnp.moveaxis(lax.top_k(jnp.moveaxis(x, axis, -1), k)[0], -1, axis)
+    return threshold_top_k_mask(x, k, axis), values
   if _use_keys(x):
     keys, top, shift, nb = _top_keys(x, k, axis)
     kth = lax.slice_in_dim(top, k - 1, k, axis=axis)
@@ -160,6 +306,10 @@ def top_k(x: Array, k: int, axis: int = -1) -> Tuple[Array, Array]:
   axis = axis % x.ndim
   m = x.shape[axis]
   _check_k(k, m)
+  if uses_radix(k, m, x.dtype):
+    # Large k: the k values must come out sorted anyway; XLA's top_k does that.
+    values, indices = lax.top_k(jnp.moveaxis(x, axis, -1), k)
+    return jnp.moveaxis(values, -1, axis), jnp.moveaxis(indices, -1, axis)
   if not _use_keys(x):
     return _top_pairs(x, k, axis)
   _, top, shift, nb = _top_keys(x, k, axis)
@@ -186,22 +336,27 @@ def densify(values: Array, indices: Array, m: int, axis: int = -1) -> Array:
   return out
 
 
-def _threshold_from_sorted(values: Array, b: Array, axis: int) -> Tuple[Array, Array]:
-  """tau with sum_i [v_i - tau]_+ = b for values sorted in decreasing order.
+def _threshold_from_sorted(values: Array, b: Array, axis: int) -> Array:
+  """tau with sum_i [v_i - tau]_+ = b for values sorted in decreasing order, keepdims.
 
-  Returns tau (keepdims along `axis`) and the number rho of active values.
+  tau = max over r of (v_1 + ... + v_r - b) / r (Duchi et al. 2008: the terms
+  increase up to the support size and decrease after). A running sum over the
+  k slices, unrolled: this serves the passes kernel only (k below the radix
+  crossover, `uses_radix`), where it is cheaper than a cumsum.
   """
   kk = values.shape[axis]
-  cs = jnp.cumsum(values, axis=axis)
-  shape = [1] * values.ndim
-  shape[axis] = kk
-  r = jnp.arange(1, kk + 1, dtype=values.dtype).reshape(shape)
-  taus = (cs - b) / r
-  # The condition holds on a prefix (Duchi et al. 2008); rho is its length.
-  cond = values > taus
-  rho = jnp.maximum(jnp.sum(cond, axis=axis, keepdims=True), 1).astype(values.dtype)
-  tau = jnp.sum(jnp.where(r == rho, taus, 0), axis=axis, keepdims=True)
-  return tau, rho
+  if kk > 2 * max(_RADIX_MIN_K.values()):
+    cs = jnp.cumsum(values, axis=axis)
+    shape = [1] * values.ndim
+    shape[axis] = kk
+    r = jnp.arange(1, kk + 1, dtype=values.dtype).reshape(shape)
+    return jnp.max((cs - b) / r, axis=axis, keepdims=True)
+  total = jnp.zeros_like(lax.slice_in_dim(values, 0, 1, axis=axis))
+  tau = jnp.full_like(total, -jnp.inf)
+  for r in range(kk):
+    total = total + lax.slice_in_dim(values, r, r + 1, axis=axis)
+    tau = jnp.maximum(tau, (total - b) / (r + 1))
+  return tau
 
 
 def simplex_threshold(x: Array, b=1.0, axis: int = -1, mask: Array | None = None) -> Array:
@@ -223,6 +378,12 @@ def simplex_threshold(x: Array, b=1.0, axis: int = -1, mask: Array | None = None
     return (s - b) / jnp.maximum(cnt, 1).astype(x.dtype), cnt
 
   tau0, cnt0 = tau_of(mask)
+  # tau is the largest of (sum of the r largest - b) / r over r (Duchi et al.
+  # 2008), so r = 1, max(x) - b, is a lower bound too; starting from the larger
+  # bound saves most of the rounds when b is small against the spread of x.
+  tau1 = jnp.max(jnp.where(mask, x, -jnp.inf), axis=axis, keepdims=True) - b
+  tau0, cnt0 = tau_of(mask & (x > jnp.maximum(tau0, tau1)))
+  tau0, cnt0 = jnp.where(cnt0 > 0, tau0, tau1), jnp.maximum(cnt0, 1)
   max_rounds = x.shape[axis] + 2  # Michelot needs at most m rounds; guards NaNs
 
   def cond(carry):
@@ -283,7 +444,7 @@ def sparse_simplex_topk(x: Array, k: int, b=1.0, axis: int = -1) -> SparseSimple
   axis = axis % x.ndim
   b = _expand(b, x, axis)
   values, indices = top_k(x, k, axis)
-  tau, _ = _threshold_from_sorted(values, b, axis)
+  tau = _threshold_from_sorted(values, b, axis)
   # Under the packed float64 keys near-ties (2^-(52 - ceil(log2 m)) relative)
   # may be out of order, which can put tau off by that much: recompute it from
   # the active set so that sum_active (x - tau) = b holds to rounding. Entries
@@ -304,17 +465,22 @@ def sparse_simplex_parts(x: Array, k: int, b=1.0, axis: int = -1):
   Returns (t, tau, (count, sum_sq)): the projection, the threshold (keepdims),
   and over the active entries (t > 0) their number and the sum of their squared
   values (both keepdims; used for the conjugate's value). For k >= m the plain
-  simplex projection is used.
+  simplex projection is used; for large k (`uses_radix`) the radix-selected
+  mask and Michelot's threshold over it, dense.
   """
   axis = axis % x.ndim
   m = x.shape[axis]
-  if k >= m:
+  if k >= m or uses_radix(k, m, x.dtype):
     b = _expand(b, x, axis)
-    tau = simplex_threshold(x, b, axis)
+    mask = None if k >= m else threshold_top_k_mask(x, k, axis)
+    tau = simplex_threshold(x, b, axis, mask=mask)
     active = x > tau
+    if mask is not None:
+      active = active & mask
     xa = jnp.where(active, x, 0)
     count = jnp.sum(active, axis=axis, keepdims=True).astype(x.dtype)
-    return jnp.maximum(x - tau, 0), tau, (count, jnp.sum(xa * xa, axis=axis, keepdims=True))
+    t = jnp.where(active, x - tau, 0)
+    return t, tau, (count, jnp.sum(xa * xa, axis=axis, keepdims=True))
   sp = sparse_simplex_topk(x, k, b, axis)
   return densify(sp.values, sp.indices, m, axis), sp.tau, (sp.count, sp.sum_sq)
 

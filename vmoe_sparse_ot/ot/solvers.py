@@ -15,6 +15,7 @@ from typing import Any, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
+from jax import lax
 
 from vmoe_sparse_ot.ot import objectives
 from vmoe_sparse_ot.ot import optim
@@ -37,13 +38,17 @@ class OTResult(NamedTuple):
     potential that makes the semi-dual plan the dual one).
   num_iter: solver iterations run.
   grad_norm: max |gradient| of the objective = largest marginal violation of plan.
-  converged: grad_norm <= tol (always False for tol == 0).
+  converged: a stop rule fired: grad_norm <= tol * sum(a), or (L-BFGS) the
+    objective rule (see `solve`); False after max_iter, a stall, or with tol == 0.
   duality_gap: P(plan) - value, P the convex primal <T, C> + sum_j Omega**(t_j)
     (gamma Psi for SparsityConstrained). Not a certificate unless the marginals
     hold, i.e. grad_norm is small.
   num_evals: objective evaluations (line-search trials included).
   trace: `OTTrace` of per-iteration value, gradient norm and evaluation count
     when solved with trace=True; None otherwise.
+  status: int32, why the solver stopped: an index into `ot.STATUS` =
+    ("converged", "objective_tol", "max_iter", "stalled", "fixed_iter");
+    `result.reason()` gives the name (concrete results only).
   """
   plan: Array
   value: Array
@@ -55,13 +60,67 @@ class OTResult(NamedTuple):
   duality_gap: Array
   num_evals: Array
   trace: Optional[optim.OTTrace] = None
+  status: Array = None
+
+  def reason(self) -> str:
+    """The stop reason's name (see `status`); for a concrete, unbatched result."""
+    return optim.STATUS[int(self.status)]
+
+
+class LBFGS(NamedTuple):
+  """`solve(..., solver=LBFGS(...))`: L-BFGS with its options in one place.
+
+  history: memory size; rtol / ftol / patience: the objective stop rules (see
+  `solve`; rtol None picks the default).
+  """
+  history: int = 10
+  rtol: Optional[float] = None
+  ftol: float = 0.0
+  patience: int = 1
+
+
+class Adam(NamedTuple):
+  """`solve(..., solver=Adam(learning_rate))`: Adam ascent with this step size."""
+  learning_rate: float = 1e-2
 
 
 def _float_dtype(*xs):
+  """The solve's float dtype: float64 or float32; half precisions compute in float32
+  (their 3 significant digits cannot resolve the solvers' steps)."""
   dt = jnp.result_type(*xs)
   if not jnp.issubdtype(dt, jnp.floating):
     dt = jnp.result_type(float)
+  if jnp.finfo(dt).bits < 32:
+    dt = jnp.dtype(jnp.float32)
   return dt
+
+
+def _park(x, live, C, ceiling, gamma):
+  """Potentials of zero-mass rows (live False) set to min_j (c_ij + ceiling_j) - 40 gamma.
+
+  A row without mass must receive none. Once it gets none its part of the
+  objective is flat, so a solver could only push its potential down step by
+  step across a kink (L-BFGS stalls there). Instead it is set, from the other
+  potentials, low enough that x_i - c_ij <= ceiling_j - 40 gamma for every j:
+  the live rows then see exactly the problem without those rows (NegEntropy:
+  up to a relative exp(-40) of mass).
+  """
+  park = jnp.min(C + ceiling[None, :], axis=1) - 40.0 * gamma
+  return jnp.where(live, x, jnp.minimum(x, park))
+
+
+def _park_semi_dual(alpha, a, b, C, reg):
+  """Semi-dual: a column's simplex threshold is >= max_i (alpha_i - c_ij) - gamma b_j."""
+  top = jnp.max(jnp.where((a > 0)[:, None], alpha[:, None] - C, -jnp.inf), axis=0)
+  return _park(alpha, a > 0, C, top - reg.gamma * b, reg.gamma)
+
+
+def _park_dual(alpha, beta, a, b, C, reg):
+  """Dual: no mass where alpha_i + beta_j - c_ij < 0; zero-mass rows, then columns."""
+  zeros_n, zeros_m = jnp.zeros_like(beta), jnp.zeros_like(alpha)
+  alpha = _park(alpha, a > 0, C - beta[None, :], zeros_n, reg.gamma)
+  beta = _park(beta, b > 0, C.T - alpha[None, :], zeros_m, reg.gamma)
+  return alpha, beta
 
 
 def _plan_primal(reg: Regularizer, T: Array) -> Array:
@@ -98,47 +157,63 @@ def _prepare_init(init, m: int, n: int, formulation: str, dtype):
 
 
 def solve(a, b, C, regularizer: Regularizer, formulation: str = "semi_dual",
-          solver: str = "lbfgs", max_iter: int = 1000, tol: float = 1e-6,
+          solver: str = "lbfgs", max_iter: int = 1000, tol: Optional[float] = None,
           learning_rate: float = 1e-2, init: Optional[Any] = None,
           history: int = 10, ftol: float = 0.0, patience: int = 1,
-          rtol: float = 0.0, trace: bool = False) -> OTResult:
+          rtol: Optional[float] = None, trace: bool = False) -> OTResult:
   """Solves regularized OT: min_T <T, C> + sum_j Omega(t_j) over couplings of a, b.
+
+  Stop rules (the defaults need no tuning; `result.status` says which one fired):
+    1. marginals: max |grad| = the largest marginal violation <= tol * sum(a)
+       (status "converged"; both solvers);
+    2. objective (L-BFGS): the quasi-Newton model predicts at most
+       rtol * |objective| left to gain (status "objective_tol"). This is the rule
+       that ends sparsity-constrained problems whose k binds: their optimum sits
+       on a kink, where the gradient need not vanish. Default rtol 1e-9 in
+       float64 (measured: objective within ~1e-6 relative of the optimum on the
+       benchmark problems), 1e-7 in float32 (its rounding level) -- but off
+       (rtol = 0) when `tol` is given and `rtol` is not: an explicit tol asks
+       for the marginals to that tolerance.
+  The run also ends after max_iter iterations ("max_iter") or when L-BFGS's line
+  search finds no increase ("stalled"); tol == 0 runs exactly max_iter
+  iterations ("fixed_iter", Adam).
 
   Args:
     a: (m,) non-negative row marginal.
     b: (n,) non-negative column marginal, same total mass as `a`.
-    C: (m, n) non-negative finite cost.
+    C: (m, n) finite real cost (any sign: C + const gives the same plan).
     regularizer: `SparsityConstrained(k, gamma)` (at most k nonzeros per column;
       k >= m behaves as SquaredL2), `SquaredL2(gamma)` or `NegEntropy(gamma)`.
     formulation: "semi_dual" (max over alpha) or "dual" (max over alpha, beta).
-    solver: "lbfgs" or "adam".
+    solver: "lbfgs" or "adam", or an option object `LBFGS(history, rtol, ftol,
+      patience)` / `Adam(learning_rate)` whose fields replace those keywords.
     max_iter: Python int >= 1, iteration budget.
-    tol: Python float >= 0; stop once the largest marginal violation (max |grad|)
-      is <= tol. tol == 0 runs exactly `max_iter` iterations (Adam: a fixed-length
-      loop with no convergence test; L-BFGS may stop early only if its line search
-      can no longer increase the objective).
+    tol: Python float >= 0 (None: 1e-6), relative to the total mass: stop once
+      the largest marginal violation (max |grad|) is <= tol * sum(a). tol == 0 runs exactly
+      `max_iter` iterations (Adam: a fixed-length loop with no convergence test;
+      L-BFGS may stop early only by the objective rule or a stalled line search).
     learning_rate: Adam step size (ignored by L-BFGS).
     init: warm start: alpha (m,), (alpha, beta), or a previous OTResult.
     history: L-BFGS memory size.
-    ftol: L-BFGS also stops once an iteration improves the objective by at most
-      ftol * |objective| and its model predicts no more than that is left
-      (-g^T p / 2; both, so a short step across a kink does not stop it; 0: off). Needed to stop on non-smooth problems (binding
-      k puts the optimum on a kink, where the gradient does not vanish).
+    ftol: (expert, off by default) L-BFGS also stops once an iteration improves
+      the objective by at most ftol * |objective| and its model predicts no more
+      than that is left. Looser and faster than rtol, less accurate.
     patience: L-BFGS: the ftol test must hold this many iterations in a row.
-    rtol: L-BFGS also stops once its quasi-Newton model predicts a remaining
-      increase of at most rtol * |objective| (-g^T p / 2; 0: off). Compares the
-      progress still attainable with the precision asked, so it stops near the
-      optimum on smooth and kinked problems alike, at no extra evaluation.
+    rtol: the objective rule's relative tolerance (see "Stop rules"; 0: off;
+      None: 1e-9 in float64, 1e-7 in float32 if tol is None too, else 0).
+      Tested before the line search on the model's predicted gain -g^T p / 2,
+      so it costs no evaluation.
     trace: Python bool; True records per iteration the objective, the gradient
       norm and the evaluation count in `result.trace` (an `OTTrace`, each field
       (max_iter,)). Off, nothing is recorded.
 
   Returns:
-    OTResult. Float dtype follows the inputs (float32 or float64 under x64).
+    OTResult. Float dtype follows the inputs (float32 or float64 under x64;
+    float16 and bfloat16 inputs are solved in float32).
 
   Raises:
     ValueError naming the argument, before compiling: shape mismatch, negative or
-    non-finite marginals or costs, different total masses (value checks only for
+    non-finite marginals, non-finite costs, different total masses (value checks only for
     concrete, non-traced inputs), k < 1, gamma <= 0, unknown options.
   """
   if not isinstance(regularizer, Regularizer):
@@ -146,13 +221,20 @@ def solve(a, b, C, regularizer: Regularizer, formulation: str = "semi_dual",
         "regularizer must be SparsityConstrained, SquaredL2 or NegEntropy, got "
         f"{type(regularizer).__name__}")
   validation.check_choice("formulation", formulation, FORMULATIONS)
+  if isinstance(solver, LBFGS):
+    history, rtol, ftol, patience = solver.history, solver.rtol, solver.ftol, solver.patience
+    solver = "lbfgs"
+  elif isinstance(solver, Adam):
+    learning_rate, solver = solver.learning_rate, "adam"
   validation.check_choice("solver", solver, SOLVERS)
   max_iter = validation.check_int("max_iter", max_iter, 1)
   history = validation.check_int("history", history, 1)
   patience = validation.check_int("patience", patience, 1)
-  tol = validation.check_nonneg_float("tol", tol)
+  tol_given = tol is not None
+  tol = validation.check_nonneg_float("tol", 1e-6 if tol is None else tol)
   ftol = validation.check_nonneg_float("ftol", ftol)
-  rtol = validation.check_nonneg_float("rtol", rtol)
+  if rtol is not None:
+    rtol = validation.check_nonneg_float("rtol", rtol)
   learning_rate = validation.check_pos_float("learning_rate", learning_rate)
   if not isinstance(trace, bool):
     raise ValueError(f"trace must be a Python bool, got {trace!r}")
@@ -162,6 +244,8 @@ def solve(a, b, C, regularizer: Regularizer, formulation: str = "semi_dual",
   validation.check_problem(a, b, C)
   regularizer.validate()
   dtype = _float_dtype(a, b, C)
+  if rtol is None:
+    rtol = 0.0 if tol_given else (1e-9 if dtype == jnp.float64 else 1e-7)
   m, n = C.shape
   alpha0, beta0 = _prepare_init(init, m, n, formulation, dtype)
   a = jnp.asarray(a, dtype)
@@ -178,37 +262,67 @@ def solve(a, b, C, regularizer: Regularizer, formulation: str = "semi_dual",
 def _solve(a, b, C, reg, alpha0, beta0, *, formulation, solver, max_iter, tol,
            learning_rate, history, ftol, patience, rtol, trace) -> OTResult:
   m, n = C.shape
+  mass = jnp.sum(a)
+  # Zero-mass rows (and, for the dual, columns): their potentials are parked
+  # below every threshold (`_park`), only when there are some.
+  dead_rows = jnp.any(a <= 0)
   if formulation == "semi_dual":
+    def park(x):
+      return lax.cond(dead_rows, lambda x: _park_semi_dual(x, a, b, C, reg), lambda x: x, x)
+
     def fun(x):
-      return objectives.semi_dual_value_and_grad(x, a, b, C, reg)
+      return objectives.semi_dual_value_and_grad(park(x), a, b, C, reg)
     x0 = alpha0
   else:
+    dead_cols = jnp.any(b <= 0)
+
+    def park(x):
+      def both(x):
+        return jnp.concatenate(_park_dual(x[:m], x[m:], a, b, C, reg))
+      return lax.cond(dead_rows | dead_cols, both, lambda x: x, x)
+
     def fun(x):
+      x = park(x)
       value, (ga, gb), T = objectives.dual_value_and_grad(x[:m], x[m:], a, b, C, reg)
       return value, jnp.concatenate([ga, gb]), T
     x0 = jnp.concatenate([alpha0, beta0])
 
   if solver == "adam":
     st = optim.adam(fun, x0, max_iter=max_iter, tol=tol, learning_rate=learning_rate,
-                    trace=trace)
+                    trace=trace, tol_scale=mass)
   else:
-    st = optim.lbfgs(fun, x0, max_iter=max_iter, tol=tol, history=history, ftol=ftol,
-                     patience=patience, rtol=rtol, trace=trace)
+    # Marginals of extreme total mass: L-BFGS on the objective per unit of mass,
+    # so that its first step length and its curvature tests (absolute epsilons)
+    # behave as at mass ~1 (tested at 1e-20 and 1e3). Masses in [1/256, 256]
+    # are left as they are.
+    unit = jnp.where((mass < 2.0 ** -8) | (mass > 2.0 ** 8), mass, 1.0)
+
+    def per_unit(x):
+      value, g, T = fun(x)
+      return value / unit, g / unit, T
+    st = optim.lbfgs(per_unit, x0, max_iter=max_iter, tol=tol, history=history, ftol=ftol,
+                     patience=patience, rtol=rtol, trace=trace, tol_scale=mass / unit)
+    st = st._replace(value=st.value * unit, grad=st.grad * unit,
+                     grad_norm=st.grad_norm * unit,
+                     trace=None if st.trace is None else st.trace._replace(
+                         value=st.trace.value * unit, grad_norm=st.trace.grad_norm * unit))
+  x = park(st.x)
 
   if formulation == "semi_dual":
-    alpha = st.x
+    alpha = x
     vals, T, dval_db = reg.conj_simplex(alpha[:, None] - C, b, axis=0)
     value = jnp.dot(alpha, a) - jnp.sum(vals)
     beta = -dval_db
   else:
-    alpha, beta = st.x[:m], st.x[m:]
+    alpha, beta = x[:m], x[m:]
     T = objectives.plan_from_dual(alpha, beta, C, reg)
     value = st.value
   primal = jnp.sum(T * C) + _plan_primal(reg, T)
-  converged = st.grad_norm <= tol if tol > 0 else jnp.asarray(False)
+  converged = (st.status == optim.CONVERGED) | (st.status == optim.OBJECTIVE_TOL)
   return OTResult(plan=T, value=value, alpha=alpha, beta=beta, num_iter=st.num_iter,
                   grad_norm=st.grad_norm, converged=converged,
-                  duality_gap=primal - value, num_evals=st.num_evals, trace=st.trace)
+                  duality_gap=primal - value, num_evals=st.num_evals, trace=st.trace,
+                  status=st.status)
 
 
 def semi_dual_loss(a, b, C, regularizer: Regularizer, **solve_kwargs) -> Array:

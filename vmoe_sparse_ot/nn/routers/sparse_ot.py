@@ -18,7 +18,6 @@ import jax.numpy as jnp
 from vmoe_sparse_ot import ot
 from vmoe_sparse_ot.nn import routing as rt
 from vmoe_sparse_ot.nn.routers import base
-from vmoe_sparse_ot.nn.sparse_ot_solver import sparse_semi_dual_adam
 
 Array = jax.Array
 # Cost of padding tokens: far above any real token's (costs are in [0, 1]), so
@@ -54,7 +53,8 @@ def capacity(opts: SparseOTOptions, group_size: int, num_experts: int) -> int:
 def _solve_plans(cost: Array, a: Array, b: Array, k: int, opts: SparseOTOptions) -> Array:
   """(G, m, n) plans of G semi-duals, <= k nonzeros per column."""
   if opts.solver == "adam" and opts.implementation == "fast":
-    return sparse_semi_dual_adam(cost, a, b, k, opts.gamma, opts.num_steps, opts.learning_rate)
+    return ot.batched_semi_dual_adam(cost, a, b, k, opts.gamma, opts.num_steps,
+                                     opts.learning_rate)
   kwargs = {"max_iter": opts.num_steps, "tol": 0.0}
   if opts.solver == "adam":
     kwargs["learning_rate"] = opts.learning_rate

@@ -1,20 +1,27 @@
-"""The router's batched semi-dual Adam equals jax.vmap(ot.solve) (same iterates)."""
+"""ot.batched_semi_dual_adam (the router's solver) equals jax.vmap(ot.solve) (same iterates)."""
 import numpy as np
 import pytest
 import jax
 import jax.numpy as jnp
 
 from vmoe_sparse_ot import ot
-from vmoe_sparse_ot.nn import sparse_ot_solver as sos
-from vmoe_sparse_ot.nn.sparse_ot_solver import sparse_semi_dual_adam, top_k_members
+from vmoe_sparse_ot.ot import batched as sos
+from vmoe_sparse_ot.ot import projections
+
+sparse_semi_dual_adam = ot.batched_semi_dual_adam
+
+
+def top_k_members(u, k):
+  """The batched solver's selection: the tie-aware threshold stats, then members."""
+  return sos._members_with_ties(u, k, sos._top_k_stats(u, k, jnp.zeros((1, u.shape[1]), u.dtype)))
 
 
 def test_top_k_members_matches_ot_top_k_mask_with_ties():
   rng = np.random.default_rng(0)
   u = jnp.asarray(rng.integers(0, 5, size=(12, 40)).astype(np.float32))   # many ties
   u = u.at[:, 0].set(-jnp.inf).at[:3, 1].set(7.0)
-  for k in (1, 3, 5, 12):
-    want, _ = ot.top_k_mask(u, k, axis=0) if k < 12 else (jnp.ones(u.shape, bool), None)
+  for k in (1, 3, 5, 11):
+    want, _ = ot.top_k_mask(u, k, axis=0)
     got = jax.jit(top_k_members, static_argnums=1)(u, k)
     np.testing.assert_array_equal(got, want)
 
@@ -68,7 +75,7 @@ def test_matches_vmapped_ot_solve_with_ties_in_float64(gamma):
 
 def test_distinct_top_values():
   u = jnp.asarray([[3., 1.], [5., 1.], [3., 1.], [-1., 1.], [4., 0.]])
-  got = jax.jit(sos.distinct_top_values, static_argnums=1)(u, 4)
+  got = jax.jit(projections.distinct_top_values, static_argnums=1)(u, 4)
   np.testing.assert_array_equal(got, [[5., 1.], [4., 0.], [3., -np.inf], [-1., -np.inf]])
 
 
@@ -78,12 +85,29 @@ def test_no_tie_and_tie_paths_agree_on_distinct_values():
   u = jnp.asarray(rng.normal(size=(12, 30)).astype(np.float32))
   b = jnp.asarray(rng.uniform(0.1, 3.0, size=(1, 30)).astype(np.float32))
   k = 5
-  values = sos.distinct_top_values(u, k)
+  values = projections.distinct_top_values(u, k)
   counts = jnp.broadcast_to(jnp.arange(1, k + 1, dtype=u.dtype)[:, None], values.shape)
+  no_ties = sos._top_k_stats(u, k, b)                    # the sorted-prefix branch
   # (Equal up to rounding: XLA may turn the division by a constant r into a product.)
-  np.testing.assert_allclose(sos._stats(values, counts, k, b), sos._stats_no_ties(values, k, b),
-                             rtol=1e-6)
+  np.testing.assert_allclose(sos._stats(values, counts, k, b), no_ties, rtol=1e-6)
   # And tau is the simplex threshold of the k largest entries.
   member = np.asarray(top_k_members(u, k))
   want = ot.simplex_threshold(u, b, axis=0, mask=jnp.asarray(member))
-  np.testing.assert_allclose(sos._stats_no_ties(values, k, b)[0:1], want, rtol=1e-6)
+  np.testing.assert_allclose(no_ties[0:1], want, rtol=1e-6)
+
+
+@pytest.mark.parametrize("k", [20, 70])
+def test_large_k_radix_path_matches_vmapped_ot_solve_in_float64(k, monkeypatch):
+  """k at and above the crossover: the radix selection serves both solvers."""
+  with jax.enable_x64(True):
+    if k == 20:
+      monkeypatch.setattr(projections, "_RADIX_MIN_K", {4: 1, 8: 1})
+    assert projections.uses_radix(k, 80, jnp.float64)
+    rng = np.random.default_rng(3)
+    C = jnp.asarray(rng.integers(0, 6, size=(2, 80, 3)) / 6.0)      # ties too
+    a = jnp.ones((2, 80))
+    b = jnp.full((2, 3), 80 / 3)
+    want = _reference_plans(C, a, b, k, 0.5)
+    got = jax.jit(lambda c, a, b: sparse_semi_dual_adam(c, a, b, k, 0.5, 50, 1e-2))(C, a, b)
+    np.testing.assert_allclose(got, want, atol=1e-10)
+    assert ((np.asarray(got) > 0).sum(axis=1) <= k).all()

@@ -1,0 +1,151 @@
+"""Many small sparsity-constrained semi-duals at once, Adam from zero (router-sized).
+
+`batched_semi_dual_adam` computes the same plans as
+
+    jax.vmap(lambda c, a, b: ot.solve(a, b, c, SparsityConstrained(k, gamma),
+        formulation="semi_dual", solver="adam", max_iter=N, tol=0.0,
+        learning_rate=lr).plan)
+
+-- Adam ascent on alpha from 0, plan columns t_j = top-k sparse projection of
+u_j = (alpha - c_j) / gamma onto the b_j-scaled simplex, ties at the k-th value
+broken by the lower index -- but several times faster on CPU at the sizes of a
+MoE router (G ~ 100 groups of S = 64 tokens, E = 8 experts, k = 16), where it
+runs inside every training step. What XLA's CPU backend rewards here:
+
+- one (m, N) array u per Adam step, N = n * G columns (expert-major), carried by
+  the loop so that it is built once and the passes below read a plain buffer;
+- for small k, the k largest distinct values of each column from
+  `projections.distinct_top_values` (tree-of-maxima passes); the threshold in
+  closed form from those sorted values (`projections._threshold_from_sorted`),
+  and with ties (equal values in one column, common in float32) from counts of
+  the entries >= each value; for large k (`projections.uses_radix`), the radix
+  selection and Michelot's threshold over the selected entries, as in `solve`;
+- small per-column results cross a `lax.cond` or loop boundary before a
+  full-size consumer uses them, so XLA cannot fuse (and so recompute) them into
+  every entry's computation;
+- the Adam update is `optim.adam_update`, on (m, G) arrays.
+
+Shapes: G problems, m rows (the constrained axis of each column), n columns per
+problem, N = n * G columns in all.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from vmoe_sparse_ot.ot import optim
+from vmoe_sparse_ot.ot import projections
+
+Array = jax.Array
+
+
+def _stats(values: Array, counts: Array, k: int, b: Array) -> Array:
+  """(4, N) [tau, kth, above, tie] of the top-k multiset of each column, ties allowed.
+
+  values (k, N): distinct values, decreasing; counts (k, N): #entries >= each.
+  kth: the k-th largest entry; above: #entries > kth; tie: 1 where the entries
+  equal to kth do not all fit in the top k (the lower indices then win). tau =
+  max over prefixes of (prefix sum - b) / prefix length, the simplex threshold
+  of the multiset; a run of equal values is never split by the support, so only
+  run ends (and the cut at k) are candidates.
+  """
+  total = jnp.zeros_like(b)
+  tau = jnp.full_like(b, -jnp.inf)
+  kth, above, tie, prev = (jnp.zeros_like(b),) * 4
+  for r in range(k):
+    v, count = values[r:r + 1], counts[r:r + 1]
+    before, after = jnp.minimum(prev, k), jnp.minimum(count, k)
+    fresh = after > before          # false once k entries are taken (and for -inf fill)
+    total = total + jnp.where(fresh, (after - before) * v, 0)
+    tau = jnp.where(fresh, jnp.maximum(tau, (total - b) / after), tau)
+    kth = jnp.where(fresh, v, kth)
+    above = jnp.where(fresh, before, above)
+    tie = jnp.where(fresh, (count > k).astype(b.dtype), tie)
+    prev = count
+  return jnp.concatenate([tau, kth, above, tie])
+
+
+def _top_k_stats(u: Array, k: int, b: Array) -> Array:
+  """(4, N) [tau, kth, above, tie] of each column of u (m, N); b (1, N) the masses."""
+  values = projections.distinct_top_values(u, k)
+  no_ties = jnp.all(projections.count_at_least(u, values[-1:]) == k)
+
+  def sorted_rule(u, values):
+    tau = projections._threshold_from_sorted(values, b, axis=0)
+    zeros = jnp.zeros_like(b)
+    return jnp.concatenate([tau, values[k - 1:k], zeros + (k - 1), zeros])
+
+  return lax.cond(no_ties, sorted_rule,
+                  lambda u, values: _stats(values, projections.count_at_least(u, values), k, b),
+                  u, values)
+
+
+def _members_with_ties(u: Array, k: int, stats: Array) -> Array:
+  """bool (m, N): the top k of each column, the lower indices first among kth's ties."""
+  kth, above = stats[1:2], stats[2:3]
+  at = u == kth
+  ranks = jnp.cumsum(at, axis=0, dtype=jnp.int32)         # 1-based among the ties
+  return (u > kth) | (at & (ranks <= (k - above).astype(jnp.int32)))
+
+
+def _sparse_projection(u: Array, k: int, b: Array, reduce) -> Array:
+  """reduce(t) for t (m, N), the top-k sparse simplex projection of u's columns."""
+  m = u.shape[0]
+  if k >= m or projections.uses_radix(k, m, u.dtype):
+    mask = None if k >= m else projections.threshold_top_k_mask(u, k, 0)
+    tau = projections.simplex_threshold(u, b, axis=0, mask=mask)
+    active = u > tau if mask is None else mask & (u > tau)
+    return reduce(jnp.where(active, u - tau, 0))
+  stats = _top_k_stats(u, k, b)
+
+  def project(u, stats, member):
+    return reduce(jnp.where(member, jnp.maximum(u - stats[0:1], 0), 0))
+
+  # The cond also keeps the per-column stats a materialised operand of t's fusion.
+  return lax.cond(
+      jnp.any(stats[3] > 0),
+      lambda u, stats: project(u, stats, _members_with_ties(u, k, stats)),
+      lambda u, stats: project(u, stats, u >= stats[1:2]),
+      u, stats)
+
+
+def batched_semi_dual_adam(C: Array, a: Array, b: Array, k: int, gamma,
+                           num_steps: int, learning_rate) -> Array:
+  """Plans (G, m, n) of G sparsity-constrained semi-duals after `num_steps` Adam steps.
+
+  Args:
+    C: (G, m, n) costs (any finite values); a: (G, m) row marginals; b: (G, n)
+      column marginals (each plan column has mass b_j and at most k nonzeros).
+    k: static int >= 1. gamma: > 0 (may be traced). num_steps: static int >= 0.
+    learning_rate: Adam step size; alpha starts at 0, as in `ot.solve`.
+
+  Returns:
+    (G, m, n) plans, equal to vmap(ot.solve(..., solver="adam",
+    formulation="semi_dual", tol=0.0, max_iter=num_steps).plan) up to rounding.
+  """
+  g, m, n = C.shape
+  ct = jnp.transpose(C, (1, 2, 0)) / gamma                               # (m, n, G)
+  b_cols = b.T.reshape(1, n * g)
+
+  def make_u(alpha):                                                     # alpha (m, G)
+    # Kept 3-D: broadcasting alpha over the middle axis vectorises; the (m, N)
+    # view is a free reshape of the carried buffer.
+    return alpha[:, None, :] / gamma - ct                                # (m, n, G)
+
+  def row_sums(t):                                                       # (m, N) -> (m, G)
+    t = t.reshape(m, n, g)
+    return sum(t[:, j] for j in range(n))
+
+  a_rows = a.T                                                           # (m, G), once
+
+  def step(i, carry):
+    alpha, mu, nu, u = carry
+    grad = a_rows - _sparse_projection(u.reshape(m, n * g), k, b_cols, row_sums)
+    alpha, mu, nu = optim.adam_update(i, alpha, mu, nu, grad, learning_rate)
+    return alpha, mu, nu, make_u(alpha)
+
+  zeros = jnp.zeros((m, g), C.dtype)
+  _, _, _, u = lax.fori_loop(0, num_steps, step, (zeros, zeros, zeros, make_u(zeros)))
+  plan = _sparse_projection(u.reshape(m, n * g), k, b_cols, lambda t: t)
+  return jnp.transpose(plan.reshape(m, n, g), (2, 0, 1))
