@@ -25,7 +25,7 @@ def semi_dual_value_and_grad(alpha: Array, a: Array, b: Array, C: Array,
   Returns (value, gradient a - T 1_n, plan T (m, n)), T = semi-dual plan.
   """
   m = C.shape[0]
-  if isinstance(reg, SparsityConstrained) and reg.k < m:
+  if isinstance(reg, SparsityConstrained) and reg.compact(m, C.dtype):
     # Compact columns: the row sums T 1_n are a scatter-add of the k * n nonzeros
     # instead of a pass over an (m, n) plan; the dense plan is only formed if the
     # caller uses it (inside the solvers' loops it is dead code).
@@ -51,7 +51,7 @@ def dual_value_and_grad(alpha: Array, beta: Array, a: Array, b: Array, C: Array,
   Returns (value, (grad_alpha, grad_beta), plan T).
   """
   m = C.shape[0]
-  if isinstance(reg, SparsityConstrained) and reg.k < m:
+  if isinstance(reg, SparsityConstrained) and reg.compact(m, C.dtype):
     # Compact columns, as in semi_dual_value_and_grad.
     vals, p, idx = reg.conj_plus_sparse(alpha[:, None] + beta[None, :] - C, axis=0)
     row_sums, col_sums = jnp.zeros_like(alpha).at[idx].add(p), jnp.sum(p, axis=0)

@@ -107,6 +107,112 @@ def _top_pairs(x: Array, k: int, axis: int):
   return jnp.concatenate(values, axis), jnp.concatenate(indices, axis)
 
 
+def _order_keys(x: Array) -> Array:
+  """Unsigned integer keys of x's width, ordered like the values (float32 or float64).
+
+  Negative floats have all their bits flipped, non-negative ones only the sign
+  bit; -0.0 is first mapped to +0.0 so that equal values have equal keys.
+  """
+  x = jnp.where(x == 0, jnp.zeros((), x.dtype), x)
+  if x.dtype == jnp.float64:
+    bits = lax.bitcast_convert_type(x, jnp.uint64)
+    sign = jnp.uint64(1 << 63)
+  else:
+    bits = lax.bitcast_convert_type(x, jnp.uint32)
+    sign = jnp.uint32(1 << 31)
+  return jnp.where(bits >= sign, ~bits, bits | sign)
+
+
+def _radix_select(keys: Array, k, axis: int, valid=None) -> Array:
+  """The k-th largest of each slice of unsigned `keys` (keepdims), counting only
+  `valid` entries; k may be an array (keepdims).
+
+  The answer's bits are fixed from the highest down; a bit is set iff at least k
+  entries are >= the answer with that bit set. One counting pass per bit, in a
+  loop that is not unrolled.
+  """
+  nbits = keys.dtype.itemsize * 8
+  red_shape = list(keys.shape)
+  red_shape[axis] = 1
+  one = jnp.ones((), keys.dtype)
+
+  def body(i, t):
+    cand = t | (one << (nbits - 1 - i).astype(keys.dtype))
+    hit = keys >= cand
+    if valid is not None:
+      hit = hit & valid
+    count = jnp.sum(hit, axis=axis, keepdims=True, dtype=jnp.int32)
+    return jnp.where(count >= k, cand, t)
+
+  return lax.fori_loop(0, nbits, body, jnp.zeros(red_shape, keys.dtype))
+
+
+def kth_largest_key(keys: Array, k: int, axis: int) -> Array:
+  """The k-th largest of each slice of unsigned `keys`, keepdims along `axis`.
+
+  32 counting passes for 32-bit keys, whatever k is. 64-bit keys are split in
+  two 32-bit words (the high word's k-th largest, then the low word's among the
+  entries sharing it): the same 64 passes, over half-width data.
+  """
+  if keys.dtype != jnp.uint64:
+    return _radix_select(keys, k, axis)
+  high = (keys >> 32).astype(jnp.uint32)
+  low = keys.astype(jnp.uint32)
+  h = _radix_select(high, k, axis)
+  k_low = k - jnp.sum(high > h, axis=axis, keepdims=True, dtype=jnp.int32)
+  lo = _radix_select(low, k_low, axis, valid=high == h)
+  return (h.astype(jnp.uint64) << 32) | lo.astype(jnp.uint64)
+
+
+def _tie_ranks(at: Array, axis: int) -> Array:
+  """1-based rank of each True of `at` among the Trues before it along `axis`."""
+  return jnp.cumsum(at, axis=axis, dtype=jnp.int32)
+
+
+def threshold_top_k_mask(x: Array, k: int, axis: int = -1) -> Array:
+  """bool mask of the k largest entries along `axis` by radix selection.
+
+  Same set as `top_k_mask` (ties at the k-th value go to the lower indices) at
+  a cost that does not depend on k: 32 (float32) or 64 (float64) counting passes
+  for the k-th value, one for the entries above it, and a cumulative sum over
+  the tied entries only when some slice has more ties at its k-th value than it
+  can take. Needs 64-bit types (x64) for float64 input; float16/bfloat16 are
+  selected as float32.
+  """
+  axis = axis % x.ndim
+  _check_k(k, x.shape[axis])
+  if x.dtype not in (jnp.float32, jnp.float64):
+    x = x.astype(jnp.float32)
+  keys = _order_keys(x)
+  kth = kth_largest_key(keys, k, axis)
+  above = keys > kth
+  n_above = jnp.sum(above, axis=axis, keepdims=True, dtype=jnp.int32)
+  at = keys == kth
+  n_at = jnp.sum(at, axis=axis, keepdims=True, dtype=jnp.int32)
+
+  def split_ties(at, n_above):
+    return at & (_tie_ranks(at, axis) <= k - n_above)
+
+  # A tie that straddles the k-th place is rare for real data: pay for the
+  # cumulative sum only when one occurs.
+  tied = lax.cond(jnp.any(n_above + n_at > k), split_ties, lambda at, _: at, at, n_above)
+  return above | tied
+
+
+# Kernel choice: the passes kernel costs about k reductions per slice, the radix
+# kernel a fixed number of counting passes (more for float64). Measured with
+# benchmarks/ot_solvers.py --kernels (2-core CPU): the radix kernel wins from
+# about these k on (see RESULTS.md).
+_RADIX_MIN_K = {4: 32, 8: 64}
+
+
+def uses_radix(k: int, m: int, dtype) -> bool:
+  """Whether top-k selection of k of m entries of `dtype` uses radix selection."""
+  if k >= m:
+    return False
+  return k >= _RADIX_MIN_K[8 if jnp.dtype(dtype) == jnp.float64 else 4]
+
+
 def _check_k(k: int, m: int):
   if not 1 <= k <= m:
     raise ValueError(f"k must be in [1, {m}], got {k}")
@@ -115,9 +221,10 @@ def _check_k(k: int, m: int):
 def top_k_mask(x: Array, k: int, axis: int = -1) -> Tuple[Array, Array]:
   """The k largest entries of `x` along `axis`, without sorting.
 
-  Ties are broken by the lower index (the set `lax.top_k` picks). With 64-bit
-  enabled, one max-reduction per selected entry over packed (value, index) keys;
-  otherwise two reductions per entry (value, then index).
+  Ties are broken by the lower index (the set `lax.top_k` picks). For small k,
+  with 64-bit enabled, one max-reduction per selected entry over packed (value,
+  index) keys; otherwise two reductions per entry (value, then index). For large
+  k (`uses_radix`), `threshold_top_k_mask`, whose cost does not grow with k.
 
   Args:
     x: array (..., m, ...).
@@ -133,6 +240,10 @@ def top_k_mask(x: Array, k: int, axis: int = -1) -> Tuple[Array, Array]:
   axis = axis % x.ndim
   m = x.shape[axis]
   _check_k(k, m)
+  if uses_radix(k, m, x.dtype):
+    # Values (sorted) only if the caller uses them; XLA drops them otherwise.
+    values = jnp.moveaxis(lax.top_k(jnp.moveaxis(x, axis, -1), k)[0], -1, axis)
+    return threshold_top_k_mask(x, k, axis), values
   if _use_keys(x):
     keys, top, shift, nb = _top_keys(x, k, axis)
     kth = lax.slice_in_dim(top, k - 1, k, axis=axis)
@@ -160,6 +271,10 @@ def top_k(x: Array, k: int, axis: int = -1) -> Tuple[Array, Array]:
   axis = axis % x.ndim
   m = x.shape[axis]
   _check_k(k, m)
+  if uses_radix(k, m, x.dtype):
+    # Large k: the k values must come out sorted anyway; XLA's top_k does that.
+    values, indices = lax.top_k(jnp.moveaxis(x, axis, -1), k)
+    return jnp.moveaxis(values, -1, axis), jnp.moveaxis(indices, -1, axis)
   if not _use_keys(x):
     return _top_pairs(x, k, axis)
   _, top, shift, nb = _top_keys(x, k, axis)
@@ -223,6 +338,12 @@ def simplex_threshold(x: Array, b=1.0, axis: int = -1, mask: Array | None = None
     return (s - b) / jnp.maximum(cnt, 1).astype(x.dtype), cnt
 
   tau0, cnt0 = tau_of(mask)
+  # tau is the largest of (sum of the r largest - b) / r over r (Duchi et al.
+  # 2008), so r = 1, max(x) - b, is a lower bound too; starting from the larger
+  # bound saves most of the rounds when b is small against the spread of x.
+  tau1 = jnp.max(jnp.where(mask, x, -jnp.inf), axis=axis, keepdims=True) - b
+  tau0, cnt0 = tau_of(mask & (x > jnp.maximum(tau0, tau1)))
+  tau0, cnt0 = jnp.where(cnt0 > 0, tau0, tau1), jnp.maximum(cnt0, 1)
   max_rounds = x.shape[axis] + 2  # Michelot needs at most m rounds; guards NaNs
 
   def cond(carry):
@@ -304,17 +425,22 @@ def sparse_simplex_parts(x: Array, k: int, b=1.0, axis: int = -1):
   Returns (t, tau, (count, sum_sq)): the projection, the threshold (keepdims),
   and over the active entries (t > 0) their number and the sum of their squared
   values (both keepdims; used for the conjugate's value). For k >= m the plain
-  simplex projection is used.
+  simplex projection is used; for large k (`uses_radix`) the radix-selected
+  mask and Michelot's threshold over it, dense.
   """
   axis = axis % x.ndim
   m = x.shape[axis]
-  if k >= m:
+  if k >= m or uses_radix(k, m, x.dtype):
     b = _expand(b, x, axis)
-    tau = simplex_threshold(x, b, axis)
+    mask = None if k >= m else threshold_top_k_mask(x, k, axis)
+    tau = simplex_threshold(x, b, axis, mask=mask)
     active = x > tau
+    if mask is not None:
+      active = active & mask
     xa = jnp.where(active, x, 0)
     count = jnp.sum(active, axis=axis, keepdims=True).astype(x.dtype)
-    return jnp.maximum(x - tau, 0), tau, (count, jnp.sum(xa * xa, axis=axis, keepdims=True))
+    t = jnp.where(active, x - tau, 0)
+    return t, tau, (count, jnp.sum(xa * xa, axis=axis, keepdims=True))
   sp = sparse_simplex_topk(x, k, b, axis)
   return densify(sp.values, sp.indices, m, axis), sp.tau, (sp.count, sp.sum_sq)
 

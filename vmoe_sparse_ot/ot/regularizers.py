@@ -175,16 +175,30 @@ class SparsityConstrained(Regularizer):
   def __repr__(self):
     return f"SparsityConstrained(k={self.k!r}, gamma={self.gamma!r})"
 
+  def compact(self, m: int, dtype) -> bool:
+    """Whether columns of length m are handled in compact form (k entries each).
+
+    True for small k (the selection passes give the k entries directly); False
+    for k >= m and for large k, where the radix-selected mask is used densely.
+    """
+    return self.k < m and not projections.uses_radix(self.k, m, dtype)
+
   def conj_plus(self, s, axis=0):
     """1/(2 gamma) sum_{i<=k} [s_[i]]_+^2; gradient [topk(s)]_+ / gamma."""
+    axis = axis % s.ndim
     m = s.shape[axis]
     if self.k >= m:
       return SquaredL2(self.gamma).conj_plus(s, axis)
+    if not self.compact(m, s.dtype):
+      mask = projections.threshold_top_k_mask(s, self.k, axis)
+      p = jnp.where(mask, jnp.maximum(s, 0), 0) / self.gamma
+      return 0.5 * self.gamma * jnp.sum(p * p, axis=axis), p
     val, p, idx = self.conj_plus_sparse(s, axis)
     return val, projections.densify(p, idx, m, axis)
 
   def conj_plus_sparse(self, s, axis=0):
-    """`conj_plus` with the maximiser in compact form (requires k < m).
+    """`conj_plus` with the maximiser in compact form (requires k < m; any k,
+    but for large k the selection sorts: see `compact`).
 
     Returns (value, p, indices): the maximiser's k candidate entries
     p = [top-k(s)]_+ / gamma and their int32 positions along `axis`.
@@ -199,11 +213,18 @@ class SparsityConstrained(Regularizer):
     m = s.shape[axis]
     if self.k >= m:
       return SquaredL2(self.gamma).conj_simplex(s, b, axis)
+    if not self.compact(m, s.dtype) and self.k > 1:
+      bb = _bexpand(b, s, axis)
+      u = s / self.gamma
+      t, tau, _ = projections.sparse_simplex_parts(u, self.k, bb, axis)
+      val = self.gamma * jnp.sum(t * (u - 0.5 * t), axis=axis)
+      return val, t, self.gamma * jnp.squeeze(tau, axis)
     val, sp, dval_db = self.conj_simplex_sparse(s, b, axis)
     return val, projections.densify(sp.values, sp.indices, m, axis), dval_db
 
   def conj_simplex_sparse(self, s, b, axis=0):
-    """`conj_simplex` with the maximiser in compact form (requires k < m).
+    """`conj_simplex` with the maximiser in compact form (requires k < m; any
+    k, but for large k the selection sorts: see `compact`).
 
     Returns (value, `projections.SparseSimplex` (k entries along `axis`: the plan
     column's nonzeros and their positions), d value / d b). After the top-k

@@ -41,8 +41,7 @@ def sinkhorn(a, b, C, epsilon, max_iter: int = 1000, tol: float = 1e-6,
 
   Args:
     a: (m,) non-negative row marginal; b: (n,) column marginal of equal mass.
-    C: (m, n) cost. Under jit/vmap any finite cost works (the value checks,
-      including C >= 0, only run on concrete inputs).
+    C: (m, n) finite real cost, any sign (C + const gives the same plan).
     epsilon: entropic regularization > 0 (may be traced).
     max_iter: Python int >= 1. tol: Python float >= 0; tol == 0 runs exactly
       max_iter iterations as a fixed-length loop.

@@ -107,7 +107,7 @@ def solve(a, b, C, regularizer: Regularizer, formulation: str = "semi_dual",
   Args:
     a: (m,) non-negative row marginal.
     b: (n,) non-negative column marginal, same total mass as `a`.
-    C: (m, n) non-negative finite cost.
+    C: (m, n) finite real cost (any sign: C + const gives the same plan).
     regularizer: `SparsityConstrained(k, gamma)` (at most k nonzeros per column;
       k >= m behaves as SquaredL2), `SquaredL2(gamma)` or `NegEntropy(gamma)`.
     formulation: "semi_dual" (max over alpha) or "dual" (max over alpha, beta).
@@ -138,7 +138,7 @@ def solve(a, b, C, regularizer: Regularizer, formulation: str = "semi_dual",
 
   Raises:
     ValueError naming the argument, before compiling: shape mismatch, negative or
-    non-finite marginals or costs, different total masses (value checks only for
+    non-finite marginals, non-finite costs, different total masses (value checks only for
     concrete, non-traced inputs), k < 1, gamma <= 0, unknown options.
   """
   if not isinstance(regularizer, Regularizer):

@@ -16,8 +16,12 @@ def is_concrete(x) -> bool:
   return not isinstance(x, jax.core.Tracer)
 
 
-def check_problem(a, b, C, *, check_cost_sign: bool = True):
-  """Checks marginals a (m,), b (n,) and cost C (m, n)."""
+def check_problem(a, b, C):
+  """Checks marginals a (m,), b (n,) and cost C (m, n).
+
+  Any finite real cost is accepted: adding a constant to C changes no plan
+  (the dual and semi-dual potentials absorb it), so its sign means nothing.
+  """
   for name, x, nd in (("a", a, 1), ("b", b, 1), ("C", C, 2)):
     shape = getattr(x, "shape", None)
     if shape is None:
@@ -40,7 +44,7 @@ def check_problem(a, b, C, *, check_cost_sign: bool = True):
     v = np.asarray(x, dtype=np.float64)
     if not np.all(np.isfinite(v)):
       raise ValueError(f"{name} must be finite (found NaN or inf)")
-    if (name != "C" or check_cost_sign) and np.any(v < 0):
+    if name != "C" and np.any(v < 0):
       raise ValueError(f"{name} must be non-negative (min {v.min()!r})")
     if name != "C":
       sums[name] = (float(v.sum()), np.dtype(x.dtype))

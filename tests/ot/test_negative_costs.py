@@ -1,0 +1,73 @@
+"""Any finite real cost: negative and mixed-sign C solve like C + constant."""
+import numpy as np
+import pytest
+
+from tests.ot.helpers import pot, problem, quiet
+from vmoe_sparse_ot import ot
+
+
+def _mixed(seed=0, m=10, n=8):
+  a, b, C = problem(m, n, seed=seed, uniform=False)
+  return a, b, C - 0.6          # entries in [-0.6, 0.4]
+
+
+@pytest.mark.parametrize("formulation", ["semi_dual", "dual"])
+@pytest.mark.parametrize("shift", [-3.0, 2.5])
+def test_plan_invariant_to_cost_shift(formulation, shift):
+  a, b, C = _mixed(seed=1)
+  assert (C < 0).any() and (C > 0).any()
+  reg = ot.SparsityConstrained(k=3, gamma=0.1)
+  kw = dict(formulation=formulation, tol=1e-11, max_iter=3000)
+  r0 = ot.solve(a, b, C, reg, **kw)
+  r1 = ot.solve(a, b, C + shift, reg, **kw)
+  # Both runs stop on the kink of the binding k (plans ~0.1, rounding of the
+  # shifted cost perturbs the iterates at 1e-16 and the stop by ~1e-8).
+  np.testing.assert_allclose(np.asarray(r1.plan), np.asarray(r0.plan), atol=1e-6)
+  # Every objective shifts by shift * total mass.
+  assert float(r1.value) == pytest.approx(float(r0.value) + shift * b.sum(), abs=1e-9)
+
+
+def test_all_negative_cost_is_minus_logits_routing():
+  """-logits as the cost (the routers' convention) gives C - min(C)'s plan."""
+  rng = np.random.RandomState(2)
+  C = -np.abs(rng.randn(12, 4)) - 1.0
+  a, b = np.full(12, 1 / 12), np.full(4, 1 / 4)
+  reg = ot.SparsityConstrained(k=4, gamma=0.5)
+  r0 = ot.solve(a, b, C, reg, tol=1e-11, max_iter=3000)
+  r1 = ot.solve(a, b, C - C.min(), reg, tol=1e-11, max_iter=3000)
+  np.testing.assert_allclose(np.asarray(r0.plan), np.asarray(r1.plan), atol=1e-6)
+  assert ((np.asarray(r0.plan) > 0).sum(0) <= 4).all()
+
+
+@pytest.mark.parametrize("formulation", ["semi_dual", "dual"])
+def test_mixed_sign_agrees_with_pot(formulation):
+  a, b, C = _mixed(seed=3)
+  gamma, k = 0.1, 3
+  fn = (pot().smooth.smooth_ot_semi_dual if formulation == "semi_dual"
+        else pot().smooth.smooth_ot_dual)
+  G, log = quiet(fn, a, b, C, gamma, reg_type="sparsity_constrained", max_nz=k, log=True,
+                 stopThr=1e-12, numItermax=5000)
+  pot_value = -float(log["res"].fun)
+  res = ot.solve(a, b, C, ot.SparsityConstrained(k=k, gamma=gamma), formulation=formulation,
+                 tol=1e-10, max_iter=3000)
+  assert float(res.value) >= pot_value - 1e-9 * abs(pot_value)
+  assert float(res.value) == pytest.approx(pot_value, rel=1e-5)
+  if formulation == "dual":
+    np.testing.assert_allclose(np.asarray(res.plan), G, atol=2e-3)
+  # (The semi-dual plan is set-valued at this optimum, a tie between top-k
+  # sets; POT's L-BFGS-B lands on another member, so values are compared.)
+
+
+def test_mixed_sign_squared_l2_plan_agrees_with_pot():
+  a, b, C = _mixed(seed=4)
+  G = quiet(pot().smooth.smooth_ot_dual, a, b, C, 0.1, reg_type="l2", stopThr=1e-12,
+            numItermax=5000)
+  res = ot.solve(a, b, C, ot.SquaredL2(0.1), formulation="dual", tol=1e-10, max_iter=3000)
+  np.testing.assert_allclose(np.asarray(res.plan), G, atol=2e-4)
+
+
+def test_sinkhorn_accepts_negative_costs():
+  a, b, C = _mixed(seed=5)
+  s0 = ot.sinkhorn(a, b, C, 0.05, tol=1e-12, max_iter=20000)
+  s1 = ot.sinkhorn(a, b, C + 7.0, 0.05, tol=1e-12, max_iter=20000)
+  np.testing.assert_allclose(np.asarray(s0.plan), np.asarray(s1.plan), atol=1e-9)

@@ -1,0 +1,142 @@
+"""Top-k selection by radix (cost independent of k) against lax.top_k and brute force."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from tests.ot.helpers import problem
+from vmoe_sparse_ot import ot
+from vmoe_sparse_ot.ot import projections
+
+
+def brute_mask(x, k, axis):
+  """k largest per slice, ties to the lower index, by a stable sort of -x."""
+  xs = np.moveaxis(np.asarray(x, np.float64), axis, -1)
+  order = np.argsort(-xs, axis=-1, kind="stable")
+  mask = np.zeros(xs.shape, bool)
+  np.put_along_axis(mask, order[..., :k], True, axis=-1)
+  return np.moveaxis(mask, -1, axis)
+
+
+def lax_mask(x, k, axis):
+  xs = jnp.moveaxis(x, axis, -1)
+  _, idx = jax.lax.top_k(xs, k)
+  mask = np.zeros(xs.shape, bool)
+  np.put_along_axis(mask, np.asarray(idx), True, axis=-1)
+  return np.moveaxis(mask, -1, axis)
+
+
+def _inputs(dtype, seed=0):
+  rng = np.random.default_rng(seed)
+  ties = rng.integers(-3, 4, size=(37, 9)).astype(dtype)               # many ties
+  smooth = rng.standard_normal((37, 9)).astype(dtype)
+  special = smooth.copy()
+  special[:5, 0] = [0.0, -0.0, -0.0, 0.0, np.inf]                     # signed zeros
+  special[:, 1] = -np.inf
+  special[3:7, 2] = np.float32(1e-38)
+  return [ties, smooth, special]
+
+
+_sel = jax.jit(projections.threshold_top_k_mask, static_argnums=(1, 2))
+
+
+def _check(dtype):
+  x = jnp.asarray(np.stack(_inputs(dtype)))                            # (3, m, 9)
+  assert x.dtype == dtype
+  m = x.shape[1]
+  for k in (1, 2, 7, m - 1, m):
+    got = np.asarray(_sel(x, k, 1))
+    np.testing.assert_array_equal(got, brute_mask(x, k, 1), err_msg=f"k={k}")
+    np.testing.assert_array_equal(got, lax_mask(x, k, 1), err_msg=f"k={k}")
+    # Along the last axis too.
+    got_t = np.asarray(_sel(jnp.swapaxes(x, 1, 2), k, -1))
+    np.testing.assert_array_equal(got_t, np.swapaxes(got, 1, 2))
+
+
+def test_radix_mask_matches_lax_top_k_and_brute_force_float64():
+  _check(jnp.float64)
+
+
+def test_radix_mask_matches_lax_top_k_and_brute_force_float32_under_x64():
+  _check(jnp.float32)
+
+
+@pytest.mark.float32
+def test_radix_mask_matches_lax_top_k_and_brute_force_without_x64():
+  assert not jax.config.jax_enable_x64
+  _check(jnp.float32)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.float64])
+def test_kth_largest_key_is_the_kth_sorted_value(dtype):
+  rng = np.random.default_rng(1)
+  x = jnp.asarray(rng.standard_normal((50, 6)) * 10.0 ** rng.integers(-30, 30, (50, 6)), dtype)
+  keys = projections._order_keys(x)
+  # The keys sort like the values.
+  order_k = np.argsort(np.asarray(keys), axis=0, kind="stable")
+  order_x = np.argsort(np.asarray(x), axis=0, kind="stable")
+  np.testing.assert_array_equal(order_k, order_x)
+  xs = -np.sort(-np.asarray(x), axis=0)
+  for k in (1, 13, 50):
+    kth = projections.kth_largest_key(keys, k, 0)
+    np.testing.assert_array_equal(
+        np.asarray(kth)[0], np.asarray(projections._order_keys(jnp.asarray(xs[k - 1]))))
+
+
+def test_kernel_choice_and_top_k_mask_dispatch():
+  assert not projections.uses_radix(5, 1000, jnp.float64)
+  assert projections.uses_radix(575, 5000, jnp.float64)
+  assert projections.uses_radix(100, 10000, jnp.float32)
+  assert not projections.uses_radix(1000, 1000, jnp.float32)       # k >= m: no selection
+  rng = np.random.default_rng(2)
+  x = jnp.asarray(rng.integers(0, 50, size=(300, 5)).astype(np.float64))
+  mask, values = ot.top_k_mask(x, 120, axis=0)                      # the radix kernel
+  np.testing.assert_array_equal(np.asarray(mask), brute_mask(x, 120, 0))
+  np.testing.assert_array_equal(np.asarray(values), -np.sort(-np.asarray(x), axis=0)[:120])
+  vals, idx = ot.top_k(x, 120, axis=0)
+  np.testing.assert_array_equal(np.take_along_axis(np.asarray(x), np.asarray(idx), 0), vals)
+
+
+def test_compile_does_not_unroll_k():
+  """The radix kernel's program is the same size whatever k is."""
+  x = jnp.zeros((3000, 4))
+  sizes = [jax.jit(lambda x: projections.threshold_top_k_mask(x, k, 0)).lower(x).as_text()
+           .count("\n") for k in (100, 2900)]
+  assert sizes[0] == sizes[1]
+
+
+@pytest.mark.parametrize("formulation", ["semi_dual", "dual"])
+def test_large_k_solve_equals_the_passes_kernel(formulation, monkeypatch):
+  """A binding k at the MNIST clustering's ratio k/m = 1.15 / n: the radix kernel's
+  solution equals the k-pass kernel's (forced by a huge crossover)."""
+  m, n = 400, 10
+  k = int(np.ceil(1.15 * m / n))                                     # 46
+  a, b, C = problem(m, n, seed=3)
+  reg = ot.SparsityConstrained(k=k, gamma=2.0)
+  kw = dict(formulation=formulation, tol=1e-9, max_iter=2000)
+  monkeypatch.setattr(projections, "_RADIX_MIN_K", {4: 1, 8: 1})
+  assert projections.uses_radix(k, m, jnp.float64)
+  radix = ot.solve(a, b, C, reg, **kw)
+  nnz = (np.asarray(radix.plan) > 0).sum(0)
+  assert nnz.max() == k                                              # binding
+  monkeypatch.setattr(projections, "_RADIX_MIN_K", {4: 10**9, 8: 10**9})
+  passes = ot.solve(a, b, C, reg, **kw)
+  np.testing.assert_allclose(np.asarray(radix.plan), np.asarray(passes.plan), atol=1e-9)
+  assert float(radix.value) == pytest.approx(float(passes.value), rel=1e-10)
+
+
+def test_mnist_clustering_size_solves():
+  """m = 50000, n = 10, k = 5750 at a test-sized budget: compiles once, runs."""
+  m, n = 50000, 10
+  k = int(np.ceil(1.15 * m / n))
+  rng = np.random.default_rng(4)
+  C = jnp.asarray(rng.random((m, n)), jnp.float32)
+  a, b = jnp.full((m,), 1 / m, jnp.float32), jnp.full((n,), 1 / n, jnp.float32)
+  assert projections.uses_radix(k, m, jnp.float32)
+  # gamma large enough for k to bind (the L2 plan would spread wider).
+  res = ot.solve(a, b, C, ot.SparsityConstrained(k=k, gamma=1e4), max_iter=20, tol=0.0,
+                 trace=True)
+  nnz = (np.asarray(res.plan) > 0).sum(0)
+  assert (nnz <= k).all() and nnz.max() == k
+  np.testing.assert_allclose(np.asarray(res.plan).sum(0), np.asarray(b), rtol=1e-4)
+  assert (np.diff(np.asarray(res.trace.value)) >= 0).all()
