@@ -231,7 +231,7 @@ def plot(payload: dict, centres: dict[str, np.ndarray], path: str) -> None:
     ax_img.set_yticks([])
     s = payload['methods'][method]
     ax_img.set_title(f"{LABELS[method]}: test cost {s['cost_mean']:.2f}, "
-                     f"KL {s['kl_mean']:.2e}", loc='left')
+                     f"KL {s['kl_mean']:.2e} (means over {s['seeds']} seed(s))", loc='left')
     sizes = np.asarray(payload['per_seed'][method][0]['sizes'])
     ax_bar.bar(np.arange(n), 100 * sizes, color=style.CYCLE[row % len(style.CYCLE)])
     ax_bar.axhline(100 / n, color='0.3', lw=0.8, ls='--')

@@ -222,7 +222,7 @@ def plot(payload: dict, path: str) -> None:
   budgets = payload['budgets']
   routers = list(next(iter(budgets.values()))['routers'])
   metrics = [('top1', 'MNIST test top-1 (%)'), ('fewshot10', 'digits 10-shot top-1 (%)'),
-             ('time_ratio', 'training wall time / TopK')]
+             ('time_ratio', 'training wall time / TopK (same seed)')]
   fig, axes = style.figure(1, 3, width=11, height=3.8, squeeze=True)
   width = 0.8 / len(budgets)
   x = np.arange(len(routers))
@@ -243,7 +243,7 @@ def plot(payload: dict, path: str) -> None:
       ax.set_ylim(max(0.0, min(lows) - 10.0), 100.0)
     else:
       ax.axhline(1.0, color='0.5', lw=0.8, ls='--')
-  axes[0].legend(loc='lower right', fontsize=8)
+  axes[2].legend(loc='upper left')
   fig.suptitle(f"Routers on the tiny V-MoE (MNIST), mean ± std over "
                f"{payload['settings']['seeds']} seed(s)")
   style.save(fig, path)
