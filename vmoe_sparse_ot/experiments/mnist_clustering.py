@@ -250,9 +250,9 @@ def format_table(payload: dict) -> str:
   for method, s in payload['methods'].items():
     p = payload['paper'][method]
     rows.append([LABELS[method], f"{s['cost_mean']:.2f} ± {s['cost_ci95']:.2f}",
-                 f"{s['kl_mean']:.6f} ± {s['kl_ci95']:.6f}", s['seeds'],
+                 f"{s['kl_mean']:.2e} ± {s['kl_ci95']:.1e}", s['seeds'],
                  f"{p['cost_mean']:.2f} ± {p['cost_ci95']:.2f}",
-                 f"{p['kl_mean']:.6f} ± {p['kl_ci95']:.6f}"])
+                 f"{p['kl_mean']:.2e} ± {p['kl_ci95']:.1e}"])
   st = payload['settings']
   title = (f"MNIST clustering: m={st['num_train']} train, {st['num_test']} test, "
            f"{st['em_steps']} EM steps, {st['solver_iters']} solver iterations, k={st['k']}")
