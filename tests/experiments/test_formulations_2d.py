@@ -43,7 +43,7 @@ def test_unregularized_plan_is_a_vertex(payload):
 
 
 def test_k1_reaches_unregularized_cost_plus_gamma_half_norm_b(payload):
-  """Prop. limit cases: at k = 1, S = D = P_0 + gamma/2 ||b||^2, and the k = 1 plan
+  """Proposition 4 (limit cases): at k = 1, S = D = P_0 + gamma/2 ||b||^2, and the k = 1 plan
   (one nonzero per column, columns summing to b) is an unregularized optimal plan."""
   _, _, a, b, C = formulations_2d.problem(0)
   # Independent reference: uniform marginals, m = n -> an assignment problem.

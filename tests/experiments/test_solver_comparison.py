@@ -22,7 +22,7 @@ def test_files_and_keys(payload, out_dir):
 
 
 def test_final_dual_and_semi_dual_values_agree(payload):
-  """Prop. biconjugates: the dual and the semi-dual share their optimal value."""
+  """Proposition 3 (biconjugates): the dual and the semi-dual share their optimal value."""
   for d in payload['datasets'].values():
     r = d['runs']
     assert r['lbfgs_dual']['final_value'] == pytest.approx(r['lbfgs_semi_dual']['final_value'],

@@ -32,7 +32,7 @@ def feasible_k_sparse_plan(a, b, k):
 
 def test_weak_duality_pointwise_and_at_the_optimum():
   """D(alpha, beta) <= S(alpha) <= P_Omega(T) for any alpha, beta and any feasible
-  k-sparse T (Prop. weak duality), and D* = S* = P_Psi(T*) <= P_Omega(T)."""
+  k-sparse T (Proposition 1, weak duality), and D* = S* = P_Psi(T*) <= P_Omega(T)."""
   a, b, C = problem(6, 6, seed=1, uniform=False)
   k, gamma = 2, 0.5
   reg = ot.SparsityConstrained(k=k, gamma=gamma)
@@ -46,7 +46,7 @@ def test_weak_duality_pointwise_and_at_the_optimum():
   assert np.all(np.asarray(s) <= p_feas + 1e-12)
   rd = ot.solve(a, b, C, reg, formulation="dual", **TIGHT)
   rs = ot.solve(a, b, C, reg, formulation="semi_dual", **TIGHT)
-  # D* = S* (Prop. biconjugates), both below any feasible k-sparse plan's cost.
+  # D* = S* (Proposition 3, biconjugates), both below any feasible k-sparse plan's cost.
   assert float(rd.value) == pytest.approx(float(rs.value), rel=1e-7)
   assert float(rs.value) <= p_feas
   # k binds here, so alpha* - c_j has ties at the k-th entry and the plan read off
@@ -113,7 +113,7 @@ def np_proj_simplex(v, b):
 
 
 def test_k1_limit_is_unregularized_ot_plus_gamma_term():
-  """Prop. limit cases: D = S = S_0 + gamma/2 ||b||^2 = emd value + gamma/2 ||b||^2."""
+  """Proposition 4 (limit cases): D = S = S_0 + gamma/2 ||b||^2 = emd value + gamma/2 ||b||^2."""
   for (m, n), seed in (((7, 5), 0), ((5, 7), 1)):
     a, b, C = problem(m, n, seed=seed, uniform=False)
     gamma = 0.3

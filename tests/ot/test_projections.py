@@ -116,7 +116,7 @@ def test_table1_closed_forms_and_k1_limit():
   np.testing.assert_allclose(np.sum(np.maximum(u - tau, 0)), b, rtol=1e-12)
   expect = 0.5 * gamma * np.sum((u >= tau) * (u ** 2 - tau ** 2))
   np.testing.assert_allclose(float(val[0]), expect, rtol=1e-12)
-  # k = 1 (Prop. limit cases): b max(s) - gamma/2 b^2 and 1/(2 gamma) max [s]_+^2.
+  # k = 1 (Proposition 4, limit cases): b max(s) - gamma/2 b^2 and 1/(2 gamma) max [s]_+^2.
   reg1 = ot.SparsityConstrained(k=1, gamma=gamma)
   v1, t1, _ = reg1.conj_simplex(jnp.asarray(s)[:, None], jnp.asarray([b]), 0)
   np.testing.assert_allclose(float(v1[0]), b * s.max() - 0.5 * gamma * b * b, rtol=1e-12)
@@ -270,7 +270,7 @@ def psi_gradient(t, k):
 
 
 def test_psi_is_the_biconjugate_on_the_simplex():
-  """Omega**_b = Psi on b*simplex (Prop. biconjugates): <s, t> - Omega*_b(s) <= Psi(t)
+  """Omega**_b = Psi on b*simplex (Proposition 3, biconjugates): <s, t> - Omega*_b(s) <= Psi(t)
   for every s, with equality at s = grad Psi(t)."""
   rng = np.random.RandomState(5)
   k, gamma = 2, 1.0

@@ -14,7 +14,7 @@ row: a segment per nonzero of the plan; bottom row: the plan matrix. Each
 panel is labelled with its number of nonzeros.
 
 Checks kept in the JSON: nonzeros per plan and the largest per column, and the
-limit case k = 1 (paper Prop. "limit cases"): the semi-dual optimum equals the
+limit case k = 1 (the paper's Proposition 4, limit cases): the semi-dual optimum equals the
 unregularized cost plus gamma/2 ||b||^2, and the k = 1 plan is an unregularized
 optimal plan (its cost <T, C> equals emd's).
 """

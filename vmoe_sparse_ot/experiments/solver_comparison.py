@@ -15,7 +15,7 @@ evaluations in proportion (L-BFGS's line-search trials included).
 Adam's learning rate is chosen per dataset and formulation as the one of
 LEARNING_RATES with the best final objective (the paper tunes it too); L-BFGS
 keeps `HISTORY` pairs. The dual and semi-dual have the same optimal value (paper
-Prop. "biconjugates"); the JSON reports both final values and their relative
+Proposition 3 (biconjugates)); the JSON reports both final values and their relative
 difference.
 
 Timings were taken on a shared 2-core CPU (see the README for the load).

@@ -1,7 +1,7 @@
 """The squared k-support norm Psi (paper eq. sq_k_support_norm).
 
 Psi(t) = 1/2 min_lambda sum_i t_i^2 / lambda_i  s.t.  sum lambda = k, 0 < lambda <= 1,
-the biconjugate of 1/2 ||t||^2 + indicator(||t||_0 <= k) (Prop. biconjugates),
+the biconjugate of 1/2 ||t||^2 + indicator(||t||_0 <= k) (Proposition 3, biconjugates),
 so P_Psi(T) - D is a computable duality gap for sparsity-constrained OT.
 
 Computed exactly in O(m log m) by Argyriou et al. (2012, Prop. 2.1) /

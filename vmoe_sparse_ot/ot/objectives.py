@@ -1,6 +1,6 @@
 """Dual, semi-dual and primal objectives, and plan recovery (paper section 3).
 
-Conventions (DESIGN.md): C is (m, n), a (m,), b (n,); the constraint and the
+Conventions: C is (m, n), a (m,), b (n,); the constraint and the
 regularizer act on the columns t_j = T[:, j]. Objectives are maximised (dual and
 semi-dual) or minimised (primal). The value-and-gradient functions are written by
 hand (one pass over C, no autodiff) because the solvers call them in their loop.

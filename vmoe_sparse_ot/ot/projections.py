@@ -3,9 +3,11 @@
 All functions act along one `axis` of `x` (default: the last) and broadcast over
 the others, so an (m, n) matrix of columns is projected with `axis=0`.
 
-Top-k selection avoids sorting (slow on CPU, see DESIGN.md "timing facts"): k
-reduction passes find the k largest values in decreasing order, ties broken by
-the lower index (the same set `lax.top_k` picks). `top_k_mask` then forms the
+Top-k selection avoids sorting (slow on CPU: see benchmarks/RESULTS.md). For
+small k, k reduction passes find the k largest values in decreasing order; for
+large k (`uses_radix`), a radix selection on order-preserving integer keys finds
+the k-th value in 32 (float32) or 64 (float64) counting passes whatever k is.
+Either way ties go to the lower index (the same set `lax.top_k` picks). `top_k_mask` then forms the
 selection mask densely by comparison; `top_k` reads the positions off the packed
 keys and gathers the k exact values, so that everything after the selection
 (`sparse_simplex_topk`: threshold, projection, conjugate value) costs O(k) per

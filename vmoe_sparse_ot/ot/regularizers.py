@@ -8,7 +8,7 @@ column (`axis` is the length-m axis, 0 for an (m, n) matrix):
 - `conj_simplex(s, b)`: Omega*_b(s) = max_{t in b * simplex} <s, t> - Omega(t),
   its gradient (the maximiser t, a plan column of mass b) and its derivative in b.
 - `primal(t)`: the convex value Omega**(t) the dual/semi-dual optimum actually
-  solves for (Prop. primal interpretation); for `SparsityConstrained` this is
+  solves for (Proposition 2, primal interpretation); for `SparsityConstrained` this is
   gamma * Psi(t), Psi the squared k-support norm.
 
 gamma scaling follows the paper: (gamma f)* = gamma f*(. / gamma) (Table 1).
@@ -138,7 +138,7 @@ class SparsityConstrained(Regularizer):
   At most k nonzeros per column of the plan. k >= m (the column length) makes the
   constraint vacuous: the regularizer then behaves exactly as `SquaredL2(gamma)`
   (POT's `ot.smooth` crashes there). k = 1 uses the closed forms of
-  Prop. limit cases.
+  Proposition 4 (limit cases).
   """
 
   def __init__(self, k: int, gamma: float = 1.0):
@@ -234,7 +234,7 @@ class SparsityConstrained(Regularizer):
     axis = axis % s.ndim
     bb = _bexpand(b, s, axis)
     if self.k == 1:
-      # Prop. limit cases: b max(s) - gamma/2 b^2, the mass on the first argmax.
+      # Proposition 4 (limit cases): b max(s) - gamma/2 b^2, the mass on the first argmax.
       smax, idx = projections.top_k(s, 1, axis)
       val = jnp.squeeze(bb * smax - 0.5 * self.gamma * bb * bb, axis)
       sp = projections.SparseSimplex(jnp.broadcast_to(bb, smax.shape).astype(s.dtype), idx,

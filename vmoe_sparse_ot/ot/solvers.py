@@ -3,7 +3,7 @@
 Maximises the dual D(alpha, beta) or the semi-dual S(alpha) (paper eqs. reg_dual,
 reg_semi_dual) with L-BFGS or Adam, recovers the plan from the conjugate's
 gradient, and reports the duality gap P(T) - value, P the convex primal the
-optimum solves (P_Psi for SparsityConstrained, Prop. biconjugates).
+optimum solves (P_Psi for SparsityConstrained, Proposition 3 (biconjugates)).
 
 Everything after the argument checks is one jitted function with static options,
 so `solve` runs eagerly, under `jit` and under `vmap` (many problems at once).

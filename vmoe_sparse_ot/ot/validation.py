@@ -1,4 +1,4 @@
-"""Argument checks run before any compilation (DESIGN.md: errors name the argument).
+"""Argument checks run before any compilation; each error names the argument.
 
 Shape and option checks always run; value checks (sign, finiteness, total mass)
 only on concrete inputs, so `solve` and `sinkhorn` still work on tracers under
