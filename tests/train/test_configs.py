@@ -116,6 +116,8 @@ def _set(config, key, value):
 BAD_CONFIGS = [
     ('schedule.peak_value', -1e-3, 'config.schedule.peak_value=-0.001: must be > 0'),
     ('schedule.peak_value', 0.0, 'config.schedule.peak_value=0.0: must be > 0'),
+    ('schedule.peak_value', float('inf'),
+     'config.schedule.peak_value=inf: must be a finite number > 0'),
     ('schedule.end_value', -1e-5, 'config.schedule.end_value=-1e-05: must be >= 0'),
     ('schedule.warmup_steps', -1, 'config.schedule.warmup_steps=-1: must be an integer >= 0'),
     ('schedule.decay_steps', 0,

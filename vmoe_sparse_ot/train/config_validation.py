@@ -86,7 +86,8 @@ def _number(config, key: str, *, low: float | None = None, high: float | None = 
   if optional:
     allowed += ' or None'
   if not _is_number(value) or not math.isfinite(value):
-    _fail(key, value, allowed if low is not None or high is not None else 'must be a number')
+    _fail(key, value, 'must be a finite number' + (allowed[len('must be'):]
+                                                   if low is not None or high is not None else ''))
   if low is not None and (value < low or (low_open and value == low)):
     _fail(key, value, allowed)
   if high is not None and (value > high or (high_open and value == high)):
