@@ -7,8 +7,10 @@ exits with status 1.
 import os
 import sys
 
+from vmoe_sparse_ot import quiet_logs
+
 os.environ.setdefault('POT_BACKEND_DISABLE_TENSORFLOW', '1')  # before anything imports POT
-os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
+quiet_logs.setup_environment()  # before TensorFlow loads (the router study's data)
 
 from absl import app, flags, logging  # noqa: E402
 
@@ -21,7 +23,8 @@ _SEEDS = flags.DEFINE_integer('seeds', None, 'Number of seeds, for the experimen
 
 
 def main(argv):
-  logging.set_verbosity(logging.WARNING)  # JAX's INFO line about absent TPUs
+  logging.set_verbosity(logging.WARNING)  # the trainer's progress lines (router study)
+  quiet_logs.quiet_library_logs()  # e.g. Orbax's read-only notes when few-shot restores
   if len(argv) != 2:
     print(f"experiments: error: give one experiment name ({', '.join(experiments.NAMES)}) "
           'or all', file=sys.stderr)
