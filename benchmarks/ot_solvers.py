@@ -8,7 +8,9 @@ jitted, float64. Printed: warm solve time (median of repeats), first-call time
 (compile + first run) and compile time in separate columns, iterations
 (objective evaluations in parentheses), the objectives, the relative deficit
 (POT - ours) / |POT| (<= 0: ours at least as good) and the speed-up POT time /
-our warm time.
+our warm time. "@POT obj": the first iteration at which our objective reaches
+POT's final one, our warm time when stopped there (max_iter = that iteration),
+and POT's time over it -- the speed-up at equal objective.
 
 Rows: the small-k grid, the large-k rows (k ~ 1.15 m / n, as in the paper's MNIST
 clustering; the radix top-k kernel), and the router batch (64 problems of
@@ -17,6 +19,7 @@ worst per-problem deficit). Then a k-sweep at (5000, 10, k).
 
     python benchmarks/ot_solvers.py [--json PATH] [--repeats N] [--quick]
     python benchmarks/ot_solvers.py --kernels     # top-k kernel crossover only
+    python benchmarks/ot_solvers.py --only '(10000,100' --only router   # some rows
 """
 from __future__ import annotations
 
@@ -106,30 +109,71 @@ def solve_row(m, n, k, gamma, overrides, repeats, with_pot=True):
   t_c, t_f, t_w, (val, nit, nev, gn) = time_jax(
       make_solver(k, gamma, overrides), (jnp.asarray(a), jnp.asarray(b), jnp.asarray(C)),
       repeats)
+  # Equal objective: our warm time when stopped at the first iteration whose
+  # objective reaches POT's final one (max_iter = that iteration; same iterates).
+  at_pot = dict(iter_at_pot=-1, time_at_pot_s=float("nan"), objective_at_pot=float("nan"))
+  if with_pot:
+    args_ = (jnp.asarray(a), jnp.asarray(b), jnp.asarray(C))
+    tr = ot.solve(*args_, ot.SparsityConstrained(k=k, gamma=gamma), trace=True,
+                  **overrides).trace
+    hit = np.flatnonzero(np.asarray(tr.value) >= p_obj)
+    if hit.size:
+      it = int(hit[0]) + 1
+      _, _, t_at, (v_at, _, _, _) = time_jax(
+          make_solver(k, gamma, {**overrides, "max_iter": it}), args_, repeats)
+      at_pot = dict(iter_at_pot=it, time_at_pot_s=t_at, objective_at_pot=float(v_at))
   return dict(problem=f"({m},{n},{k},{gamma:g})", m=m, n=n, k=k, gamma=gamma,
               radix=ot.uses_radix(k, m, jnp.float64),
               pot_time_s=p_time, time_s=t_w, first_call_s=t_f, compile_s=t_c,
               speedup=p_time / t_w, pot_iter=p_nit, pot_evals=p_nfev, iter=int(nit),
               evals=int(nev), pot_objective=p_obj, objective=float(val),
-              rel_deficit=(p_obj - float(val)) / abs(p_obj), grad_norm=float(gn))
+              rel_deficit=(p_obj - float(val)) / abs(p_obj), grad_norm=float(gn),
+              speedup_at_pot=p_time / at_pot["time_at_pot_s"], **at_pot)
 
 
 def run(args):
-  overrides = {name: getattr(args, name) for name in ("tol", "rtol", "ftol", "max_iter")
+  overrides = {name: getattr(args, name) for name in ("tol", "rtol", "ftol", "max_iter",
+                                                      "history")
                if getattr(args, name) is not None}
+
+  def wanted(tag):  # --only: the rows whose label contains one of the strings
+    return not args.only or any(o in tag for o in args.only)
   rows = []
   grid = GRID[:2] + LARGE_K[:1] if args.quick else GRID + LARGE_K
   header = (f"{'problem':<26}{'POT s':>9}{'ours s':>9}{'1st call s':>11}{'compile s':>10}"
             f"{'speed-up':>9}{'POT it(ev)':>12}{'our it(ev)':>12}{'POT objective':>17}"
-            f"{'our objective':>17}{'rel deficit':>12}")
+            f"{'our objective':>17}{'rel deficit':>12}{'@POT obj: it':>13}{'s':>8}"
+            f"{'speed-up':>9}")
   print(header)
   print("-" * len(header))
   for (m, n, k, gamma) in grid:
+    if not wanted(f"({m},{n},{k},{gamma:g})"):
+      continue
     row = solve_row(m, n, k, gamma, overrides, args.repeats)
     rows.append(row)
     print_row(row)
 
   r = ROUTER
+  if wanted("router"):
+    rows.append(router_row(r, overrides, args))
+  sweep = []
+  if not args.quick and wanted("sweep"):
+    sweep = k_sweep(overrides, args)
+  meta = dict(command=" ".join([os.path.basename(sys.executable)] + sys.argv), jax=jax.__version__,
+              pot=pot.__version__, dtype="float64", overrides=overrides,
+              repeats=args.repeats, cpu_count=os.cpu_count(),
+              load_avg=os.getloadavg() if hasattr(os, "getloadavg") else None)
+  print(f"\nours: ot.solve(a, b, C, reg{''.join(f', {k}={v}' for k, v in overrides.items())})"
+        f" (semi-dual, L-BFGS), float64; POT {pot.__version__}: smooth_ot_semi_dual "
+        f"defaults. load average {meta['load_avg']}")
+  if args.json:
+    with open(args.json, "w") as f:
+      json.dump(dict(meta=meta, results=rows, k_sweep=sweep), f, indent=2)
+  return rows
+
+
+def router_row(r, overrides, args):
+  """The router batch: one vmap of ours against a POT loop."""
   A, B, Cs = router_problems(r["batch"], r["m"], r["n"])
   p_time, p_objs, p_nits = 0.0, [], []
   n_pot = 8 if args.quick else r["batch"]
@@ -151,32 +195,23 @@ def run(args):
              evals=int(np.max(nevs)), pot_objective=float(np.sum(p_objs)),
              objective=float(np.sum(vals[:n_pot])), rel_deficit=float(deficits.max()),
              grad_norm=float(np.max(gns)), pot_problems_timed=n_pot)
-  rows.append(row)
   print_row(row)
+  return row
 
+
+def k_sweep(overrides, args):
+  """Warm time against k at (5000, 10, k)."""
   sweep = []
-  if not args.quick:
-    m, n, ks, gamma = K_SWEEP
-    print(f"\nk-sweep at ({m},{n},k,{gamma:g}): warm time against k=50")
-    for k in ks:
-      row = solve_row(m, n, k, gamma, overrides, args.repeats)
-      sweep.append(row)
-      print_row(row)
-    base = next(x["time_s"] for x in sweep if x["k"] == 50)
-    print("  warm time / time at k=50: " + ", ".join(
-        f"k={x['k']}: {x['time_s'] / base:.2f}x" for x in sweep))
-
-  meta = dict(command=" ".join([os.path.basename(sys.executable)] + sys.argv), jax=jax.__version__,
-              pot=pot.__version__, dtype="float64", overrides=overrides,
-              repeats=args.repeats, cpu_count=os.cpu_count(),
-              load_avg=os.getloadavg() if hasattr(os, "getloadavg") else None)
-  print(f"\nours: ot.solve(a, b, C, reg{''.join(f', {k}={v}' for k, v in overrides.items())})"
-        f" (semi-dual, L-BFGS), float64; POT {pot.__version__}: smooth_ot_semi_dual "
-        f"defaults. load average {meta['load_avg']}")
-  if args.json:
-    with open(args.json, "w") as f:
-      json.dump(dict(meta=meta, results=rows, k_sweep=sweep), f, indent=2)
-  return rows
+  m, n, ks, gamma = K_SWEEP
+  print(f"\nk-sweep at ({m},{n},k,{gamma:g}): warm time against k=50")
+  for k in ks:
+    row = solve_row(m, n, k, gamma, overrides, args.repeats)
+    sweep.append(row)
+    print_row(row)
+  base = next(x["time_s"] for x in sweep if x["k"] == 50)
+  print("  warm time / time at k=50: " + ", ".join(
+      f"k={x['k']}: {x['time_s'] / base:.2f}x" for x in sweep))
+  return sweep
 
 
 def kernels(args):
@@ -225,7 +260,9 @@ def print_row(r):
         f"{r['compile_s']:>10.2f}{r['speedup']:>8.1f}x{r['pot_iter']:>6}({r['pot_evals']:>4})"
         f"{r['iter']:>6}"
         f"({r['evals']:>4}){r['pot_objective']:>17.10g}{r['objective']:>17.10g}"
-        f"{r['rel_deficit']:>12.2e}", flush=True)
+        f"{r['rel_deficit']:>12.2e}{r.get('iter_at_pot', -1):>13}"
+        f"{r.get('time_at_pot_s', float('nan')):>8.3f}"
+        f"{r.get('speedup_at_pot', float('nan')):>8.1f}x", flush=True)
 
 
 def main(argv=None):
@@ -237,6 +274,10 @@ def main(argv=None):
                  help="override solve's max_iter")
   p.add_argument("--ftol", type=float, default=None, help="override solve's ftol")
   p.add_argument("--rtol", type=float, default=None, help="override solve's rtol")
+  p.add_argument("--history", type=int, default=None, help="override solve's history")
+  p.add_argument("--only", action="append", default=[], metavar="TEXT",
+                 help="run only the rows whose label contains TEXT (repeatable), e.g. "
+                 "'(10000,100', 'router', 'sweep'")
   p.add_argument("--kernels", action="store_true", help="only the top-k kernel crossover")
   p.add_argument("--quick", action="store_true", help="small grid, 8 POT router problems")
   args = p.parse_args(argv)

@@ -140,3 +140,32 @@ def test_mnist_clustering_size_solves():
   assert (nnz <= k).all() and nnz.max() == k
   np.testing.assert_allclose(np.asarray(res.plan).sum(0), np.asarray(b), rtol=1e-4)
   assert (np.diff(np.asarray(res.trace.value)) >= 0).all()
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.float64])
+def test_early_exit_mixes_separated_near_tied_and_tied_columns(dtype):
+  """The early exit stops each column's count at k as soon as its k-th and
+  (k+1)-th keys differ in a counted bit; columns that need the last bit (values
+  one ulp apart, below the high 32-bit word for float64) or that tie at the k-th
+  value still get the exact set."""
+  rng = np.random.default_rng(3)
+  m, k = 40, 6
+  x = rng.standard_normal((m, 4)).astype(dtype)
+  one = dtype(1.0)
+  x[:, 0] = np.linspace(-2.0, 0.5, m)                         # well separated
+  x[k - 1, 1], x[k, 1] = one, np.nextafter(one, dtype(0.0))   # k-th / (k+1)-th one ulp apart
+  x[:k - 1, 1] = 5.0
+  x[[5, 9, 17], 2] = 4.0                                       # a tie straddling the k-th place
+  x[:k - 2, 2] = np.arange(10.0, 10.0 + k - 2)
+  x[:, 3] = 2.0                                                # all tied
+  xj = jnp.asarray(x)
+  got = np.asarray(_sel(xj, k, 0))
+  np.testing.assert_array_equal(got, brute_mask(x, k, 0))
+  np.testing.assert_array_equal(got, lax_mask(xj, k, 0))
+  keys = projections._order_keys(xj)
+  t, count = projections._select_key(keys, k, 0, early_exit=True)
+  kth = projections.kth_largest_key(keys, k, 0)
+  assert np.all(np.asarray(t) <= np.asarray(kth))              # a lower bound ...
+  exact = np.asarray(count)[0] == k                            # ... exact where count = k
+  np.testing.assert_array_equal(exact, [True, True, False, False])
+  np.testing.assert_array_equal(np.asarray(keys >= t)[:, exact], got[:, exact])

@@ -125,45 +125,92 @@ def _order_keys(x: Array) -> Array:
   return jnp.where(bits >= sign, ~bits, bits | sign)
 
 
-def _radix_select(keys: Array, k, axis: int, valid=None) -> Array:
-  """The k-th largest of each slice of unsigned `keys` (keepdims), counting only
-  `valid` entries; k may be an array (keepdims).
+def _radix_select(keys: Array, k, axis: int, valid=None, early_exit: bool = False):
+  """A radix selection of the k-th largest of each slice of unsigned `keys`,
+  counting only `valid` entries; k may be an array (keepdims).
 
   The answer's bits are fixed from the highest down; a bit is set iff at least k
   entries are >= the answer with that bit set. One counting pass per bit, in a
   loop that is not unrolled.
+
+  Returns (t, count), keepdims: count = number of valid entries >= t. Without
+  `early_exit` t is the k-th largest key. With it, the loop also stops once
+  every slice has count == k: then t is a lower bound of the k-th largest with
+  exactly k entries at or above it, all that a selection mask needs (the bits
+  below the first one that separates the k-th from the (k+1)-th key are never
+  counted; an exact tie at the k-th key still runs every bit).
   """
   nbits = keys.dtype.itemsize * 8
   red_shape = list(keys.shape)
   red_shape[axis] = 1
   one = jnp.ones((), keys.dtype)
 
-  def body(i, t):
-    cand = t | (one << (nbits - 1 - i).astype(keys.dtype))
-    hit = keys >= cand
+  def count_at_least(t):
+    hit = keys >= t
     if valid is not None:
       hit = hit & valid
-    count = jnp.sum(hit, axis=axis, keepdims=True, dtype=jnp.int32)
-    return jnp.where(count >= k, cand, t)
+    return jnp.sum(hit, axis=axis, keepdims=True, dtype=jnp.int32)
 
-  return lax.fori_loop(0, nbits, body, jnp.zeros(red_shape, keys.dtype))
+  def cond(carry):
+    i, _, count = carry
+    running = i < nbits
+    return running & jnp.any(count != k) if early_exit else running
+
+  def body(carry):
+    i, t, count = carry
+    cand = t | (one << (nbits - 1 - i).astype(keys.dtype))
+    cand_count = count_at_least(cand)
+    take = cand_count >= k
+    return i + 1, jnp.where(take, cand, t), jnp.where(take, cand_count, count)
+
+  t0 = jnp.zeros(red_shape, keys.dtype)
+  if valid is None:
+    count0 = jnp.full(red_shape, keys.shape[axis], jnp.int32)
+  else:
+    count0 = jnp.sum(valid, axis=axis, keepdims=True, dtype=jnp.int32)
+  _, t, count = lax.while_loop(cond, body, (jnp.asarray(0), t0, count0))
+  return t, count
+
+
+def _select_key(keys: Array, k: int, axis: int, early_exit: bool):
+  """(t, count) of `_radix_select` for any unsigned keys.
+
+  64-bit keys are split in two 32-bit words (the high word's selection, then the
+  low word's among the entries sharing it): the same 64 passes at most, over
+  half-width data. With `early_exit` the low word is skipped altogether when
+  the high word already separates every slice's k-th entry from its (k+1)-th.
+  """
+  if keys.dtype != jnp.uint64:
+    return _radix_select(keys, k, axis, early_exit=early_exit)
+  high = (keys >> 32).astype(jnp.uint32)
+  low = keys.astype(jnp.uint32)
+  h, count = _radix_select(high, k, axis, early_exit=early_exit)
+
+  def low_word(h, count):
+    same = high == h
+    n_above = jnp.sum(high > h, axis=axis, keepdims=True, dtype=jnp.int32)
+    k_low = k - n_above
+    if early_exit:
+      # Slices already separated keep t = (h, 0): their count stays k.
+      k_low = jnp.where(count == k, jnp.sum(same, axis=axis, keepdims=True, dtype=jnp.int32),
+                        k_low)
+    lo, count = _radix_select(low, k_low, axis, valid=same, early_exit=early_exit)
+    return (h.astype(jnp.uint64) << 32) | lo.astype(jnp.uint64), count + n_above
+
+  def high_only(h, count):
+    return h.astype(jnp.uint64) << 32, count
+
+  if not early_exit:
+    return low_word(h, count)
+  return lax.cond(jnp.all(count == k), high_only, low_word, h, count)
 
 
 def kth_largest_key(keys: Array, k: int, axis: int) -> Array:
   """The k-th largest of each slice of unsigned `keys`, keepdims along `axis`.
 
-  32 counting passes for 32-bit keys, whatever k is. 64-bit keys are split in
-  two 32-bit words (the high word's k-th largest, then the low word's among the
-  entries sharing it): the same 64 passes, over half-width data.
+  32 counting passes for 32-bit keys, 64 for 64-bit ones, whatever k is.
   """
-  if keys.dtype != jnp.uint64:
-    return _radix_select(keys, k, axis)
-  high = (keys >> 32).astype(jnp.uint32)
-  low = keys.astype(jnp.uint32)
-  h = _radix_select(high, k, axis)
-  k_low = k - jnp.sum(high > h, axis=axis, keepdims=True, dtype=jnp.int32)
-  lo = _radix_select(low, k_low, axis, valid=high == h)
-  return (h.astype(jnp.uint64) << 32) | lo.astype(jnp.uint64)
+  return _select_key(keys, k, axis, early_exit=False)[0]
 
 
 def _tie_ranks(at: Array, axis: int) -> Array:
@@ -175,8 +222,9 @@ def threshold_top_k_mask(x: Array, k: int, axis: int = -1) -> Array:
   """bool mask of the k largest entries along `axis` by radix selection.
 
   Same set as `top_k_mask` (ties at the k-th value go to the lower indices) at
-  a cost that does not depend on k: 32 (float32) or 64 (float64) counting passes
-  for the k-th value, one for the entries above it, and a cumulative sum over
+  a cost that does not depend on k: at most 32 (float32) or 64 (float64)
+  counting passes, fewer when every slice's k-th and (k+1)-th values differ in
+  their leading bits (`_radix_select`'s early exit), and a cumulative sum over
   the tied entries only when some slice has more ties at its k-th value than it
   can take. Needs 64-bit types (x64) for float64 input; float16/bfloat16 are
   selected as float32.
@@ -186,19 +234,22 @@ def threshold_top_k_mask(x: Array, k: int, axis: int = -1) -> Array:
   if x.dtype not in (jnp.float32, jnp.float64):
     x = x.astype(jnp.float32)
   keys = _order_keys(x)
-  kth = kth_largest_key(keys, k, axis)
-  above = keys > kth
-  n_above = jnp.sum(above, axis=axis, keepdims=True, dtype=jnp.int32)
-  at = keys == kth
-  n_at = jnp.sum(at, axis=axis, keepdims=True, dtype=jnp.int32)
+  t, count = _select_key(keys, k, axis, early_exit=True)
 
-  def split_ties(at, n_above):
-    return at & (_tie_ranks(at, axis) <= k - n_above)
+  def exact_count(keys, t):
+    return keys >= t
+
+  def with_ties(keys, t):
+    # The loop ran every bit: t is the k-th key and more than k entries equal
+    # it or lie above. Ties at t go to the lower indices.
+    above = keys > t
+    n_above = jnp.sum(above, axis=axis, keepdims=True, dtype=jnp.int32)
+    at = keys == t
+    return above | (at & (_tie_ranks(at, axis) <= k - n_above))
 
   # A tie that straddles the k-th place is rare for real data: pay for the
   # cumulative sum only when one occurs.
-  tied = lax.cond(jnp.any(n_above + n_at > k), split_ties, lambda at, _: at, at, n_above)
-  return above | tied
+  return lax.cond(jnp.all(count == k), exact_count, with_ties, keys, t)
 
 
 # Kernel choice: the passes kernel costs about k reductions per slice, the radix
