@@ -93,8 +93,7 @@ def _sparse_projection(u: Array, k: int, b: Array, reduce) -> Array:
   """reduce(t) for t (m, N), the top-k sparse simplex projection of u's columns."""
   m = u.shape[0]
   if k >= m or projections.uses_radix(k, m, u.dtype):
-    mask = None if k >= m else projections.threshold_top_k_mask(u, k, 0)
-    tau = projections.simplex_threshold(u, b, axis=0, mask=mask)
+    tau, mask = projections.sparse_simplex_threshold(u, k, b, axis=0)
     active = u > tau if mask is None else mask & (u > tau)
     return reduce(jnp.where(active, u - tau, 0))
   stats = _top_k_stats(u, k, b)
