@@ -52,10 +52,15 @@ def test_mixed_sign_agrees_with_pot(formulation):
                  tol=1e-10, max_iter=3000)
   assert float(res.value) >= pot_value - 1e-9 * abs(pot_value)
   assert float(res.value) == pytest.approx(pot_value, rel=1e-5)
-  if formulation == "dual":
-    np.testing.assert_allclose(np.asarray(res.plan), G, atol=2e-3)
-  # (The semi-dual plan is set-valued at this optimum, a tie between top-k
-  # sets; POT's L-BFGS-B lands on another member, so values are compared.)
+  # The plans are set-valued at this optimum (a tie between top-k sets, and the
+  # kink leaves the marginals off by ~0.02 for both solvers), so which member
+  # each solver lands on depends on rounding: compare sparsity and marginals.
+  T = np.asarray(res.plan)
+  assert ((T > 0).sum(0) <= k).all()
+  for axis, marginal in ((1, a), (0, b)):
+    ours = np.abs(T.sum(axis) - marginal).max()
+    theirs = np.abs(np.asarray(G).sum(axis) - marginal).max()
+    assert ours <= theirs + 1e-3, (axis, ours, theirs)
 
 
 def test_mixed_sign_squared_l2_plan_agrees_with_pot():

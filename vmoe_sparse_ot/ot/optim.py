@@ -5,8 +5,8 @@ Both work on a flat parameter vector x and a function `value_and_grad(x) ->
 compile once, run under `vmap` (a batch stops when all its members have), and,
 with tol == 0, run exactly `max_iter` iterations (Adam as a `fori_loop`).
 
-L-BFGS: two-loop recursion on the last `history` pairs, kept in order by shifting
-(static indexing, nothing to gather under vmap), with a backtracking Armijo line
+L-BFGS: two-loop recursion on the last `history` pairs, kept in a ring buffer
+(updated in place: no copy of the history per iteration), with a backtracking Armijo line
 search that tries the unit step first -- one objective evaluation per iteration in
 the common case. The objectives here are concave, so y^T s >= 0 always holds and
 Armijo alone keeps the curvature pairs valid.
@@ -177,18 +177,20 @@ def lbfgs(fun: Callable, x0: Array, *, max_iter: int, tol: float, history: int =
   f0, g0 = F(x0)
   gtol = tol * tol_scale
 
-  def direction(g, S, Y, rho, gamma0):
+  def direction(g, S, Y, rho, gamma0, head):
+    # Pair j (0 = newest) sits in slot (head - 1 - j) mod M; empty slots hold
+    # zeros (rho = 0) and drop out of both loops.
+    slots = [(head - 1 - j) % M for j in range(M)]
     q = g
     alphas = []
-    for i in range(M - 1, -1, -1):  # newest first
-      a_i = rho[i] * jnp.dot(S[i], q)
-      q = q - a_i * Y[i]
-      alphas.append(a_i)
+    for slot in slots:  # newest first
+      a_j = rho[slot] * jnp.dot(S[slot], q)
+      q = q - a_j * Y[slot]
+      alphas.append(a_j)
     r = gamma0 * q
-    for i in range(M):  # oldest first
-      a_i = alphas[M - 1 - i]
-      b_i = rho[i] * jnp.dot(Y[i], r)
-      r = r + S[i] * (a_i - b_i)
+    for slot, a_j in zip(reversed(slots), reversed(alphas)):  # oldest first
+      b_j = rho[slot] * jnp.dot(Y[slot], r)
+      r = r + S[slot] * (a_j - b_j)
     return -r
 
   class Carry(NamedTuple):
@@ -200,6 +202,7 @@ def lbfgs(fun: Callable, x0: Array, *, max_iter: int, tol: float, history: int =
     S: Array
     Y: Array
     rho: Array
+    head: Array
     gamma0: Array
     stalled: Array
     small: Array
@@ -213,7 +216,7 @@ def lbfgs(fun: Callable, x0: Array, *, max_iter: int, tol: float, history: int =
     return keep
 
   def body(c: Carry):
-    p = direction(c.g, c.S, c.Y, c.rho, c.gamma0)
+    p = direction(c.g, c.S, c.Y, c.rho, c.gamma0, c.head)
     gp = jnp.dot(c.g, p)
     # Not a descent direction (should not happen on concave objectives, but
     # rounding): fall back to steepest descent.
@@ -257,9 +260,13 @@ def lbfgs(fun: Callable, x0: Array, *, max_iter: int, tol: float, history: int =
     # out of the noise of the gradients it is the difference of.
     y_noise = jnp.sqrt(jnp.finfo(dtype).eps) * jnp.maximum(_gnorm(c.g), _gnorm(g_new))
     upd = ok & (sy > jnp.finfo(dtype).eps * yy) & (sy > 0) & (_gnorm(y) > y_noise)
-    S = jnp.where(upd, jnp.concatenate([c.S[1:], s[None]], 0), c.S)
-    Y = jnp.where(upd, jnp.concatenate([c.Y[1:], y[None]], 0), c.Y)
-    rho = jnp.where(upd, jnp.concatenate([c.rho[1:], (1 / jnp.where(upd, sy, 1))[None]]), c.rho)
+    # A ring buffer: the new pair overwrites the oldest slot in place (no shift
+    # of the (M, d) history).
+    slot = c.head % M
+    S = c.S.at[slot].set(jnp.where(upd, s, c.S[slot]))
+    Y = c.Y.at[slot].set(jnp.where(upd, y, c.Y[slot]))
+    rho = c.rho.at[slot].set(jnp.where(upd, 1 / jnp.where(upd, sy, 1), c.rho[slot]))
+    head = c.head + upd.astype(c.head.dtype)
     gamma0 = jnp.where(upd, sy / jnp.maximum(yy, tiny), c.gamma0)
     x = jnp.where(ok, c.x + s, c.x)
     f = jnp.where(ok, f_new, c.f)
@@ -282,12 +289,12 @@ def lbfgs(fun: Callable, x0: Array, *, max_iter: int, tol: float, history: int =
     if trace:
       new = _record(tr, c.it, -f, -g, c.evals + n)
       tr = jax.tree_util.tree_map(lambda u, o: jnp.where(done, o, u), new, tr)
-    return Carry(c.it + (~done).astype(c.it.dtype), c.evals + n, x, f, g, S, Y, rho, gamma0,
-                 stalled, small, tr, reason.astype(jnp.int32))
+    return Carry(c.it + (~done).astype(c.it.dtype), c.evals + n, x, f, g, S, Y, rho, head,
+                 gamma0, stalled, small, tr, reason.astype(jnp.int32))
 
   init = Carry(jnp.asarray(0, jnp.int32), jnp.asarray(1, jnp.int32), x0, f0, g0,
                jnp.zeros((M, d), dtype), jnp.zeros((M, d), dtype), jnp.zeros((M,), dtype),
-               jnp.asarray(1.0, dtype), jnp.asarray(False), jnp.asarray(0, jnp.int32),
+               jnp.asarray(0, jnp.int32), jnp.asarray(1.0, dtype), jnp.asarray(False), jnp.asarray(0, jnp.int32),
                _empty_trace(max_iter, dtype) if trace else None,
                jnp.asarray(MAX_ITER, jnp.int32))
   c = lax.while_loop(cond, body, init)

@@ -125,58 +125,43 @@ def _order_keys(x: Array) -> Array:
   return jnp.where(bits >= sign, ~bits, bits | sign)
 
 
-# Bits fixed per counting pass of the radix selection: 2 bits = 3 candidate
-# thresholds compared in one pass over the keys, which costs about what one
-# comparison does (the pass is bound by reading the keys; measured on a 2-core
-# CPU at (2000, 64), (5000, 10) and (10000, 100)), so half the passes of a
-# bit-by-bit selection. 3 bits (7 comparisons) cost twice as much per pass.
-_RADIX_BITS = 2
-
-
 def _radix_select(keys: Array, k, axis: int, valid=None, early_exit: bool = False):
   """A radix selection of the k-th largest of each slice of unsigned `keys`,
   counting only `valid` entries; k may be an array (keepdims).
 
-  The answer's bits are fixed from the highest down, `_RADIX_BITS` per pass:
-  the digit is the largest d such that at least k entries are >= the answer
-  with that digit, counted for every d at once in one pass over the keys. In a
+  The answer's bits are fixed from the highest down; a bit is set iff at least k
+  entries are >= the answer with that bit set. One counting pass per bit, in a
   loop that is not unrolled.
 
   Returns (t, count), keepdims: count = number of valid entries >= t. Without
   `early_exit` t is the k-th largest key. With it, the loop also stops once
   every slice has count == k: then t is a lower bound of the k-th largest with
-  exactly k entries at or above it, all that a selection mask needs (the digits
+  exactly k entries at or above it, all that a selection mask needs (the bits
   below the first one that separates the k-th from the (k+1)-th key are never
-  counted; an exact tie at the k-th key still runs every pass).
+  counted; an exact tie at the k-th key still runs every bit).
   """
   nbits = keys.dtype.itemsize * 8
-  num_passes = nbits // _RADIX_BITS
   red_shape = list(keys.shape)
   red_shape[axis] = 1
-  digits = jnp.arange(1, 2 ** _RADIX_BITS, dtype=keys.dtype)             # (D,)
-  digits = digits.reshape((-1,) + (1,) * keys.ndim)                       # (D, 1...)
+  one = jnp.ones((), keys.dtype)
+
+  def count_at_least(t):
+    hit = keys >= t
+    if valid is not None:
+      hit = hit & valid
+    return jnp.sum(hit, axis=axis, keepdims=True, dtype=jnp.int32)
 
   def cond(carry):
     i, _, count = carry
-    running = i < num_passes
+    running = i < nbits
     return running & jnp.any(count != k) if early_exit else running
 
   def body(carry):
     i, t, count = carry
-    shift = (nbits - _RADIX_BITS * (i + 1)).astype(keys.dtype)
-    cands = t[None] | (digits << shift)                                   # (D, ...keepdims)
-    hit = keys[None] >= cands
-    if valid is not None:
-      hit = hit & valid[None]
-    counts = jnp.sum(hit, axis=axis + 1, keepdims=True, dtype=jnp.int32)  # (D, ...)
-    # Counts fall as the digit grows: the largest digit still counting k.
-    take = counts >= k
-    digit = jnp.sum(take, axis=0)                                         # 0 .. D
-    cand = jnp.where(digit > 0, t | (digit.astype(keys.dtype) << shift), t)
-    new_count = jnp.where(
-        digit > 0,
-        jnp.take_along_axis(counts, jnp.maximum(digit - 1, 0)[None], axis=0)[0], count)
-    return i + 1, cand, new_count
+    cand = t | (one << (nbits - 1 - i).astype(keys.dtype))
+    cand_count = count_at_least(cand)
+    take = cand_count >= k
+    return i + 1, jnp.where(take, cand, t), jnp.where(take, cand_count, count)
 
   t0 = jnp.zeros(red_shape, keys.dtype)
   if valid is None:
@@ -271,7 +256,7 @@ def threshold_top_k_mask(x: Array, k: int, axis: int = -1) -> Array:
 # kernel a fixed number of counting passes (more for float64). Measured with
 # benchmarks/ot_solvers.py --kernels (2-core CPU): the radix kernel wins from
 # about these k on (see RESULTS.md).
-_RADIX_MIN_K = {4: 32, 8: 64}
+_RADIX_MIN_K = {4: 32, 8: 48}
 
 
 def uses_radix(k: int, m: int, dtype) -> bool:
