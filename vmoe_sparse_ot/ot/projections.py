@@ -6,9 +6,10 @@ the others, so an (m, n) matrix of columns is projected with `axis=0`.
 Top-k selection avoids sorting (slow on CPU: see benchmarks/RESULTS.md). For
 small k, k reduction passes find the k largest values in decreasing order; for
 large k (`uses_radix`), a radix selection on order-preserving integer keys finds
-the k-th value in 32 (float32) or 64 (float64) counting passes whatever k is.
-Either way ties go to the lower index (the same set `lax.top_k` picks). `top_k_mask` then forms the
-selection mask densely by comparison; `top_k` reads the positions off the packed
+the k-th value in at most 32 (float32) or 64 (float64) counting passes whatever
+k is (fewer when the k-th and (k+1)-th values differ early in their bits).
+Either way ties go to the lower index (the same set `lax.top_k` picks).
+`top_k_mask` then forms the selection mask densely by comparison; `top_k` reads the positions off the packed
 keys and gathers the k exact values, so that everything after the selection
 (`sparse_simplex_topk`: threshold, projection, conjugate value) costs O(k) per
 slice instead of further passes over x. The simplex threshold tau comes from the
@@ -176,7 +177,7 @@ def _select_key(keys: Array, k: int, axis: int, early_exit: bool):
   """(t, count) of `_radix_select` for any unsigned keys.
 
   64-bit keys are split in two 32-bit words (the high word's selection, then the
-  low word's among the entries sharing it): the same 64 passes at most, over
+  low word's among the entries sharing it): at most the same 64 passes, over
   half-width data. With `early_exit` the low word is skipped altogether when
   the high word already separates every slice's k-th entry from its (k+1)-th.
   """
@@ -253,9 +254,10 @@ def threshold_top_k_mask(x: Array, k: int, axis: int = -1) -> Array:
 
 
 # Kernel choice: the passes kernel costs about k reductions per slice, the radix
-# kernel a fixed number of counting passes (more for float64). Measured with
-# benchmarks/ot_solvers.py --kernels (2-core CPU): the radix kernel wins from
-# about these k on (see RESULTS.md).
+# kernel a bounded number of counting passes (more for float64). Measured with
+# benchmarks/ot_solvers.py --kernels --threads 1 (2-core CPU) and one semi-dual
+# evaluation near the optimum at (1000, 1000), (5000, 10) and (2000, 64): the
+# radix kernel wins from about these k on (see RESULTS.md).
 _RADIX_MIN_K = {4: 32, 8: 48}
 
 
