@@ -230,39 +230,52 @@ def k_sweep(overrides, args):
 
 def kernels(args):
   """Warm time of one semi-dual evaluation with the k-pass and the radix top-k
-  kernels, round-robin, to place the automatic crossover (`ot.uses_radix`)."""
+  kernels, round-robin, to place the automatic crossover (`ot.uses_radix`).
+
+  Two settings: random costs with a small random alpha (the constraint does not
+  bind: the radix path's plain-simplex test skips the selection), and the grid
+  problems at the iterate after 150 L-BFGS iterations (near the optimum, where
+  k binds on some columns and the selection runs)."""
   from vmoe_sparse_ot.ot import objectives, projections
   rng = np.random.default_rng(0)
-  print(f"{'m x n':<12}{'dtype':<9}{'k':>5}{'passes ms':>11}{'radix ms':>10}{'passes/radix':>14}"
-        f"{'auto':>8}")
-  out = []
+  print(f"{'setting':<10}{'m x n':<12}{'dtype':<9}{'k':>5}{'passes ms':>11}{'radix ms':>10}"
+        f"{'passes/radix':>14}{'auto':>8}")
+  cases = []
   for (m, n) in ((5000, 10), (1000, 1000)):
     for dt in (jnp.float32, jnp.float64):
       C = jnp.asarray(rng.random((m, n)), dt)
       a, b = jnp.full((m,), 1 / m, dt), jnp.full((n,), 1 / n, dt)
       alpha = jnp.asarray(rng.random(m) * 0.01, dt)
-      for k in (8, 16, 32, 48, 64, 96, 128):
-        fns = {}
-        saved = projections._RADIX_MIN_K
-        for name, thr in (("passes", 10 ** 9), ("radix", 1)):
-          projections._RADIX_MIN_K = {4: thr, 8: thr}
-          reg = ot.SparsityConstrained(k=k, gamma=0.1)
-          fns[name] = jax.jit(lambda al, reg=reg: objectives.semi_dual_value_and_grad(
-              al, a, b, C, reg)[:2]).lower(alpha).compile()
-        projections._RADIX_MIN_K = saved
-        times = {name: [] for name in fns}
-        for _ in range(args.repeats * 3):
-          for name, f in fns.items():
-            jax.block_until_ready(f(alpha))
-            t0 = time.perf_counter()
-            jax.block_until_ready(f(alpha))
-            times[name].append(time.perf_counter() - t0)
-        tp, tr = (min(times[x]) * 1e3 for x in ("passes", "radix"))
-        auto = "radix" if ot.uses_radix(k, m, dt) else "passes"
-        print(f"{f'{m}x{n}':<12}{jnp.dtype(dt).name:<9}{k:>5}{tp:>11.2f}{tr:>10.2f}"
-              f"{tp / tr:>13.2f}x{auto:>8}", flush=True)
-        out.append(dict(m=m, n=n, dtype=jnp.dtype(dt).name, k=k, passes_ms=tp, radix_ms=tr,
-                        auto=auto))
+      cases += [("random", a, b, C, k, 0.1, alpha) for k in (8, 16, 32, 48, 64, 96, 128)]
+  for (m, n, gamma) in ((5000, 10, 0.1), (2000, 64, 1.0), (1000, 1000, 0.1)):
+    a, b, C = (jnp.asarray(v) for v in grid_problem(m, n))
+    for k in (16, 32, 48, 64):
+      alpha = ot.solve(a, b, C, ot.SparsityConstrained(k=k, gamma=gamma), max_iter=150).alpha
+      cases.append(("near-opt", a, b, C, k, gamma, alpha))
+  out = []
+  for setting, a, b, C, k, gamma, alpha in cases:
+    (m, n), dt = C.shape, C.dtype
+    fns = {}
+    saved = projections._RADIX_MIN_K
+    for name, thr in (("passes", 10 ** 9), ("radix", 1)):
+      projections._RADIX_MIN_K = {4: thr, 8: thr}
+      reg = ot.SparsityConstrained(k=k, gamma=gamma)
+      fns[name] = jax.jit(lambda al, a, b, C, reg=reg: objectives.semi_dual_value_and_grad(
+          al, a, b, C, reg)[:2]).lower(alpha, a, b, C).compile()
+    projections._RADIX_MIN_K = saved
+    times = {name: [] for name in fns}
+    for _ in range(args.repeats * 3):
+      for name, f in fns.items():
+        jax.block_until_ready(f(alpha, a, b, C))
+        t0 = time.perf_counter()
+        jax.block_until_ready(f(alpha, a, b, C))
+        times[name].append(time.perf_counter() - t0)
+    tp, tr = (min(times[x]) * 1e3 for x in ("passes", "radix"))
+    auto = "radix" if ot.uses_radix(k, m, dt) else "passes"
+    print(f"{setting:<10}{f'{m}x{n}':<12}{jnp.dtype(dt).name:<9}{k:>5}{tp:>11.2f}{tr:>10.2f}"
+          f"{tp / tr:>13.2f}x{auto:>8}", flush=True)
+    out.append(dict(setting=setting, m=m, n=n, dtype=jnp.dtype(dt).name, k=k, passes_ms=tp,
+                    radix_ms=tr, auto=auto))
   print(f"load average {os.getloadavg() if hasattr(os, 'getloadavg') else None}")
   if args.json:
     with open(args.json, "w") as f:
