@@ -294,3 +294,33 @@ def test_simplex_threshold_with_mask_and_zero_mass():
   v, t, _ = ot.SparsityConstrained(2, 1.0).conj_simplex(x, jnp.asarray([0.0]), 0)
   np.testing.assert_allclose(np.asarray(t), 0.0)
   assert float(v[0]) == pytest.approx(0.0, abs=1e-12)
+
+
+def np_sparse_simplex(v, k, b):
+  """Top-k sparsemax by sorting: the simplex projection of the k largest
+  (lower index first among ties), zero elsewhere."""
+  top = np.argsort(-v, kind="stable")[:k]
+  t = np.zeros_like(v)
+  t[top] = np_proj_simplex(v[top], b)
+  return t
+
+
+@pytest.mark.parametrize("binding", [False, True])
+def test_dense_large_k_projection_with_and_without_a_binding_k(binding, monkeypatch):
+  """The radix path's two branches: when no column's plain simplex support
+  exceeds k the selection is skipped (the plain projection is the answer);
+  when one does, all columns go through the selection, and columns that do not
+  bind must come out the same as without it."""
+  monkeypatch.setattr(projections, "_RADIX_MIN_K", {4: 1, 8: 1})
+  rng = np.random.RandomState(7)
+  m, k = 60, 6
+  x = rng.randn(m, 4)
+  b = np.array([0.05, 0.1, 0.2, 40.0 if binding else 0.3])   # b = 40: support ~ all of m
+  tau, mask = projections.sparse_simplex_threshold(jnp.asarray(x), k, jnp.asarray(b)[None], 0)
+  plain = [np.sum(np_proj_simplex(x[:, j], b[j]) > 0) for j in range(4)]
+  assert (max(plain) > k) == binding
+  assert np.asarray(mask).all() != binding                    # skipped: all-True mask
+  t, _, _ = projections.sparse_simplex_parts(jnp.asarray(x), k, jnp.asarray(b)[None], 0)
+  for j in range(4):
+    np.testing.assert_allclose(np.asarray(t)[:, j], np_sparse_simplex(x[:, j], k, b[j]),
+                               atol=1e-12)
