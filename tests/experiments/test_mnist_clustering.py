@@ -56,3 +56,17 @@ def test_sparsity_constrained_e_step_respects_k():
   T = np.asarray(T)
   assert (T > 0).sum(axis=0).max() <= mnist_clustering.sparsity_k(200)
   np.testing.assert_allclose(T.sum(axis=0), 20.0, rtol=1e-4)
+
+
+def test_ot_e_step_meets_the_row_marginals_to_tol_images():
+  """TOL is in images (each row of the plan has mass 1), whatever m is: ot.solve's
+  tol is relative to the total mass, so the E-step divides by m (with tol = TOL,
+  each of 2000 images would have been allowed 2 images of error: rows off by
+  ~0.5 here). Squared 2-norm: its rows can be met exactly; the sparsity-
+  constrained semi-dual's cannot when k binds (a kink optimum)."""
+  import jax.numpy as jnp
+  rng = np.random.default_rng(1)
+  C = jnp.asarray(rng.uniform(0, 10, size=(2000, 10)), jnp.float32)
+  T, _ = mnist_clustering.e_step('squared_l2', C, solver_iters=500)
+  rows = np.asarray(T, np.float64).sum(axis=1)
+  assert np.abs(rows - 1.0).max() <= mnist_clustering.TOL * 1.5, np.abs(rows - 1.0).max()

@@ -118,8 +118,9 @@ def e_step(method: str, C, *, solver_iters: int, init=None):
     reg = ot.SparsityConstrained(k=sparsity_k(m, n), gamma=GAMMA)
   else:
     raise ValueError(f'method must be one of {METHODS}, got {method!r}')
+  # ot.solve's tol is relative to the total mass sum(a) = m; TOL is in images.
   res = ot.solve(a, b, C, reg, formulation='semi_dual', solver='lbfgs',
-                 max_iter=solver_iters, tol=TOL, init=init)
+                 max_iter=solver_iters, tol=TOL / m, init=init)
   return res.plan, res.alpha
 
 

@@ -107,8 +107,10 @@ def solve_plans(demand_xyz, supply_xyz, k: int, max_iter: int):
   ent_plan = np.asarray(ent.plan)
   ent_s = time.perf_counter() - start
   start = time.perf_counter()
+  # ot.solve's tol is relative to the total mass sum(a) = m; TOL is in demand
+  # units (Sinkhorn's tol is absolute).
   sparse = ot.solve(a, b, C, ot.SparsityConstrained(k=k, gamma=GAMMA),
-                    formulation='semi_dual', solver='lbfgs', max_iter=max_iter, tol=TOL)
+                    formulation='semi_dual', solver='lbfgs', max_iter=max_iter, tol=TOL / m)
   sparse_plan = np.asarray(sparse.plan)
   sparse_s = time.perf_counter() - start
   C = np.asarray(C, np.float64)
