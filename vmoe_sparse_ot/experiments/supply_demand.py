@@ -96,6 +96,7 @@ def great_circle_km(p, q):
 
 def solve_plans(demand_xyz, supply_xyz, k: int, max_iter: int):
   """Entropic and sparsity-constrained plans (m demand, n supply) and diagnostics."""
+  import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   from vmoe_sparse_ot import ot  # pylint: disable=g-import-not-at-top
   m, n = len(demand_xyz), len(supply_xyz)
@@ -108,10 +109,14 @@ def solve_plans(demand_xyz, supply_xyz, k: int, max_iter: int):
   ent_s = time.perf_counter() - start
   start = time.perf_counter()
   # ot.solve's tol is relative to the total mass sum(a) = m; TOL is in demand
-  # units (Sinkhorn's tol is absolute).
-  sparse = ot.solve(a, b, C, ot.SparsityConstrained(k=k, gamma=GAMMA),
-                    formulation='semi_dual', solver='lbfgs', max_iter=max_iter, tol=TOL / m)
-  sparse_plan = np.asarray(sparse.plan)
+  # units (Sinkhorn's tol is absolute). The semi-dual in float64: with one unit
+  # per location, L-BFGS in float32 crawls (see `ot.solve`'s known limit).
+  with jax.enable_x64(True):
+    f64 = jnp.float64
+    sparse = ot.solve(a.astype(f64), b.astype(f64), C.astype(f64),
+                      ot.SparsityConstrained(k=k, gamma=GAMMA), formulation='semi_dual',
+                      solver='lbfgs', max_iter=max_iter, tol=TOL / m)
+    sparse_plan = np.asarray(sparse.plan)
   sparse_s = time.perf_counter() - start
   C = np.asarray(C, np.float64)
 
