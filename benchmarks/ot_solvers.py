@@ -31,11 +31,9 @@ import os
 import sys
 import time
 
-if "--threads" in sys.argv:      # must be set before JAX starts
-  _n = sys.argv[sys.argv.index("--threads") + 1]
-  os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
-                             f" --xla_cpu_multi_thread_eigen={'false' if _n == '1' else 'true'}"
-                             f" intra_op_parallelism_threads={_n}")
+import xla_threads  # noqa: E402  (the benchmarks folder is sys.path[0])
+
+xla_threads.from_argv()  # before JAX starts
 os.environ.setdefault("POT_BACKEND_DISABLE_TENSORFLOW", "1")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
