@@ -6,9 +6,9 @@ compile once, run under `vmap` (a batch stops when all its members have), and,
 with tol == 0, run exactly `max_iter` iterations (Adam as a `fori_loop`).
 
 L-BFGS: two-loop recursion on the last `history` pairs, kept in a ring buffer
-(updated in place: no copy of the history per iteration), with a backtracking Armijo line
-search that tries the unit step first -- one objective evaluation per iteration in
-the common case. The objectives here are concave, so y^T s >= 0 always holds and
+(updated in place: no copy of the history per iteration), with a backtracking
+Armijo line search that tries the unit step first -- one objective evaluation per
+iteration in the common case. The objectives here are concave, so y^T s >= 0 always holds and
 Armijo alone keeps the curvature pairs valid.
 """
 from __future__ import annotations
@@ -294,7 +294,8 @@ def lbfgs(fun: Callable, x0: Array, *, max_iter: int, tol: float, history: int =
 
   init = Carry(jnp.asarray(0, jnp.int32), jnp.asarray(1, jnp.int32), x0, f0, g0,
                jnp.zeros((M, d), dtype), jnp.zeros((M, d), dtype), jnp.zeros((M,), dtype),
-               jnp.asarray(0, jnp.int32), jnp.asarray(1.0, dtype), jnp.asarray(False), jnp.asarray(0, jnp.int32),
+               jnp.asarray(0, jnp.int32), jnp.asarray(1.0, dtype), jnp.asarray(False),
+               jnp.asarray(0, jnp.int32),
                _empty_trace(max_iter, dtype) if trace else None,
                jnp.asarray(MAX_ITER, jnp.int32))
   c = lax.while_loop(cond, body, init)

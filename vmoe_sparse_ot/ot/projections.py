@@ -9,11 +9,11 @@ large k (`uses_radix`), a radix selection on order-preserving integer keys finds
 the k-th value in at most 32 (float32) or 64 (float64) counting passes whatever
 k is (fewer when the k-th and (k+1)-th values differ early in their bits).
 Either way ties go to the lower index (the same set `lax.top_k` picks).
-`top_k_mask` then forms the selection mask densely by comparison; `top_k` reads the positions off the packed
-keys and gathers the k exact values, so that everything after the selection
-(`sparse_simplex_topk`: threshold, projection, conjugate value) costs O(k) per
-slice instead of further passes over x. The simplex threshold tau comes from the
-k sorted values in O(k).
+`top_k_mask` then forms the selection mask densely by comparison; `top_k` reads
+the positions off the packed keys and gathers the k exact values, so that
+everything after the selection (`sparse_simplex_topk`: threshold, projection,
+conjugate value) costs O(k) per slice instead of further passes over x. The
+simplex threshold tau comes from the k sorted values in O(k).
 """
 from __future__ import annotations
 
