@@ -43,3 +43,39 @@ def test_float32_reaches_the_float64_value(name, formulation):
   np.testing.assert_allclose(float(res.value), ref_value, rtol=1e-4)
   # The plan carries the whole mass, as the float64 one does.
   np.testing.assert_allclose(np.asarray(res.plan).sum(), ref_plan.sum(), rtol=1e-3)
+
+
+def _large_mass_problem(m, n, seed):
+  """One unit of mass per row (total m), costs in [0, 100] with the row minima at 0.
+
+  Clustering's E-step has this shape (a = 1 per point, b = m / n per cluster).
+  """
+  rng = np.random.default_rng(seed)
+  C = 100.0 * rng.random((m, n)) ** 0.3
+  return np.ones(m), np.full(n, m / n), C - C.min(axis=1, keepdims=True)
+
+
+@pytest.mark.float32
+@pytest.mark.parametrize("seed", [0, 1])
+@pytest.mark.parametrize("reg", [ot.SquaredL2(gamma=1.0), ot.SparsityConstrained(k=1150, gamma=1.0)],
+                         ids=["l2", "sparse_k1150"])
+def test_float32_large_mass_marginals_do_not_crawl(reg, seed):
+  # With m = 10,000 rows of mass 1, L-BFGS's first step on the per-unit-mass
+  # objective is so short that the gradient change it causes is below float32
+  # rounding: no curvature pair was ever stored, and each later step had that
+  # same length (300 iterations left rows about 1.5 off). The step now grows
+  # until the curvature shows.
+  m, n = 10_000, 10
+  a, b, C = _large_mass_problem(m, n, seed)
+  with jax.enable_x64(True):
+    ref = ot.solve(a, b, C, reg, formulation="semi_dual", max_iter=300, tol=1e-6 / m)
+    ref_value = float(ref.value)
+  assert int(ref.status) == 0  # converged to the marginal tolerance
+  res = ot.solve(jnp.asarray(a, jnp.float32), jnp.asarray(b, jnp.float32),
+                 jnp.asarray(C, jnp.float32), reg, formulation="semi_dual", max_iter=300,
+                 tol=1e-6 / m)
+  assert int(res.num_iter) < 100
+  # float32 stops at its rounding floor ("stalled"): the objective, a sum of m
+  # terms, cannot resolve the rest. Rows within 0.05 of their unit of mass.
+  np.testing.assert_allclose(float(res.value), ref_value, rtol=1e-5)
+  assert float(jnp.max(jnp.abs(res.plan.sum(axis=1) - 1))) < 0.05

@@ -110,7 +110,8 @@ def solve_plans(demand_xyz, supply_xyz, k: int, max_iter: int):
   start = time.perf_counter()
   # ot.solve's tol is relative to the total mass sum(a) = m; TOL is in demand
   # units (Sinkhorn's tol is absolute). The semi-dual in float64: with one unit
-  # per location, L-BFGS in float32 crawls (see `ot.solve`'s known limit).
+  # per location float32 stops at its rounding floor, short of TOL (see
+  # `ot.solve`'s known limit).
   with jax.enable_x64(True):
     f64 = jnp.float64
     sparse = ot.solve(a.astype(f64), b.astype(f64), C.astype(f64),

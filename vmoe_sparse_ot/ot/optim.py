@@ -267,7 +267,15 @@ def lbfgs(fun: Callable, x0: Array, *, max_iter: int, tol: float, history: int =
     Y = c.Y.at[slot].set(jnp.where(upd, y, c.Y[slot]))
     rho = c.rho.at[slot].set(jnp.where(upd, 1 / jnp.where(upd, sy, 1), c.rho[slot]))
     head = c.head + upd.astype(c.head.dtype)
-    gamma0 = jnp.where(upd, sy / jnp.maximum(yy, tiny), c.gamma0)
+    # No pair stored yet and this full step's gradient change was lost in the
+    # rounding: the step was too short to measure curvature, and without a
+    # pair L-BFGS would crawl at this length forever (float32 with marginals of
+    # large total mass, where the per-unit objective's natural step is
+    # thousands of times the first one). Lengthen the next step tenfold; the
+    # line search takes back any excess.
+    too_short = (c.head == 0) & ok & ~upd & (n == 1) & ~(_gnorm(y) > y_noise)
+    gamma0 = jnp.where(upd, sy / jnp.maximum(yy, tiny),
+                       jnp.where(too_short, 10 * c.gamma0, c.gamma0))
     x = jnp.where(ok, c.x + s, c.x)
     f = jnp.where(ok, f_new, c.f)
     g = jnp.where(ok, g_new, c.g)
