@@ -18,6 +18,19 @@ from vmoe_sparse_ot.ot.regularizers import Regularizer, SparsityConstrained
 Array = jax.Array
 
 
+# Few columns: the per-column reductions (thresholds, radix counts) run along
+# the minor axis of a transposed (n, m) layout, where XLA's CPU reductions
+# vectorise over contiguous entries. One semi-dual evaluation near the optimum,
+# one thread: 1.6-1.9x faster at n = 10, 1.2-1.4x at n = 16 and 32, slower at
+# n = 64 and 100, where the (m, n) layout already vectorises across columns.
+_COLUMNS_LAST_MAX_N = 32
+
+
+def _columns_last(n: int) -> bool:
+  """Whether dense column computations on n columns use the (n, m) layout."""
+  return n <= _COLUMNS_LAST_MAX_N
+
+
 def semi_dual_value_and_grad(alpha: Array, a: Array, b: Array, C: Array,
                              reg: Regularizer) -> Tuple[Array, Array, Array]:
   """S(alpha) = <alpha, a> - sum_j Omega*_{b_j}(alpha - c_j).
@@ -32,6 +45,9 @@ def semi_dual_value_and_grad(alpha: Array, a: Array, b: Array, C: Array,
     vals, sp, _ = reg.conj_simplex_sparse(alpha[:, None] - C, b, axis=0)
     row_sums = jnp.zeros_like(alpha).at[sp.indices].add(sp.values)
     T = projections.densify(sp.values, sp.indices, m, axis=0)
+  elif _columns_last(C.shape[1]):
+    vals, T_t, _ = reg.conj_simplex(alpha[None, :] - C.T, b, axis=1)
+    row_sums, T = jnp.sum(T_t, axis=0), T_t.T
   else:
     vals, T, _ = reg.conj_simplex(alpha[:, None] - C, b, axis=0)
     row_sums = jnp.sum(T, axis=1)
