@@ -9,7 +9,9 @@ L-BFGS: two-loop recursion on the last `history` pairs, kept in a ring buffer
 (updated in place: no copy of the history per iteration), with a backtracking
 Armijo line search that tries the unit step first -- one objective evaluation per
 iteration in the common case. The objectives here are concave, so y^T s >= 0 always holds and
-Armijo alone keeps the curvature pairs valid.
+Armijo alone keeps the curvature pairs valid. Where the value change is within
+rounding of the value (float32 near the optimum), Armijo's test is read on
+slopes instead (approximate Wolfe conditions, Hager & Zhang 2005).
 """
 from __future__ import annotations
 
@@ -83,6 +85,13 @@ def _finish_trace(tr: Optional[OTTrace], num_iter, num_evals) -> Optional[OTTrac
 def _gnorm(g):
   return jnp.max(jnp.abs(g))
 
+
+# Value changes within this many ulps of |value| count as rounding noise.
+_F_NOISE = 100.0
+# ...and a step accepted on slopes alone must have flattened the slope by this
+# factor at least (Wolfe's curvature condition): tiny steps, which always pass
+# the slope form of Armijo, make no measurable progress.
+_SIGMA = 0.9
 
 ADAM_B1, ADAM_B2, ADAM_EPS = 0.9, 0.999, 1e-8
 
@@ -225,18 +234,29 @@ def lbfgs(fun: Callable, x0: Array, *, max_iter: int, tol: float, history: int =
     gp = jnp.where(bad, -jnp.dot(c.g, c.g), gp)
 
     def ls_cond(s):
-      t, ft, gt, ok, n = s
+      t, ft, gt, ok, moved, n = s
       return ~ok & (n < max_linesearch)
 
     def ls_body(s):
-      t, _, _, _, n = s
+      t, _, _, _, _, n = s
       ft, gt = F(c.x + t * p)
-      ok = ft <= c.f + c1 * t * gp
+      armijo = ft <= c.f + c1 * t * gp
+      # Approximate Armijo (Hager & Zhang 2005): where the value change is
+      # within rounding of the value, F(x + t p) - F(x) ~ t (gp + gt.p) / 2 on
+      # the quadratic model, so Armijo reads gt.p <= (2 c1 - 1) gp on slopes,
+      # which float32 still resolves.
+      flat = jnp.abs(ft - c.f) <= _F_NOISE * jnp.finfo(dtype).eps * jnp.abs(c.f)
+      slope = jnp.dot(gt, p)
+      approx = flat & (slope <= (2 * c1 - 1) * gp) & (slope >= _SIGMA * gp)
+      ok = armijo | approx
+      # A step too short to change the value passes Armijo by rounding: it ends
+      # the search but is progress only if the slopes say so.
+      moved = (ft < c.f) | approx
       # Safeguarded quadratic interpolation of the step on failure.
       denom = 2 * (ft - c.f - gp * t)
       t_q = jnp.where(denom > 0, -gp * t * t / jnp.maximum(denom, tiny), 0.5 * t)
       t_new = jnp.where(jnp.isfinite(ft), jnp.clip(t_q, 0.1 * t, 0.5 * t), 0.5 * t)
-      return jnp.where(ok, t, t_new), ft, gt, ok, n + 1
+      return jnp.where(ok, t, t_new), ft, gt, ok, moved, n + 1
 
     # Predicted remaining gain small enough: stop without evaluating (ok = True
     # makes the line search loop run zero times; the step is not taken).
@@ -246,8 +266,8 @@ def lbfgs(fun: Callable, x0: Array, *, max_iter: int, tol: float, history: int =
       done = jnp.asarray(False)
     t0 = jnp.where(c.it == 0, jnp.minimum(1.0, 1.0 / jnp.maximum(jnp.sqrt(-gp), tiny)),
                    1.0).astype(dtype)
-    t, f_new, g_new, ok, n = lax.while_loop(
-        ls_cond, ls_body, (t0, c.f, c.g, done, jnp.asarray(0, jnp.int32)))
+    t, f_new, g_new, ok, moved, n = lax.while_loop(
+        ls_cond, ls_body, (t0, c.f, c.g, done, jnp.asarray(False), jnp.asarray(0, jnp.int32)))
     ok = ok & ~done
     s = t * p
     y = g_new - c.g
@@ -279,8 +299,9 @@ def lbfgs(fun: Callable, x0: Array, *, max_iter: int, tol: float, history: int =
     x = jnp.where(ok, c.x + s, c.x)
     f = jnp.where(ok, f_new, c.f)
     g = jnp.where(ok, g_new, c.g)
-    # No strict decrease means the value is at rounding level: stop.
-    no_gain = (~ok | ~(f_new < c.f)) & ~done
+    # No accepted step, or one that made no progress: the line search is at
+    # rounding level. Stop.
+    no_gain = (~ok | ~moved) & ~done
     objective_stop = done
     small = c.small
     if ftol > 0:
