@@ -280,8 +280,11 @@ def _solve(a, b, C, reg, alpha0, beta0, *, formulation, solver, max_iter, tol,
     def park(x):
       return lax.cond(dead_rows, lambda x: _park_semi_dual(x, a, b, C, reg), lambda x: x, x)
 
+    # Transposed once, before the solver's loop (see semi_dual_value_and_grad).
+    C_t = C.T if objectives.columns_last(n) else None
+
     def fun(x):
-      return objectives.semi_dual_value_and_grad(park(x), a, b, C, reg)
+      return objectives.semi_dual_value_and_grad(park(x), a, b, C, reg, C_t)
     x0 = alpha0
   else:
     dead_cols = jnp.any(b <= 0)
