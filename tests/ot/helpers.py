@@ -18,10 +18,13 @@ def quiet(fn, *args, **kwargs):
     return fn(*args, **kwargs)
 
 
-def problem(m, n, seed=0, uniform=True):
-  """A small OT problem: squared Euclidean cost between 2-d point clouds in [0, 1]."""
+def problem(m, n, seed=0, uniform=True, shift=0.0):
+  """A small OT problem: squared Euclidean cost between 2-d point clouds in [0, 1].
+
+  shift: moves the second cloud by (shift, shift) before the cost is scaled.
+  """
   rng = np.random.RandomState(seed)
-  X, Y = rng.randn(m, 2), rng.randn(n, 2)
+  X, Y = rng.randn(m, 2), rng.randn(n, 2) + shift
   C = ((X[:, None] - Y[None]) ** 2).sum(-1)
   C /= C.max()
   if uniform:

@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from tests.ot.helpers import problem
 from vmoe_sparse_ot import ot
 from vmoe_sparse_ot.ot import projections
 
@@ -101,22 +102,14 @@ def test_float32_michelot_threshold_stops_in_few_rounds():
   assert np.max(np.abs(np.asarray(count)[0] - np.sum(x > ref, axis=0))) <= 1
 
 
-def _clouds_problem(m, n, seed):
-  """Uniform marginals, squared Euclidean cost between two 2-d Gaussian clouds, max 1."""
-  rng = np.random.default_rng(seed)
-  X, Y = rng.normal(size=(m, 2)), rng.normal(size=(n, 2)) + 1.0
-  C = ((X[:, None] - Y[None]) ** 2).sum(-1)
-  return np.full(m, 1 / m), np.full(n, 1 / n), C / C.max()
-
-
 @pytest.mark.float32
-@pytest.mark.parametrize("seed", [0, 2])
+@pytest.mark.parametrize("seed", [0, 4])
 def test_float32_line_search_goes_on_where_values_no_longer_resolve_gains(seed):
   # Near the optimum the objective's gain per step falls below float32
-  # rounding and Armijo's test on values fails: the solve stalled 1.3e-4 to
-  # 1.7e-4 below the float64 optimum on these problems. Accepting steps on the
-  # slopes (approximate Armijo) there takes it to within 3e-5.
-  a, b, C = _clouds_problem(200, 100, seed)
+  # rounding and Armijo's test on values fails: the solve stalled 1.6e-4 and
+  # 2.4e-4 below the float64 optimum on these problems. Accepting steps on the
+  # slopes (approximate Armijo) there takes it to within 2e-5.
+  a, b, C = problem(200, 100, seed, shift=1.0)
   reg = ot.SparsityConstrained(k=2, gamma=1.0)
   with jax.enable_x64(True):
     ref = float(ot.solve(a, b, C, reg, max_iter=3000).value)
