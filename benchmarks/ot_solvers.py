@@ -152,13 +152,15 @@ def solve_row(m, n, k, gamma, overrides, repeats, with_pot=True):
               speedup_at_pot=p_time / at_pot["time_at_pot_s"], **at_pot)
 
 
+def wanted(args, tag):
+  """--only: the rows whose label contains one of the strings (all without it)."""
+  return not args.only or any(o in tag for o in args.only)
+
+
 def run(args):
   overrides = {name: getattr(args, name) for name in ("tol", "rtol", "ftol", "max_iter",
                                                       "history")
                if getattr(args, name) is not None}
-
-  def wanted(tag):  # --only: the rows whose label contains one of the strings
-    return not args.only or any(o in tag for o in args.only)
   rows = []
   grid = GRID[:2] + LARGE_K[:1] if args.quick else GRID + LARGE_K
   header = (f"{'problem':<26}{'POT s':>9}{'ours s':>9}{'1st call s':>11}{'compile s':>10}"
@@ -168,17 +170,17 @@ def run(args):
   print(header)
   print("-" * len(header))
   for (m, n, k, gamma) in grid:
-    if not wanted(f"({m},{n},{k},{gamma:g})"):
+    if not wanted(args, f"({m},{n},{k},{gamma:g})"):
       continue
     row = solve_row(m, n, k, gamma, overrides, args.repeats)
     rows.append(row)
     print_row(row)
 
   r = ROUTER
-  if wanted("router"):
+  if wanted(args, "router"):
     rows.append(router_row(r, overrides, args))
   sweep = []
-  if not args.quick and wanted("sweep"):
+  if not args.quick and wanted(args, "sweep"):
     sweep = k_sweep(overrides, args)
   meta = dict(command=" ".join([os.path.basename(sys.executable)] + sys.argv), jax=jax.__version__,
               pot=pot.__version__, dtype="float64", overrides=overrides,
@@ -311,7 +313,7 @@ def float32_gap(args):
         f"{'f32 stop':>15}{'it(ev)':>12}{'rows off':>10}{'1st call s':>11}")
   for (m, n, k, gamma) in GRID + LARGE_K:
     label = f"({m},{n},{k},{gamma:g})"
-    if args.only and not any(t in label for t in args.only):
+    if not wanted(args, label):
       continue
     a, b, C = grid_problem(m, n)
     reg = ot.SparsityConstrained(k=k, gamma=gamma)
