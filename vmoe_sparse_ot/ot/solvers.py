@@ -283,8 +283,9 @@ def _solve(a, b, C, reg, alpha0, beta0, *, formulation, solver, max_iter, tol,
     # Transposed once, before the solver's loop (see semi_dual_value_and_grad).
     C_t = C.T if objectives.columns_last(n) else None
 
-    def fun(x):
-      return objectives.semi_dual_value_and_grad(park(x), a, b, C, reg, C_t)
+    def fun(x, start):
+      value, g, _, start = objectives.semi_dual_warm(park(x), start, a, b, C, reg, C_t)
+      return value, g, start
     x0 = alpha0
   else:
     dead_cols = jnp.any(b <= 0)
@@ -294,10 +295,11 @@ def _solve(a, b, C, reg, alpha0, beta0, *, formulation, solver, max_iter, tol,
         return jnp.concatenate(_park_dual(x[:m], x[m:], a, b, C, reg))
       return lax.cond(dead_rows | dead_cols, both, lambda x: x, x)
 
-    def fun(x):
+    def fun(x, start):
+      del start  # the dual's conjugates have closed forms
       x = park(x)
-      value, (ga, gb), T = objectives.dual_value_and_grad(x[:m], x[m:], a, b, C, reg)
-      return value, jnp.concatenate([ga, gb]), T
+      value, (ga, gb), _ = objectives.dual_value_and_grad(x[:m], x[m:], a, b, C, reg)
+      return value, jnp.concatenate([ga, gb]), None
     x0 = jnp.concatenate([alpha0, beta0])
 
   if solver == "adam":
@@ -310,9 +312,9 @@ def _solve(a, b, C, reg, alpha0, beta0, *, formulation, solver, max_iter, tol,
     # are left as they are.
     unit = jnp.where((mass < 2.0 ** -8) | (mass > 2.0 ** 8), mass, 1.0)
 
-    def per_unit(x):
-      value, g, T = fun(x)
-      return value / unit, g / unit, T
+    def per_unit(x, start):
+      value, g, start = fun(x, start)
+      return value / unit, g / unit, start
     st = optim.lbfgs(per_unit, x0, max_iter=max_iter, tol=tol, history=history, ftol=ftol,
                      patience=patience, rtol=rtol, trace=trace, tol_scale=mass / unit)
     st = st._replace(value=st.value * unit, grad=st.grad * unit,
