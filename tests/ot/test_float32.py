@@ -84,7 +84,8 @@ def test_float32_large_mass_marginals_do_not_crawl(reg, seed):
 
 
 @pytest.mark.float32
-def test_float32_michelot_threshold_stops_in_few_rounds():
+@pytest.mark.parametrize("axis", [0, 1])        # two reductions / one variadic one
+def test_float32_michelot_threshold_stops_in_few_rounds(axis):
   # Michelot's active set only shrinks in exact arithmetic. On these 64
   # columns of 5,000 (seed 19, b = 1000) a float32-rounded tau let an entry
   # back in and the count cycled for all m + 2 rounds: a whole solve at
@@ -92,8 +93,9 @@ def test_float32_michelot_threshold_stops_in_few_rounds():
   x = np.random.default_rng(19).normal(size=(5000, 64)) + 3.0
   b = 1000.0
   tau, count, rounds = projections._michelot(
-      jnp.asarray(x, jnp.float32), jnp.float32(b), 0, None, None)
+      jnp.asarray(x if axis == 0 else x.T, jnp.float32), jnp.float32(b), axis, None)
   assert int(rounds) < 50
+  tau, count = (tau, count) if axis == 0 else (tau.T, count.T)
   # float64 reference by sorting (Duchi et al.): the largest (cumsum_r - b) / r.
   srt = -np.sort(-x, axis=0)
   ref = np.max((np.cumsum(srt, axis=0) - b) / np.arange(1, 5001)[:, None], axis=0)

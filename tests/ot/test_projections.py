@@ -326,62 +326,23 @@ def test_dense_large_k_projection_with_and_without_a_binding_k(binding, monkeypa
                                atol=1e-12)
 
 
-def _starts(tau, rng):
-  """Warm starts around the roots tau (1, N): exact, near on either side, far
-  on either side, past every entry, and NaN (as the optimisers' first call)."""
-  n = tau.shape[1]
-  yield tau
-  for scale in (1e-9, 1e-3, 1.0):
-    yield tau + scale * rng.normal(size=(1, n))
-  yield np.full((1, n), 1e6)
-  yield np.full((1, n), -1e6)
-  yield np.full((1, n), np.nan)
-
-
-@pytest.mark.parametrize("seed", [0, 1, 2])
-def test_simplex_threshold_from_any_start_is_the_sort_based_one(seed):
-  """The warm start changes the rounds, not the answer: every start, on
-  columns with ties (a value grid), b = 0 and a mask, gives the threshold of the
-  sort-based projection; from the exact root Michelot confirms in one round."""
-  rng = np.random.default_rng(seed)
-  m, n = 50, 6
-  x = rng.integers(0, 8, size=(m, n)) / 8.0 + rng.normal(size=(1, n))
-  b = rng.uniform(0.05, 6.0, size=(1, n))
-  b[0, 5] = 0.0
-  mask = rng.random((m, n)) < 0.7
-  for masked in (False, True):
-    want = []
-    for j in range(n):  # max over r of (sum of the r largest - b) / r
-      v = np.sort(x[mask[:, j], j] if masked else x[:, j])[::-1]
-      want.append(np.max((np.cumsum(v) - b[0, j]) / np.arange(1, len(v) + 1)))
-    want = np.asarray(want)[None]
-    cold, _, cold_rounds = projections._michelot(
-        jnp.asarray(x), jnp.asarray(b), 0, jnp.asarray(mask) if masked else None, None)
-    np.testing.assert_allclose(cold, want, rtol=0, atol=1e-12)
-    for start in _starts(np.asarray(cold), rng):
-      tau = ot.simplex_threshold(jnp.asarray(x), jnp.asarray(b), axis=0,
-                                 mask=jnp.asarray(mask) if masked else None,
-                                 start=jnp.asarray(start))
-      np.testing.assert_allclose(tau, want, rtol=0, atol=1e-12)
-    _, _, rounds = projections._michelot(jnp.asarray(x), jnp.asarray(b), 0,
-                                         jnp.asarray(mask) if masked else None, cold)
-    assert int(rounds) == 1 < int(cold_rounds)
-
-
+@pytest.mark.parametrize("axis", [0, 1])
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.float64])
-def test_sparse_simplex_from_any_start_is_the_sort_based_one(dtype, monkeypatch):
-  """The radix path with a start: columns that bind (closed-form tau over the k
-  largest) and columns that do not, against the sorted projection."""
+def test_radix_path_binding_and_free_columns_against_sorting(dtype, axis, monkeypatch):
+  """The radix path along either axis (binary digits and two reductions along
+  the major one, base-4 digits and variadic reductions along the minor one):
+  columns where k binds (closed-form tau over the k largest), columns where it
+  does not, ties at the k-th value (a value grid), against the sorted projection."""
   monkeypatch.setattr(projections, "_RADIX_MIN_K", {4: 1, 8: 1})
   rng = np.random.default_rng(5)
   m, k = 60, 6
-  x = rng.normal(size=(m, 5))
-  b = np.array([[0.05, 0.2, 3.0, 40.0, 0.5]])                 # 3.0, 40: k binds
-  xj, bj = jnp.asarray(x, dtype), jnp.asarray(b, dtype)
-  _, _, _, plain = projections.sparse_simplex_parts(xj, k, bj, 0)
+  x = rng.normal(size=(m, 6))
+  x[:, 5] = rng.integers(0, 4, size=m) / 4.0                  # ties at the k-th value
+  b = np.array([0.05, 0.2, 3.0, 40.0, 0.5, 30.0])             # 3.0, 40, 30: k binds
+  xj = jnp.asarray(x if axis == 0 else x.T, dtype)
+  bj = jnp.asarray(b[None] if axis == 0 else b[:, None], dtype)
+  t = projections.sparse_simplex_parts(xj, k, bj, axis)[0]
+  t = np.asarray(t, np.float64) if axis == 0 else np.asarray(t, np.float64).T
   atol = 1e-12 if dtype == jnp.float64 else 2e-5
-  for start in _starts(np.asarray(plain, np.float64), rng):
-    t = projections.sparse_simplex_parts(xj, k, bj, 0, start=jnp.asarray(start, dtype))[0]
-    for j in range(5):
-      np.testing.assert_allclose(np.asarray(t, np.float64)[:, j],
-                                 np_sparse_simplex(x[:, j], k, b[0, j]), atol=atol)
+  for j in range(6):
+    np.testing.assert_allclose(t[:, j], np_sparse_simplex(x[:, j], k, b[j]), atol=atol)

@@ -1,10 +1,7 @@
 """Small jit/vmap-friendly maximisers for the dual and semi-dual (no optax state).
 
-Both work on a flat parameter vector x and a function `fun(x, start) ->
-(value, grad, next_start)` to be MAXIMISED. `start` carries whatever the
-objective wants from one evaluation to the next (warm starts of its inner
-iterations; a pytree, None on the first call, and None throughout for
-objectives that use none); the optimisers only pass it along. They are written as `lax.while_loop`s so they
+Both work on a flat parameter vector x and a function `value_and_grad(x) ->
+(value, grad, aux)` to be MAXIMISED. They are written as `lax.while_loop`s so they
 compile once, run under `vmap` (a batch stops when all its members have), and,
 with tol == 0, run exactly `max_iter` iterations (Adam as a `fori_loop`).
 
@@ -108,13 +105,6 @@ def adam_update(i, x, m, v, g, learning_rate, b1=ADAM_B1, b2=ADAM_B2, eps=ADAM_E
   return x, m, v
 
 
-def _cold_start(fun: Callable, x0: Array):
-  """A start of the right structure that no slice can start from (NaN: nothing
-  lies above it), for loops that must carry one from their first evaluation."""
-  shapes = jax.eval_shape(lambda x: fun(x, None)[2], x0)
-  return jax.tree_util.tree_map(lambda s: jnp.full(s.shape, jnp.nan, s.dtype), shapes)
-
-
 def adam(fun: Callable, x0: Array, *, max_iter: int, tol: float, learning_rate: float,
          b1: float = ADAM_B1, b2: float = ADAM_B2, eps: float = ADAM_EPS,
          trace: bool = False, tol_scale=1.0) -> OptState:
@@ -133,37 +123,36 @@ def adam(fun: Callable, x0: Array, *, max_iter: int, tol: float, learning_rate: 
     # Iteration i evaluates at x_i (before its step), so the entry it records is
     # iteration i - 1's result; the final evaluation records the last one.
     def body(i, carry):
-      x, m, v, tr, start = carry
-      value, g, start = fun(x, start)
+      x, m, v, tr = carry
+      value, g, _ = fun(x)
       if trace:
         tr = _record(tr, jnp.maximum(i - 1, 0), value, g, i + 1)
         tr = jax.tree_util.tree_map(lambda new, old: jnp.where(i > 0, new, old), tr, carry[3])
       x, m, v = step(i, x, m, v, g)
-      return x, m, v, tr, start
-    x, _, _, tr, start = lax.fori_loop(0, max_iter, body,
-                                       (x0, zeros, zeros, tr0, _cold_start(fun, x0)))
-    value, g, _ = fun(x, start)
+      return x, m, v, tr
+    x, _, _, tr = lax.fori_loop(0, max_iter, body, (x0, zeros, zeros, tr0))
+    value, g, _ = fun(x)
     tr = _record(tr, max_iter - 1, value, g, max_iter + 1)
     return OptState(x, value, g, jnp.asarray(max_iter, jnp.int32),
                     jnp.asarray(max_iter + 1, jnp.int32), _gnorm(g), tr,
                     jnp.asarray(FIXED_ITER, jnp.int32))
 
-  value0, g0, start0 = fun(x0, None)
+  value0, g0, _ = fun(x0)
   gtol = tol * tol_scale
 
   def cond(c):
-    i, x, m, v, value, g, _, _ = c
+    i, x, m, v, value, g, _ = c
     return (i < max_iter) & (_gnorm(g) > gtol)
 
   def body(c):
-    i, x, m, v, value, g, tr, start = c
+    i, x, m, v, value, g, tr = c
     x, m, v = step(i, x, m, v, g)
-    value, g, start = fun(x, start)
+    value, g, _ = fun(x)
     tr = _record(tr, i, value, g, i + 2)
-    return i + 1, x, m, v, value, g, tr, start
+    return i + 1, x, m, v, value, g, tr
 
-  i, x, _, _, value, g, tr, _ = lax.while_loop(
-      cond, body, (jnp.asarray(0, jnp.int32), x0, zeros, zeros, value0, g0, tr0, start0))
+  i, x, _, _, value, g, tr = lax.while_loop(
+      cond, body, (jnp.asarray(0, jnp.int32), x0, zeros, zeros, value0, g0, tr0))
   status = jnp.where(_gnorm(g) <= gtol, CONVERGED, MAX_ITER).astype(jnp.int32)
   return OptState(x, value, g, i, i + 1, _gnorm(g), _finish_trace(tr, i, i + 1), status)
 
@@ -190,11 +179,11 @@ def lbfgs(fun: Callable, x0: Array, *, max_iter: int, tol: float, history: int =
   M = history
   tiny = jnp.finfo(dtype).tiny
 
-  def F(x, start):  # minimise F = -value
-    value, g, start = fun(x, start)
-    return -value, -g, start
+  def F(x):  # minimise F = -value
+    value, g, _ = fun(x)
+    return -value, -g
 
-  f0, g0, start0 = F(x0, None)
+  f0, g0 = F(x0)
   gtol = tol * tol_scale
 
   def direction(g, S, Y, rho, gamma0, head):
@@ -228,7 +217,6 @@ def lbfgs(fun: Callable, x0: Array, *, max_iter: int, tol: float, history: int =
     small: Array
     trace: Optional[OTTrace]
     reason: Array
-    start: object
 
   def cond(c: Carry):
     keep = (c.it < max_iter) & ~c.stalled
@@ -246,12 +234,12 @@ def lbfgs(fun: Callable, x0: Array, *, max_iter: int, tol: float, history: int =
     gp = jnp.where(bad, -jnp.dot(c.g, c.g), gp)
 
     def ls_cond(s):
-      t, ft, gt, ok, moved, n, _ = s
+      t, ft, gt, ok, moved, n = s
       return ~ok & (n < max_linesearch)
 
     def ls_body(s):
-      t, _, _, _, _, n, start = s
-      ft, gt, start = F(c.x + t * p, start)
+      t, _, _, _, _, n = s
+      ft, gt = F(c.x + t * p)
       armijo = ft <= c.f + c1 * t * gp
       # Approximate Armijo (Hager & Zhang 2005): where the value change is
       # within rounding of the value, F(x + t p) - F(x) ~ t (gp + gt.p) / 2 on
@@ -268,7 +256,7 @@ def lbfgs(fun: Callable, x0: Array, *, max_iter: int, tol: float, history: int =
       denom = 2 * (ft - c.f - gp * t)
       t_q = jnp.where(denom > 0, -gp * t * t / jnp.maximum(denom, tiny), 0.5 * t)
       t_new = jnp.where(jnp.isfinite(ft), jnp.clip(t_q, 0.1 * t, 0.5 * t), 0.5 * t)
-      return jnp.where(ok, t, t_new), ft, gt, ok, moved, n + 1, start
+      return jnp.where(ok, t, t_new), ft, gt, ok, moved, n + 1
 
     # Predicted remaining gain small enough: stop without evaluating (ok = True
     # makes the line search loop run zero times; the step is not taken).
@@ -278,9 +266,8 @@ def lbfgs(fun: Callable, x0: Array, *, max_iter: int, tol: float, history: int =
       done = jnp.asarray(False)
     t0 = jnp.where(c.it == 0, jnp.minimum(1.0, 1.0 / jnp.maximum(jnp.sqrt(-gp), tiny)),
                    1.0).astype(dtype)
-    t, f_new, g_new, ok, moved, n, start = lax.while_loop(
-        ls_cond, ls_body,
-        (t0, c.f, c.g, done, jnp.asarray(False), jnp.asarray(0, jnp.int32), c.start))
+    t, f_new, g_new, ok, moved, n = lax.while_loop(
+        ls_cond, ls_body, (t0, c.f, c.g, done, jnp.asarray(False), jnp.asarray(0, jnp.int32)))
     ok = ok & ~done
     s = t * p
     y = g_new - c.g
@@ -332,14 +319,14 @@ def lbfgs(fun: Callable, x0: Array, *, max_iter: int, tol: float, history: int =
       new = _record(tr, c.it, -f, -g, c.evals + n)
       tr = jax.tree_util.tree_map(lambda u, o: jnp.where(done, o, u), new, tr)
     return Carry(c.it + (~done).astype(c.it.dtype), c.evals + n, x, f, g, S, Y, rho, head,
-                 gamma0, stalled, small, tr, reason.astype(jnp.int32), start)
+                 gamma0, stalled, small, tr, reason.astype(jnp.int32))
 
   init = Carry(jnp.asarray(0, jnp.int32), jnp.asarray(1, jnp.int32), x0, f0, g0,
                jnp.zeros((M, d), dtype), jnp.zeros((M, d), dtype), jnp.zeros((M,), dtype),
                jnp.asarray(0, jnp.int32), jnp.asarray(1.0, dtype), jnp.asarray(False),
                jnp.asarray(0, jnp.int32),
                _empty_trace(max_iter, dtype) if trace else None,
-               jnp.asarray(MAX_ITER, jnp.int32), start0)
+               jnp.asarray(MAX_ITER, jnp.int32))
   c = lax.while_loop(cond, body, init)
   status = c.reason
   if tol > 0:

@@ -65,27 +65,11 @@ class Regularizer:
   def conj_simplex(self, s: Array, b, axis: int = 0):
     raise NotImplementedError
 
-  def conj_simplex_warm(self, s: Array, b, axis: int, start):
-    """`conj_simplex` from a warm start: (value, t, d value / d b, next start).
-
-    `start` is what an evaluation at a nearby s returned as its next start (None
-    on the first call); regularizers whose maximiser is found iteratively
-    (the simplex threshold of SquaredL2 and SparsityConstrained) start from it,
-    with the same result. Here: none is used, None is returned.
-    """
-    del start
-    return (*self.conj_simplex(s, b, axis), None)
-
   def primal(self, t: Array, axis: int = 0) -> Array:
     raise NotImplementedError
 
   def __repr__(self):
     return f"{type(self).__name__}(gamma={self.gamma!r})"
-
-
-def _start(start, axis: int):
-  """A per-column warm start (squeezed) in keepdims form, or None."""
-  return None if start is None else jnp.expand_dims(start, axis)
 
 
 def _bexpand(b, s: Array, axis: int) -> Array:
@@ -136,18 +120,12 @@ class SquaredL2(Regularizer):
 
   def conj_simplex(self, s, b, axis=0):
     """<s, t> - gamma/2 ||t||^2 at t = proj_{b simplex}(s / gamma)."""
-    return self.conj_simplex_warm(s, b, axis, None)[:3]
-
-  def conj_simplex_warm(self, s, b, axis, start):
-    """The start is the simplex threshold of s / gamma, one per column."""
-    axis = axis % s.ndim
     bb = _bexpand(b, s, axis)
     u = s / self.gamma
-    tau = projections.simplex_threshold(u, bb, axis, start=_start(start, axis))
+    tau = projections.simplex_threshold(u, bb, axis)
     t = jnp.maximum(u - tau, 0)
     val = self.gamma * jnp.sum(t * (u - 0.5 * t), axis=axis)
-    tau = jnp.squeeze(tau, axis)
-    return val, t, self.gamma * tau, tau
+    return val, t, self.gamma * jnp.squeeze(tau, axis)
 
   def primal(self, t, axis=0):
     return 0.5 * self.gamma * jnp.sum(t * t, axis=axis)
@@ -231,24 +209,18 @@ class SparsityConstrained(Regularizer):
 
   def conj_simplex(self, s, b, axis=0):
     """gamma/2 sum_{i<=k} 1[u_[i] >= tau] (u_[i]^2 - tau^2), u = s / gamma."""
-    return self.conj_simplex_warm(s, b, axis, None)[:3]
-
-  def conj_simplex_warm(self, s, b, axis, start):
-    """Dense columns (k >= m or large k) start from the plain simplex threshold
-    of s / gamma, one per column; compact ones use no start (None)."""
     axis = axis % s.ndim
     m = s.shape[axis]
     if self.k >= m:
-      return SquaredL2(self.gamma).conj_simplex_warm(s, b, axis, start)
+      return SquaredL2(self.gamma).conj_simplex(s, b, axis)
     if not self.compact(m, s.dtype) and self.k > 1:
       bb = _bexpand(b, s, axis)
       u = s / self.gamma
-      t, tau, _, plain = projections.sparse_simplex_parts(u, self.k, bb, axis,
-                                                          start=_start(start, axis))
+      t, tau, _ = projections.sparse_simplex_parts(u, self.k, bb, axis)
       val = self.gamma * jnp.sum(t * (u - 0.5 * t), axis=axis)
-      return val, t, self.gamma * jnp.squeeze(tau, axis), jnp.squeeze(plain, axis)
+      return val, t, self.gamma * jnp.squeeze(tau, axis)
     val, sp, dval_db = self.conj_simplex_sparse(s, b, axis)
-    return val, projections.densify(sp.values, sp.indices, m, axis), dval_db, None
+    return val, projections.densify(sp.values, sp.indices, m, axis), dval_db
 
   def conj_simplex_sparse(self, s, b, axis=0):
     """`conj_simplex` with the maximiser in compact form (requires k < m; any

@@ -281,11 +281,10 @@ def _solve(a, b, C, reg, alpha0, beta0, *, formulation, solver, max_iter, tol,
       return lax.cond(dead_rows, lambda x: _park_semi_dual(x, a, b, C, reg), lambda x: x, x)
 
     # Transposed once, before the solver's loop (see semi_dual_value_and_grad).
-    C_t = C.T if objectives.columns_last(n) else None
+    C_t = C.T
 
-    def fun(x, start):
-      value, g, _, start = objectives.semi_dual_warm(park(x), start, a, b, C, reg, C_t)
-      return value, g, start
+    def fun(x):
+      return objectives.semi_dual_value_and_grad(park(x), a, b, C, reg, C_t)
     x0 = alpha0
   else:
     dead_cols = jnp.any(b <= 0)
@@ -295,11 +294,10 @@ def _solve(a, b, C, reg, alpha0, beta0, *, formulation, solver, max_iter, tol,
         return jnp.concatenate(_park_dual(x[:m], x[m:], a, b, C, reg))
       return lax.cond(dead_rows | dead_cols, both, lambda x: x, x)
 
-    def fun(x, start):
-      del start  # the dual's conjugates have closed forms
+    def fun(x):
       x = park(x)
-      value, (ga, gb), _ = objectives.dual_value_and_grad(x[:m], x[m:], a, b, C, reg)
-      return value, jnp.concatenate([ga, gb]), None
+      value, (ga, gb), T = objectives.dual_value_and_grad(x[:m], x[m:], a, b, C, reg)
+      return value, jnp.concatenate([ga, gb]), T
     x0 = jnp.concatenate([alpha0, beta0])
 
   if solver == "adam":
@@ -312,9 +310,9 @@ def _solve(a, b, C, reg, alpha0, beta0, *, formulation, solver, max_iter, tol,
     # are left as they are.
     unit = jnp.where((mass < 2.0 ** -8) | (mass > 2.0 ** 8), mass, 1.0)
 
-    def per_unit(x, start):
-      value, g, start = fun(x, start)
-      return value / unit, g / unit, start
+    def per_unit(x):
+      value, g, T = fun(x)
+      return value / unit, g / unit, T
     st = optim.lbfgs(per_unit, x0, max_iter=max_iter, tol=tol, history=history, ftol=ftol,
                      patience=patience, rtol=rtol, trace=trace, tol_scale=mass / unit)
     st = st._replace(value=st.value * unit, grad=st.grad * unit,
@@ -325,7 +323,9 @@ def _solve(a, b, C, reg, alpha0, beta0, *, formulation, solver, max_iter, tol,
 
   if formulation == "semi_dual":
     alpha = x
-    vals, T, dval_db = reg.conj_simplex(alpha[:, None] - C, b, axis=0)
+    # The plan in the (n, m) layout the loop evaluated in (semi_dual_value_and_grad).
+    vals, T_t, dval_db = reg.conj_simplex(alpha[None, :] - C_t, b, axis=1)
+    T = T_t.T
     value = jnp.dot(alpha, a) - jnp.sum(vals)
     beta = -dval_db
   else:
