@@ -169,3 +169,18 @@ def test_early_exit_mixes_separated_near_tied_and_tied_columns(dtype):
   exact = np.asarray(count)[0] == k                            # ... exact where count = k
   np.testing.assert_array_equal(exact, [True, True, False, False])
   np.testing.assert_array_equal(np.asarray(keys >= t)[:, exact], got[:, exact])
+
+
+@pytest.mark.parametrize("m", [2, 3, 16, 64, 65])
+def test_ties_go_to_the_lowest_indices_at_any_length(m):
+  """The tie path selects among the tied entries by their indices (a radix
+  selection on ceil(log2 m) bits): lengths around powers of two, both axes
+  (binary and base-4 digits), k from 1 to m."""
+  rng = np.random.default_rng(m)
+  x = rng.integers(0, 3, size=(m, 5)).astype(np.float64)      # three values: ties at every k
+  x[:, 4] = 1.0                                               # one column all tied
+  xj = jnp.asarray(x)
+  for k in sorted({1, 2, m // 2 + 1, m - 1, m} - {0}):
+    want = brute_mask(x, k, 0)
+    np.testing.assert_array_equal(np.asarray(_sel(xj, k, 0)), want, err_msg=f"k={k}")
+    np.testing.assert_array_equal(np.asarray(_sel(xj.T, k, 1)), want.T, err_msg=f"k={k}")
