@@ -144,7 +144,7 @@ def solve_row(m, n, k, gamma, overrides, repeats, with_pot=True):
         break
       it += max(2, it // 50)
   return dict(problem=f"({m},{n},{k},{gamma:g})", m=m, n=n, k=k, gamma=gamma,
-              radix=ot.uses_radix(k, m, jnp.float64),
+              radix=ot.uses_radix(k, m, jnp.float64, minor_axis=True),
               pot_time_s=p_time, time_s=t_w, first_call_s=t_f, compile_s=t_c,
               speedup=p_time / t_w, pot_iter=p_nit, pot_evals=p_nfev, iter=int(nit),
               evals=int(nev), pot_objective=p_obj, objective=float(val),
@@ -256,32 +256,35 @@ def kernels(args):
       C = jnp.asarray(rng.random((m, n)), dt)
       a, b = jnp.full((m,), 1 / m, dt), jnp.full((n,), 1 / n, dt)
       alpha = jnp.asarray(rng.random(m) * 0.01, dt)
-      cases += [("random", a, b, C, k, 0.1, alpha) for k in (8, 16, 32, 48, 64, 96, 128)]
-  for (m, n, gamma) in ((5000, 10, 0.1), (2000, 64, 1.0), (1000, 1000, 0.1)):
+      cases += [("random", a, b, C, k, 0.1, alpha) for k in (2, 5, 8, 16, 32, 64, 128)]
+  for (m, n, gamma) in ((5000, 10, 0.1), (2000, 64, 1.0), (1000, 1000, 0.1), (500, 500, 0.1),
+                        (100, 100, 1.0)):
     a, b, C = (jnp.asarray(v) for v in grid_problem(m, n))
-    for k in (16, 32, 48, 64):
+    for k in (2, 5, 8, 16, 32, 48):
       alpha = ot.solve(a, b, C, ot.SparsityConstrained(k=k, gamma=gamma), max_iter=150).alpha
       cases.append(("near-opt", a, b, C, k, gamma, alpha))
   out = []
   for setting, a, b, C, k, gamma, alpha in cases:
     (m, n), dt = C.shape, C.dtype
     fns = {}
-    saved = projections._RADIX_MIN_K
+    saved = projections._RADIX_MIN_K, projections._RADIX_MIN_K_MINOR
     for name, thr in (("passes", 10 ** 9), ("radix", 1)):
-      projections._RADIX_MIN_K = {4: thr, 8: thr}
+      projections._RADIX_MIN_K = projections._RADIX_MIN_K_MINOR = {4: thr, 8: thr}
       reg = ot.SparsityConstrained(k=k, gamma=gamma)
-      fns[name] = jax.jit(lambda al, a, b, C, reg=reg: objectives.semi_dual_value_and_grad(
-          al, a, b, C, reg)[:2]).lower(alpha, a, b, C).compile()
-    projections._RADIX_MIN_K = saved
+      # C.T passed in, as `solve` does (transposed once, outside its loop).
+      fns[name] = jax.jit(lambda al, a, b, C, C_t, reg=reg: objectives.semi_dual_value_and_grad(
+          al, a, b, C, reg, C_t)[:2]).lower(alpha, a, b, C, C.T).compile()
+    projections._RADIX_MIN_K, projections._RADIX_MIN_K_MINOR = saved
     times = {name: [] for name in fns}
+    C_t = C.T
     for _ in range(args.repeats * 3):
       for name, f in fns.items():
-        jax.block_until_ready(f(alpha, a, b, C))
+        jax.block_until_ready(f(alpha, a, b, C, C_t))
         t0 = time.perf_counter()
-        jax.block_until_ready(f(alpha, a, b, C))
+        jax.block_until_ready(f(alpha, a, b, C, C_t))
         times[name].append(time.perf_counter() - t0)
     tp, tr = (min(times[x]) * 1e3 for x in ("passes", "radix"))
-    auto = "radix" if ot.uses_radix(k, m, dt) else "passes"
+    auto = "radix" if ot.uses_radix(k, m, dt, minor_axis=True) else "passes"
     print(f"{setting:<10}{f'{m}x{n}':<12}{jnp.dtype(dt).name:<9}{k:>5}{tp:>11.2f}{tr:>10.2f}"
           f"{tp / tr:>13.2f}x{auto:>8}", flush=True)
     out.append(dict(setting=setting, m=m, n=n, dtype=jnp.dtype(dt).name, k=k, passes_ms=tp,

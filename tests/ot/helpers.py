@@ -40,3 +40,11 @@ def supports(m, k):
   """All supports of size 1..k of range(m)."""
   for size in range(1, min(k, m) + 1):
     yield from itertools.combinations(range(m), size)
+
+
+def force_kernel(monkeypatch, kernel: str):
+  """Makes every top-k selection use `kernel` ("radix" or "passes"), along any axis."""
+  from vmoe_sparse_ot.ot import projections
+  threshold = 1 if kernel == "radix" else 10 ** 9
+  for table in ("_RADIX_MIN_K", "_RADIX_MIN_K_MINOR"):
+    monkeypatch.setattr(projections, table, {4: threshold, 8: threshold})

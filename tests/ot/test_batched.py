@@ -4,6 +4,7 @@ import pytest
 import jax
 import jax.numpy as jnp
 
+from tests.ot.helpers import force_kernel
 from vmoe_sparse_ot import ot
 from vmoe_sparse_ot.ot import batched as sos
 from vmoe_sparse_ot.ot import projections
@@ -101,7 +102,7 @@ def test_large_k_radix_path_matches_vmapped_ot_solve_in_float64(k, monkeypatch):
   """k at and above the crossover: the radix selection serves both solvers."""
   with jax.enable_x64(True):
     if k == 20:
-      monkeypatch.setattr(projections, "_RADIX_MIN_K", {4: 1, 8: 1})
+      force_kernel(monkeypatch, "radix")
     assert projections.uses_radix(k, 80, jnp.float64)
     rng = np.random.default_rng(3)
     C = jnp.asarray(rng.integers(0, 6, size=(2, 80, 3)) / 6.0)      # ties too

@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from tests.ot.helpers import supports
+from tests.ot.helpers import force_kernel, supports
 from vmoe_sparse_ot import ot
 from vmoe_sparse_ot.ot import projections
 
@@ -311,7 +311,7 @@ def test_dense_large_k_projection_with_and_without_a_binding_k(binding, monkeypa
   exceeds k the selection is skipped (the plain projection is the answer);
   when one does, all columns go through the selection, and columns that do not
   bind must come out the same as without it."""
-  monkeypatch.setattr(projections, "_RADIX_MIN_K", {4: 1, 8: 1})
+  force_kernel(monkeypatch, "radix")
   rng = np.random.RandomState(7)
   m, k = 60, 6
   x = rng.randn(m, 4)
@@ -333,7 +333,7 @@ def test_radix_path_binding_and_free_columns_against_sorting(dtype, axis, monkey
   the major one, base-4 digits and variadic reductions along the minor one):
   columns where k binds (closed-form tau over the k largest), columns where it
   does not, ties at the k-th value (a value grid), against the sorted projection."""
-  monkeypatch.setattr(projections, "_RADIX_MIN_K", {4: 1, 8: 1})
+  force_kernel(monkeypatch, "radix")
   rng = np.random.default_rng(5)
   m, k = 60, 6
   x = rng.normal(size=(m, 6))

@@ -4,7 +4,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from tests.ot.helpers import problem
+from tests.ot.helpers import force_kernel, problem
 from vmoe_sparse_ot import ot
 from vmoe_sparse_ot.ot import projections
 
@@ -88,6 +88,11 @@ def test_kernel_choice_and_top_k_mask_dispatch():
   assert projections.uses_radix(575, 5000, jnp.float64)
   assert projections.uses_radix(100, 10000, jnp.float32)
   assert not projections.uses_radix(1000, 1000, jnp.float32)       # k >= m: no selection
+  # Along the minor axis (base-4 variadic passes) the radix kernel starts earlier.
+  assert projections.uses_radix(32, 1000, jnp.float64, minor_axis=True)
+  assert not projections.uses_radix(32, 1000, jnp.float64)
+  assert projections.uses_radix(16, 1000, jnp.float32, minor_axis=True)
+  assert not projections.uses_radix(16, 1000, jnp.float64, minor_axis=True)
   rng = np.random.default_rng(2)
   x = jnp.asarray(rng.integers(0, 50, size=(300, 5)).astype(np.float64))
   mask, values = ot.top_k_mask(x, 120, axis=0)                      # the radix kernel
@@ -114,12 +119,12 @@ def test_large_k_solve_equals_the_passes_kernel(formulation, monkeypatch):
   a, b, C = problem(m, n, seed=3)
   reg = ot.SparsityConstrained(k=k, gamma=2.0)
   kw = dict(formulation=formulation, tol=1e-9, max_iter=2000)
-  monkeypatch.setattr(projections, "_RADIX_MIN_K", {4: 1, 8: 1})
+  force_kernel(monkeypatch, "radix")
   assert projections.uses_radix(k, m, jnp.float64)
   radix = ot.solve(a, b, C, reg, **kw)
   nnz = (np.asarray(radix.plan) > 0).sum(0)
   assert nnz.max() == k                                              # binding
-  monkeypatch.setattr(projections, "_RADIX_MIN_K", {4: 10**9, 8: 10**9})
+  force_kernel(monkeypatch, "passes")
   passes = ot.solve(a, b, C, reg, **kw)
   np.testing.assert_allclose(np.asarray(radix.plan), np.asarray(passes.plan), atol=1e-9)
   assert float(radix.value) == pytest.approx(float(passes.value), rel=1e-10)

@@ -288,17 +288,25 @@ def threshold_top_k_mask(x: Array, k: int, axis: int = -1) -> Array:
 
 # Kernel choice: the passes kernel costs about k reductions per slice, the radix
 # kernel a bounded number of counting passes (more for float64). Measured with
-# benchmarks/ot_solvers.py --kernels --threads 1 (2-core CPU) and one semi-dual
-# evaluation near the optimum at (1000, 1000), (5000, 10) and (2000, 64): the
-# radix kernel wins from about these k on (see RESULTS.md).
+# benchmarks/ot_solvers.py --kernels --threads 1 (2-core CPU), one semi-dual
+# evaluation near the optimum at (5000, 10), (2000, 64), (1000, 1000),
+# (500, 500) and (100, 100): the radix kernel wins from about these k on (see
+# RESULTS.md). Along the minor axis (the dense semi-dual's (n, m) layout) its
+# passes are base-4 variadic reductions and it wins earlier: float64 k = 32,
+# 1.7-4.8x on all five shapes (at k = 16 it won on four, 2.1-2.4x, but lost
+# 0.88x on 2000 x 64 and 1.5x on the router batch, 64 x 256 x 32); along another
+# axis it counts one bit per pass and the old crossover holds.
 _RADIX_MIN_K = {4: 32, 8: 48}
+_RADIX_MIN_K_MINOR = {4: 16, 8: 32}
 
 
-def uses_radix(k: int, m: int, dtype) -> bool:
-  """Whether top-k selection of k of m entries of `dtype` uses radix selection."""
+def uses_radix(k: int, m: int, dtype, minor_axis: bool = False) -> bool:
+  """Whether top-k selection of k of m entries of `dtype` uses radix selection
+  (`minor_axis`: along the array's contiguous axis)."""
   if k >= m:
     return False
-  return k >= _RADIX_MIN_K[8 if jnp.dtype(dtype) == jnp.float64 else 4]
+  table = _RADIX_MIN_K_MINOR if minor_axis else _RADIX_MIN_K
+  return k >= table[8 if jnp.dtype(dtype) == jnp.float64 else 4]
 
 
 def _tree(x: Array, op) -> Array:
@@ -624,7 +632,7 @@ def sparse_simplex_parts(x: Array, k: int, b=1.0, axis: int = -1):
   """
   axis = axis % x.ndim
   m = x.shape[axis]
-  if k >= m or uses_radix(k, m, x.dtype):
+  if k >= m or uses_radix(k, m, x.dtype, _minor_axis(x, axis)):
     tau, mask = sparse_simplex_threshold(x, k, b, axis)
     active = x > tau
     if mask is not None:

@@ -175,13 +175,15 @@ class SparsityConstrained(Regularizer):
   def __repr__(self):
     return f"SparsityConstrained(k={self.k!r}, gamma={self.gamma!r})"
 
-  def compact(self, m: int, dtype) -> bool:
+  def compact(self, m: int, dtype, minor_axis: bool = True) -> bool:
     """Whether columns of length m are handled in compact form (k entries each).
 
     True for small k (the selection passes give the k entries directly); False
     for k >= m and for large k, where the radix-selected mask is used densely.
+    minor_axis: whether the columns lie along the array's contiguous axis (the
+    semi-dual's dense (n, m) layout), where the radix kernel wins earlier.
     """
-    return self.k < m and not projections.uses_radix(self.k, m, dtype)
+    return self.k < m and not projections.uses_radix(self.k, m, dtype, minor_axis)
 
   def conj_plus(self, s, axis=0):
     """1/(2 gamma) sum_{i<=k} [s_[i]]_+^2; gradient [topk(s)]_+ / gamma."""
@@ -189,7 +191,7 @@ class SparsityConstrained(Regularizer):
     m = s.shape[axis]
     if self.k >= m:
       return SquaredL2(self.gamma).conj_plus(s, axis)
-    if not self.compact(m, s.dtype):
+    if not self.compact(m, s.dtype, axis == s.ndim - 1):
       mask = projections.threshold_top_k_mask(s, self.k, axis)
       p = jnp.where(mask, jnp.maximum(s, 0), 0) / self.gamma
       return 0.5 * self.gamma * jnp.sum(p * p, axis=axis), p
@@ -213,7 +215,7 @@ class SparsityConstrained(Regularizer):
     m = s.shape[axis]
     if self.k >= m:
       return SquaredL2(self.gamma).conj_simplex(s, b, axis)
-    if not self.compact(m, s.dtype) and self.k > 1:
+    if not self.compact(m, s.dtype, axis == s.ndim - 1) and self.k > 1:
       bb = _bexpand(b, s, axis)
       u = s / self.gamma
       t, tau, _ = projections.sparse_simplex_parts(u, self.k, bb, axis)
