@@ -19,7 +19,8 @@ runs inside every training step. What XLA's CPU backend rewards here:
   closed form from those sorted values (`projections._threshold_from_sorted`),
   and with ties (equal values in one column, common in float32) from counts of
   the entries >= each value; for large k (`projections.uses_radix`), the radix
-  selection and Michelot's threshold over the selected entries, as in `solve`;
+  selection and the closed-form threshold of the columns where k binds, as in
+  `solve` (`projections.sparse_simplex_threshold`);
 - small per-column results cross a `lax.cond` or loop boundary before a
   full-size consumer uses them, so XLA cannot fuse (and so recompute) them into
   every entry's computation;

@@ -6,8 +6,9 @@ the others, so an (m, n) matrix of columns is projected with `axis=0`.
 Top-k selection avoids sorting (slow on CPU: see benchmarks/RESULTS.md). For
 small k, k reduction passes find the k largest values in decreasing order; for
 large k (`uses_radix`), a radix selection on order-preserving integer keys finds
-the k-th value in at most 32 (float32) or 64 (float64) counting passes whatever
-k is (fewer when the k-th and (k+1)-th values differ early in their bits).
+the k-th value in at most 32 (float32) or 64 (float64) bits whatever k is (fewer
+when the k-th and (k+1)-th values differ early in their bits), one bit per
+counting pass, or two along the contiguous axis (variadic reductions).
 Either way ties go to the lower index (the same set `lax.top_k` picks).
 `top_k_mask` then forms the selection mask densely by comparison; `top_k` reads
 the positions off the packed keys and gathers the k exact values, so that
@@ -205,7 +206,7 @@ def _select_key(keys: Array, k: int, axis: int, early_exit: bool):
   """(t, count) of `_radix_select` for any unsigned keys.
 
   64-bit keys are split in two 32-bit words (the high word's selection, then the
-  low word's among the entries sharing it): at most the same 64 passes, over
+  low word's among the entries sharing it): at most the same 64 bits, over
   half-width data. With `early_exit` the low word is skipped altogether when
   the high word already separates every slice's k-th entry from its (k+1)-th.
   """
@@ -237,7 +238,8 @@ def _select_key(keys: Array, k: int, axis: int, early_exit: bool):
 def kth_largest_key(keys: Array, k: int, axis: int) -> Array:
   """The k-th largest of each slice of unsigned `keys`, keepdims along `axis`.
 
-  32 counting passes for 32-bit keys, 64 for 64-bit ones, whatever k is.
+  32 bits for 32-bit keys, 64 for 64-bit ones (one counting pass per bit, or
+  per two along the contiguous axis), whatever k is.
   """
   return _select_key(keys, k, axis, early_exit=False)[0]
 
@@ -247,7 +249,7 @@ def threshold_top_k_mask(x: Array, k: int, axis: int = -1) -> Array:
 
   Same set as `top_k_mask` (ties at the k-th value go to the lower indices) at
   a cost that does not depend on k: at most 32 (float32) or 64 (float64)
-  counting passes, fewer when every slice's k-th and (k+1)-th values differ in
+  bits of counting passes (`_radix_select`), fewer when every slice's k-th and (k+1)-th values differ in
   their leading bits (`_radix_select`'s early exit), and, only when some slice
   has more ties at its k-th value than it can take, a second radix selection on
   the tied entries' indices (ceil(log2 m) bits). Needs 64-bit types (x64) for

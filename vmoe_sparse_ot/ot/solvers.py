@@ -214,7 +214,7 @@ def solve(a, b, C, regularizer: Regularizer, formulation: str = "semi_dual",
     (a sum of m terms) nor its slope along the step resolves the remaining
     gain. Measured on the benchmark problems (benchmarks/ot_solvers.py): about
     1e-5 below the float64 optimum where k does not bind; where it binds on
-    few columns 7e-4 (2000 x 10, k = 230), 3e-3 (5000 x 10, k = 575) and 8e-2
+    few columns 2e-4 (2000 x 10, k = 230), 8e-3 (5000 x 10, k = 575) and 7e-2
     (50,000 x 10, k = 5750). On marginals of large total mass with O(1)
     entries (a = 1 per row, m = 10,000) rows were left up to 0.05 off with
     SquaredL2 and up to 1.0 off with a binding k = 100 (10,000 x 100, the
