@@ -248,11 +248,11 @@ def threshold_top_k_mask(x: Array, k: int, axis: int = -1) -> Array:
   """bool mask of the k largest entries along `axis` by radix selection.
 
   Same set as `top_k_mask` (ties at the k-th value go to the lower indices) at
-  a cost that does not depend on k: at most 32 (float32) or 64 (float64)
-  bits of counting passes (`_radix_select`), fewer when every slice's k-th and (k+1)-th values differ in
-  their leading bits (`_radix_select`'s early exit), and, only when some slice
-  has more ties at its k-th value than it can take, a second radix selection on
-  the tied entries' indices (ceil(log2 m) bits). Needs 64-bit types (x64) for
+  a cost that does not depend on k: the counting passes of at most 32
+  (float32) or 64 (float64) bits (`_radix_select`), fewer when every slice's
+  k-th and (k+1)-th values differ in their leading bits (its early exit), and,
+  only when some slice has more ties at its k-th value than it can take, a
+  second radix selection on the tied entries' indices (ceil(log2 m) bits). Needs 64-bit types (x64) for
   float64 input; float16/bfloat16 are selected as float32.
   """
   axis = axis % x.ndim
