@@ -326,23 +326,29 @@ def test_dense_large_k_projection_with_and_without_a_binding_k(binding, monkeypa
                                atol=1e-12)
 
 
+@pytest.mark.parametrize("binding", ["one", "two", "half"])
 @pytest.mark.parametrize("axis", [0, 1])
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.float64])
-def test_radix_path_binding_and_free_columns_against_sorting(dtype, axis, monkeypatch):
+def test_radix_path_binding_and_free_columns_against_sorting(dtype, axis, binding, monkeypatch):
   """The radix path along either axis (binary digits and two reductions along
   the major one, base-4 digits and variadic reductions along the minor one):
   columns where k binds (closed-form tau over the k largest), columns where it
-  does not, ties at the k-th value (a value grid), against the sorted projection."""
+  does not, ties at the k-th value (a value grid), against the sorted
+  projection. Along the minor axis of an (n, m) array, at most n / 4 binding
+  columns (here 2 of 8) are selected on their own, gathered ("one", "two");
+  more go through the selection of all columns ("half")."""
   force_kernel(monkeypatch, "radix")
   rng = np.random.default_rng(5)
   m, k = 60, 6
-  x = rng.normal(size=(m, 6))
+  x = rng.normal(size=(m, 8))
   x[:, 5] = rng.integers(0, 4, size=m) / 4.0                  # ties at the k-th value
-  b = np.array([0.05, 0.2, 3.0, 40.0, 0.5, 30.0])             # 3.0, 40, 30: k binds
+  b = np.array([0.05, 0.2, 0.3, 0.1, 0.5, 0.4, 0.15, 0.25])  # none binds ...
+  b[{"one": [5], "two": [2, 5], "half": [0, 3, 5, 7]}[binding]] = 30.0   # ... but these
   xj = jnp.asarray(x if axis == 0 else x.T, dtype)
   bj = jnp.asarray(b[None] if axis == 0 else b[:, None], dtype)
   t = projections.sparse_simplex_parts(xj, k, bj, axis)[0]
   t = np.asarray(t, np.float64) if axis == 0 else np.asarray(t, np.float64).T
   atol = 1e-12 if dtype == jnp.float64 else 2e-5
-  for j in range(6):
+  for j in range(8):
     np.testing.assert_allclose(t[:, j], np_sparse_simplex(x[:, j], k, b[j]), atol=atol)
+    assert (t[:, j] > 0).sum() <= k
