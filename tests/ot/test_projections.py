@@ -328,7 +328,8 @@ def test_dense_large_k_projection_with_and_without_a_binding_k(binding, monkeypa
 
 @pytest.mark.parametrize("binding", ["one", "two", "half"])
 @pytest.mark.parametrize("axis", [0, 1])
-@pytest.mark.parametrize("dtype", [jnp.float32, jnp.float64])
+@pytest.mark.parametrize("dtype", [pytest.param(jnp.float32, marks=pytest.mark.float32),
+                                   jnp.float64])                 # float32: x64 off
 def test_radix_path_binding_and_free_columns_against_sorting(dtype, axis, binding, monkeypatch):
   """The radix path along either axis (binary digits and two reductions along
   the major one, base-4 digits and variadic reductions along the minor one):
@@ -352,3 +353,33 @@ def test_radix_path_binding_and_free_columns_against_sorting(dtype, axis, bindin
   for j in range(8):
     np.testing.assert_allclose(t[:, j], np_sparse_simplex(x[:, j], k, b[j]), atol=atol)
     assert (t[:, j] > 0).sum() <= k
+
+
+@pytest.mark.parametrize("k", [None, 6])
+def test_forward_mode_through_the_variadic_reductions(k, monkeypatch):
+  """jax.jvp along the minor axis (variadic reductions, custom JVP) equals
+  the analytic derivative of the projection: on the support, the direction
+  minus its mean over the support; zero elsewhere (and along the major axis,
+  plain reductions, the same)."""
+  force_kernel(monkeypatch, "radix")
+  rng = np.random.default_rng(4)
+  x = jnp.asarray(rng.normal(size=(5, 40)))
+  dx = jnp.asarray(rng.normal(size=(5, 40)))
+  b = jnp.asarray(rng.uniform(0.5, 3.0, size=(5, 1)))
+
+  def project(z, axis):
+    bb = b if axis == 1 else b.T
+    if k is None:
+      return jnp.maximum(z - ot.simplex_threshold(z, bb, axis=axis), 0)
+    return projections.sparse_simplex_parts(z, k, bb, axis)[0]
+
+  t, d_minor = jax.jvp(lambda z: project(z, 1), (x,), (dx,))
+  _, d_major = jax.jvp(lambda z: project(z, 0), (x.T,), (dx.T,))
+  active = np.asarray(t) > 0
+  if k is not None:
+    assert (active.sum(axis=1) <= k).all() and (active.sum(axis=1) == k).any()
+  d = np.asarray(dx)
+  mean = (d * active).sum(axis=1, keepdims=True) / active.sum(axis=1, keepdims=True)
+  want = np.where(active, d - mean, 0)
+  np.testing.assert_allclose(d_minor, want, atol=1e-12)
+  np.testing.assert_allclose(np.asarray(d_major).T, want, atol=1e-12)

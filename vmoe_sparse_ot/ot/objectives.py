@@ -36,7 +36,8 @@ def semi_dual_value_and_grad(alpha: Array, a: Array, b: Array, C: Array,
   50,000 x 10 it cost ~1.5 ms of every evaluation.
   """
   m = C.shape[0]
-  if isinstance(reg, SparsityConstrained) and reg.compact(m, C.dtype):
+  # Dense columns are evaluated along the minor axis of (n, m), compact ones in (m, n).
+  if isinstance(reg, SparsityConstrained) and reg.compact(m, C.dtype, minor_axis=True):
     # Compact columns: the row sums T 1_n are a scatter-add of the k * n nonzeros
     # instead of a pass over an (m, n) plan; the dense plan is only formed if the
     # caller uses it (inside the solvers' loops it is dead code).
@@ -63,7 +64,9 @@ def dual_value_and_grad(alpha: Array, beta: Array, a: Array, b: Array, C: Array,
   Returns (value, (grad_alpha, grad_beta), plan T).
   """
   m = C.shape[0]
-  if isinstance(reg, SparsityConstrained) and reg.compact(m, C.dtype):
+  # conj_plus runs along axis 0 of (m, n), the major axis: the same decision
+  # as inside it.
+  if isinstance(reg, SparsityConstrained) and reg.compact(m, C.dtype, minor_axis=False):
     # Compact columns, as in semi_dual_value_and_grad.
     vals, p, idx = reg.conj_plus_sparse(alpha[:, None] + beta[None, :] - C, axis=0)
     row_sums, col_sums = jnp.zeros_like(alpha).at[idx].add(p), jnp.sum(p, axis=0)

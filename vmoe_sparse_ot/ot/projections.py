@@ -18,10 +18,12 @@ simplex threshold tau comes from the k sorted values in O(k).
 """
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple, Tuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 Array = jax.Array
@@ -266,11 +268,13 @@ def threshold_top_k_mask(x: Array, k: int, axis: int = -1) -> Array:
     return keys >= t
 
   def with_ties(keys, t):
-    # The loop ran every bit: t is the k-th key and more than k entries equal
-    # it or lie above. Ties at t go to the lower indices: the k - n_above
-    # largest reversed indices m - 1 - i among them, selected like the values
-    # (indices are distinct, so the early exit always applies; a cumulative
-    # sum over the slice cost ~20 counting passes at 10,000 x 100).
+    # Some slice ran every bit: its t is the k-th key and more than k entries
+    # equal it or lie above. (Slices that stopped early have exactly k keys at
+    # or above their t and take every entry equal to it.) Ties at t go to the
+    # lower indices: the k - n_above largest reversed indices m - 1 - i among
+    # them, selected like the values (indices are distinct, so the early exit
+    # always applies; a cumulative sum over the slice cost ~20 counting passes
+    # at 10,000 x 100).
     above = keys > t
     n_above = jnp.sum(above, axis=axis, keepdims=True, dtype=jnp.int32)
     at = keys == t
@@ -470,10 +474,25 @@ def _sum_and_count(x: Array, active: Array, axis: int) -> Tuple[Array, Array]:
   if not _minor_axis(x, axis):
     return (jnp.sum(values, axis=axis, keepdims=True),
             jnp.sum(active, axis=axis, keepdims=True, dtype=jnp.int32))
+  return _variadic_sum_and_count(values, active, axis)
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(2,))
+def _variadic_sum_and_count(values: Array, active: Array, axis: int):
   s, cnt = lax.reduce((values, active.astype(jnp.int32)),
-                      (jnp.zeros((), x.dtype), jnp.zeros((), jnp.int32)),
+                      (jnp.zeros((), values.dtype), jnp.zeros((), jnp.int32)),
                       lambda p, q: (p[0] + q[0], p[1] + q[1]), (axis,))
   return jnp.expand_dims(s, axis), jnp.expand_dims(cnt, axis)
+
+
+@_variadic_sum_and_count.defjvp
+def _variadic_sum_and_count_jvp(axis, primals, tangents):
+  # JAX's JVP rule for a variadic reduce fails on the count's symbolic-zero
+  # tangent; the sum's tangent is a plain sum, the count has none.
+  out = _variadic_sum_and_count(*primals, axis)
+  d_values = tangents[0]
+  d_sum = jnp.sum(d_values, axis=axis, keepdims=True)
+  return out, (d_sum, np.zeros(out[1].shape, jax.dtypes.float0))
 
 
 def _michelot(x: Array, b: Array, axis: int, mask: Array | None):

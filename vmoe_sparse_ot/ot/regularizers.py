@@ -175,7 +175,7 @@ class SparsityConstrained(Regularizer):
   def __repr__(self):
     return f"SparsityConstrained(k={self.k!r}, gamma={self.gamma!r})"
 
-  def compact(self, m: int, dtype, minor_axis: bool = True) -> bool:
+  def compact(self, m: int, dtype, minor_axis: bool) -> bool:
     """Whether columns of length m are handled in compact form (k entries each).
 
     True for small k (the selection passes give the k entries directly); False

@@ -323,7 +323,8 @@ def _solve(a, b, C, reg, alpha0, beta0, *, formulation, solver, max_iter, tol,
 
   if formulation == "semi_dual":
     alpha = x
-    # The plan in the (n, m) layout the loop evaluated in (semi_dual_value_and_grad).
+    # The plan in the (n, m) layout (dense columns are evaluated there in the
+    # loop; compact ones give the same plan in either).
     vals, T_t, dval_db = reg.conj_simplex(alpha[None, :] - C_t, b, axis=1)
     T = T_t.T
     value = jnp.dot(alpha, a) - jnp.sum(vals)
