@@ -335,9 +335,9 @@ def test_radix_path_binding_and_free_columns_against_sorting(dtype, axis, bindin
   the major one, base-4 digits and variadic reductions along the minor one):
   columns where k binds (closed-form tau over the k largest), columns where it
   does not, ties at the k-th value (a value grid), against the sorted
-  projection. Along the minor axis of an (n, m) array, at most n / 4 binding
-  columns (here 2 of 8) are selected on their own, gathered ("one", "two");
-  more go through the selection of all columns ("half")."""
+  projection. Along the minor axis of an (n, m) array the binding columns are
+  selected n / 4 (here 2 of 8) at a time, gathered: one chunk ("one", "two"),
+  two chunks ("half")."""
   force_kernel(monkeypatch, "radix")
   rng = np.random.default_rng(5)
   m, k = 60, 6

@@ -566,10 +566,10 @@ def sparse_simplex_threshold(x: Array, k: int, b=1.0, axis: int = -1):
   (sum of the k largest - b) / k (the terms (v_1 + ... + v_r - b) / r of
   `_threshold_from_sorted` increase up to the plain support's size); the
   other slices keep their plain threshold. For a 2-D x along its minor axis
-  (the semi-dual's (n, m) layout), when at most n / 4 slices bind (near the
-  optimum often one or two), only those are selected, gathered into a smaller
-  array (2000 x 64, k = 64: solve 1.4x faster). Under vmap every branch of the
-  switch runs.
+  (the semi-dual's (n, m) layout) only the binding slices are selected,
+  gathered n / 4 at a time (near the optimum often one or two bind; solves to
+  a fixed iteration count: 2000 x 64, k = 64, 1.4x faster; 10,000 x 100,
+  k = 100, with ~60 of 100 binding, 1.4x).
   """
   axis = axis % x.ndim
   m = x.shape[axis]
@@ -589,25 +589,32 @@ def sparse_simplex_threshold(x: Array, k: int, b=1.0, axis: int = -1):
     return plain, jnp.ones(x.shape, bool)
 
   n = x.shape[0]
-  few = n // 4
-  if x.ndim != 2 or axis != 1 or few < 1:
+  chunk = -(-n // 4)
+  if x.ndim != 2 or axis != 1 or chunk == n:
     return lax.cond(jnp.any(binds), binding, not_binding, x, plain)
 
-  def few_binding(x, plain):
-    # At most n / 4 slices bind (near the optimum often one or two): select in
-    # those rows only, gathered to the front (binding first, stable).
-    rows = jnp.argsort(~binds[:, 0], stable=True)[:few]
-    picked = binds[rows]                                   # (few, 1)
-    b_rows = jnp.broadcast_to(b, plain.shape)[rows]
-    sub_mask = threshold_top_k_mask(x[rows], k, 1)
-    top_sum, _ = _sum_and_count(x[rows], sub_mask, 1)
-    tau = plain.at[rows].set(jnp.where(picked, (top_sum - b_rows) / k, plain[rows]))
-    mask = jnp.ones(x.shape, bool).at[rows].set(sub_mask | ~picked)
-    return tau, mask
+  def by_chunks(x, plain):
+    # Only the binding rows of the (n, m) layout are selected, n / 4 at a time,
+    # gathered (binding first, stable): near the optimum often one or two
+    # bind. One selection in a loop, so the program is no larger than
+    # `binding`'s. The last chunk's start is clamped by dynamic_slice; rows
+    # done twice get the same result.
+    order = jnp.argsort(~binds[:, 0], stable=True)
+    b_all = jnp.broadcast_to(b, plain.shape)
 
-  n_binding = jnp.sum(binds)
-  branch = jnp.where(n_binding == 0, 0, jnp.where(n_binding <= few, 1, 2))
-  return lax.switch(branch, (not_binding, few_binding, binding), x, plain)
+    def body(i, carry):
+      tau, mask = carry
+      rows = lax.dynamic_slice_in_dim(order, i * chunk, chunk)
+      picked = binds[rows]                                   # (chunk, 1)
+      sub_mask = threshold_top_k_mask(x[rows], k, 1)
+      top_sum, _ = _sum_and_count(x[rows], sub_mask, 1)
+      tau = tau.at[rows].set(jnp.where(picked, (top_sum - b_all[rows]) / k, plain[rows]))
+      return tau, mask.at[rows].set(sub_mask | ~picked)
+
+    n_chunks = -(-jnp.sum(binds) // chunk)
+    return lax.fori_loop(0, n_chunks, body, (plain, jnp.ones(x.shape, bool)))
+
+  return by_chunks(x, plain)
 
 
 def projection_simplex(x: Array, b=1.0, axis: int = -1) -> Array:
