@@ -299,9 +299,9 @@ def threshold_top_k_mask(x: Array, k: int, axis: int = -1) -> Array:
 # (500, 500) and (100, 100): the radix kernel wins from about these k on (see
 # RESULTS.md). Along the minor axis (the dense semi-dual's (n, m) layout) its
 # passes are base-4 variadic reductions and it wins earlier: float64 k = 32,
-# 1.7-4.8x on all five shapes (at k = 16 it won on four, 2.1-2.4x, but lost
-# 0.88x on 2000 x 64 and 1.5x on the router batch, 64 x 256 x 32); along another
-# axis it counts one bit per pass and the old crossover holds.
+# 2.0-4.6x on all five shapes (at k = 16 it won on four, 1.9-2.3x, but lost on
+# 2000 x 64, 0.96x, and on the router batch of 64 x 256 x 32, 1.5x); along
+# another axis it counts one bit per pass and the old crossover holds.
 _RADIX_MIN_K = {4: 32, 8: 48}
 _RADIX_MIN_K_MINOR = {4: 16, 8: 32}
 
