@@ -254,8 +254,9 @@ def threshold_top_k_mask(x: Array, k: int, axis: int = -1) -> Array:
   (float32) or 64 (float64) bits (`_radix_select`), fewer when every slice's
   k-th and (k+1)-th values differ in their leading bits (its early exit), and,
   only when some slice has more ties at its k-th value than it can take, a
-  second radix selection on the tied entries' indices (ceil(log2 m) bits). Needs 64-bit types (x64) for
-  float64 input; float16/bfloat16 are selected as float32.
+  second radix selection on the tied entries' indices (ceil(log2 m) bits).
+  Needs 64-bit types (x64) for float64 input; float16/bfloat16 are selected
+  as float32.
   """
   axis = axis % x.ndim
   _check_k(k, x.shape[axis])
@@ -580,10 +581,14 @@ def sparse_simplex_threshold(x: Array, k: int, b=1.0, axis: int = -1):
 
   binds = count > k
 
-  def binding(x, plain):
+  def select(x, binds, b, plain):
+    # The k-entry masks, and the closed-form tau where k binds.
     mask = threshold_top_k_mask(x, k, axis)
     top_sum, _ = _sum_and_count(x, mask, axis)
     return jnp.where(binds, (top_sum - b) / k, plain), mask
+
+  def binding(x, plain):
+    return select(x, binds, b, plain)
 
   def not_binding(x, plain):
     return plain, jnp.ones(x.shape, bool)
@@ -606,10 +611,8 @@ def sparse_simplex_threshold(x: Array, k: int, b=1.0, axis: int = -1):
       tau, mask = carry
       rows = lax.dynamic_slice_in_dim(order, i * chunk, chunk)
       picked = binds[rows]                                   # (chunk, 1)
-      sub_mask = threshold_top_k_mask(x[rows], k, 1)
-      top_sum, _ = _sum_and_count(x[rows], sub_mask, 1)
-      tau = tau.at[rows].set(jnp.where(picked, (top_sum - b_all[rows]) / k, plain[rows]))
-      return tau, mask.at[rows].set(sub_mask | ~picked)
+      sub_tau, sub_mask = select(x[rows], picked, b_all[rows], plain[rows])
+      return tau.at[rows].set(sub_tau), mask.at[rows].set(sub_mask | ~picked)
 
     n_chunks = -(-jnp.sum(binds) // chunk)
     return lax.fori_loop(0, n_chunks, body, (plain, jnp.ones(x.shape, bool)))
