@@ -194,6 +194,31 @@ def test_top_k_values_and_indices_match_lax_top_k_with_ties(dtype):
   np.testing.assert_array_equal(np.asarray(idx), np.asarray(i_ref))
 
 
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("m", [161, 1000, 1003])
+def test_blocked_top_k_matches_lax_top_k(dtype, m):
+  """Long slices take the blocked passes (block maxima, recursively, then the
+  k best blocks): many ties, the top entries crowded into one block or spread
+  one per block, a length that is not a multiple of the block, both axes."""
+  rng = np.random.RandomState(m)
+  ties = rng.randint(0, 4, size=(2, m))                          # ties at every k
+  crowded = np.zeros(m)
+  crowded[m // 2: m // 2 + 8] = np.arange(8, 0, -1)              # top 8 in two blocks
+  spread = rng.randn(m)
+  spread[::projections._BLOCK] += 10.0                           # one large entry per block
+  x = jnp.asarray(np.stack([*ties, crowded, spread, -np.abs(spread)]).astype(dtype))
+  for k in (1, 2, 5):
+    assert m >= projections._BLOCK_MIN_ROWS_PER_K * k * projections._BLOCK  # blocked
+    vals, idx = projections.top_k(x, k, axis=-1)
+    v_ref, i_ref = jax.lax.top_k(x, k)
+    np.testing.assert_array_equal(np.asarray(idx), np.asarray(i_ref), err_msg=f"k={k}")
+    np.testing.assert_array_equal(np.asarray(vals), np.asarray(v_ref), err_msg=f"k={k}")
+    mask, _ = projections.top_k_mask(x.T, k, axis=0)
+    ref = np.zeros(x.shape, bool)
+    np.put_along_axis(ref, np.asarray(i_ref), True, axis=-1)
+    np.testing.assert_array_equal(np.asarray(mask), ref.T, err_msg=f"k={k}")
+
+
 @pytest.mark.float32
 def test_top_k_without_x64_matches_lax_top_k_with_ties():
   """Two reductions per entry (no 64-bit keys)."""

@@ -75,17 +75,63 @@ def _decode_keys(keys: Array, dtype, shift: int, nb: int) -> Array:
 
 
 def _top_keys(x: Array, k: int, axis: int):
-  """k max-reduction passes over packed keys; returns (keys (k along axis), shift, nb)."""
-  red_shape = list(x.shape)
-  red_shape[axis] = 1
+  """The k largest packed keys along `axis` (decreasing, k along axis), by
+  max-reduction passes; returns (keys, top keys, shift, nb)."""
   keys, shift, nb = _sort_keys(x, axis)
+  return keys, _largest_keys(keys, k, axis, x.shape[axis], nb, 1), shift, nb
+
+
+# Blocks of _BLOCK entries: a slice is cut into blocks only when it has at least
+# _BLOCK_MIN_ROWS_PER_K * k * _BLOCK entries (where it paid off; measured below).
+_BLOCK = 4
+_BLOCK_MIN_ROWS_PER_K = 8
+
+
+def _max_passes(keys: Array, k: int, axis: int) -> Array:
+  """k "next smaller maximum" passes over distinct keys: the k largest, decreasing."""
+  red_shape = list(keys.shape)
+  red_shape[axis] = 1
   lo = jnp.iinfo(jnp.int64).min
   prev = jnp.full(red_shape, jnp.iinfo(jnp.int64).max, jnp.int64)
   picked = []
   for _ in range(k):
     prev = jnp.max(jnp.where(keys < prev, keys, lo), axis=axis, keepdims=True)
     picked.append(prev)
-  return keys, jnp.concatenate(picked, axis), shift, nb
+  return jnp.concatenate(picked, axis)
+
+
+def _largest_keys(keys: Array, k: int, axis: int, m: int, nb: int, scale: int) -> Array:
+  """The k largest of distinct packed keys along `axis`, decreasing.
+
+  Long slices are cut into blocks of _BLOCK entries: the k largest keys lie in
+  the k blocks with the largest maxima (a key in any other block is below k
+  block maxima, hence below k keys), so one pass takes the block maxima, their
+  k largest are found the same way (recursively), and the k passes run over
+  the k gathered blocks only. Position r of `keys` along `axis` covers the
+  original entries [r * scale, (r + 1) * scale); a key's original position is
+  in its low nb bits (`_sort_keys`). One evaluation at 500 x 500, k = 5:
+  0.11 ms against 0.34 ms for k passes over the whole slice; 1000 x 1000:
+  0.34 against 1.2 ms.
+  """
+  rows = keys.shape[axis]
+  if rows < _BLOCK_MIN_ROWS_PER_K * k * _BLOCK:
+    return _max_passes(keys, k, axis)
+  n_blocks = -(-rows // _BLOCK)
+  pad = n_blocks * _BLOCK - rows
+  if pad:
+    # The padding shares the last block with real keys, so never is a block max.
+    pad_shape = list(keys.shape)
+    pad_shape[axis] = pad
+    keys = jnp.concatenate([keys, jnp.full(pad_shape, jnp.iinfo(jnp.int64).min, keys.dtype)],
+                           axis)
+  blocks = keys.reshape(keys.shape[:axis] + (n_blocks, _BLOCK) + keys.shape[axis + 1:])
+  block_max = jnp.max(blocks, axis=axis + 1)
+  top_blocks = _largest_keys(block_max, k, axis, m, nb, scale * _BLOCK)
+  position = (m - 1) - (top_blocks & ((1 << nb) - 1))
+  block = (position // (scale * _BLOCK)).astype(jnp.int32)
+  picked = jnp.take_along_axis(blocks, jnp.expand_dims(block, axis + 1), axis=axis)
+  return _max_passes(picked.reshape(keys.shape[:axis] + (k * _BLOCK,) + keys.shape[axis + 1:]),
+                     k, axis)
 
 
 def _top_pairs(x: Array, k: int, axis: int):
