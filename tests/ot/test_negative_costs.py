@@ -55,12 +55,17 @@ def test_mixed_sign_agrees_with_pot(formulation):
   # The plans are set-valued at this optimum (a tie between top-k sets, and the
   # kink leaves the marginals off by ~0.02 for both solvers), so which member
   # each solver lands on depends on rounding: compare sparsity and marginals.
+  # Measured on the semi-dual: iterates whose values agree to 1e-10 (or a
+  # 1e-9 perturbation of C) land on members whose row violations are 0.013,
+  # 0.016 or 0.023; POT's is 0.016. So "of the same size as POT's", not less.
   T = np.asarray(res.plan)
   assert ((T > 0).sum(0) <= k).all()
   for axis, marginal in ((1, a), (0, b)):
     ours = np.abs(T.sum(axis) - marginal).max()
     theirs = np.abs(np.asarray(G).sum(axis) - marginal).max()
-    assert ours <= theirs + 1e-3, (axis, ours, theirs)
+    assert ours <= 2 * theirs + 1e-3, (axis, ours, theirs)
+  if formulation == "semi_dual":  # its columns hold exactly, kink or not
+    np.testing.assert_allclose(T.sum(0), b, atol=1e-12)
 
 
 def test_mixed_sign_squared_l2_plan_agrees_with_pot():

@@ -72,6 +72,20 @@ class Regularizer:
     return f"{type(self).__name__}(gamma={self.gamma!r})"
 
 
+def _simplex_value(t: Array, tau: Array, bb: Array, gamma, axis: int) -> Array:
+  """<s, t> - gamma/2 ||t||^2 for t = [s / gamma - tau]_+ (on its support) in
+  the b-scaled simplex: gamma/2 ||t||^2 + gamma tau b, since s / gamma = t + tau
+  where t > 0 and sum(t) = b. tau: keepdims, bb: b expanded like it.
+
+  Summing gamma t (s / gamma - t / 2) instead multiplies the rounding of
+  sum(t) (which the threshold's rounding moves by ~m eps |s| / gamma) by tau:
+  in float32 at 50,000 x 10 with k = 5750 that put a 3e-4 relative error on
+  the semi-dual's value, more than the progress L-BFGS's line search then had
+  to see.
+  """
+  return 0.5 * gamma * jnp.sum(t * t, axis=axis) + gamma * jnp.squeeze(tau * bb, axis)
+
+
 def _bexpand(b, s: Array, axis: int) -> Array:
   b = jnp.asarray(b, s.dtype)
   if b.ndim == s.ndim - 1:
@@ -124,7 +138,7 @@ class SquaredL2(Regularizer):
     u = s / self.gamma
     tau = projections.simplex_threshold(u, bb, axis)
     t = jnp.maximum(u - tau, 0)
-    val = self.gamma * jnp.sum(t * (u - 0.5 * t), axis=axis)
+    val = _simplex_value(t, tau, bb, self.gamma, axis)
     return val, t, self.gamma * jnp.squeeze(tau, axis)
 
   def primal(self, t, axis=0):
@@ -219,7 +233,7 @@ class SparsityConstrained(Regularizer):
       bb = _bexpand(b, s, axis)
       u = s / self.gamma
       t, tau, _ = projections.sparse_simplex_parts(u, self.k, bb, axis)
-      val = self.gamma * jnp.sum(t * (u - 0.5 * t), axis=axis)
+      val = _simplex_value(t, tau, bb, self.gamma, axis)
       return val, t, self.gamma * jnp.squeeze(tau, axis)
     val, sp, dval_db = self.conj_simplex_sparse(s, b, axis)
     return val, projections.densify(sp.values, sp.indices, m, axis), dval_db
@@ -244,8 +258,8 @@ class SparsityConstrained(Regularizer):
                                      jnp.where(bb > 0, smax * smax, 0) / self.gamma ** 2)
       return val, sp, jnp.squeeze(smax - self.gamma * bb, axis)
     sp = projections.sparse_simplex_topk(s / self.gamma, self.k, bb, axis)
-    # gamma/2 sum_active (u_i^2 - tau^2) (Table 1).
-    val = 0.5 * self.gamma * jnp.squeeze(sp.sum_sq - sp.count * sp.tau * sp.tau, axis)
+    # gamma/2 sum_active (u_i^2 - tau^2) (Table 1), written as in _simplex_value.
+    val = _simplex_value(sp.values, sp.tau, bb, self.gamma, axis)
     return val, sp, self.gamma * jnp.squeeze(sp.tau, axis)
 
   def primal(self, t, axis=0):
