@@ -321,6 +321,36 @@ def test_simplex_threshold_with_mask_and_zero_mass():
   assert float(v[0]) == pytest.approx(0.0, abs=1e-12)
 
 
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("m", [64, 67, 1000, 4099])
+def test_folded_michelot_threshold_against_sorting(dtype, m):
+  """Long rows along the minor axis start Michelot from the threshold of their
+  folded quarter-maxima (recursively): it must be a lower bound, and the final
+  threshold must be the sorting one. Supports from one entry to most of the
+  row, masses 0 to 10, -inf entries, lengths that do not divide by 4."""
+  assert m >= projections._FOLD_MIN
+  rng = np.random.default_rng(m)
+  x = rng.standard_normal((6, m)).astype(dtype)
+  x[1] *= 100.0                                       # support of one or two entries
+  x[2] = np.round(x[2])                               # ties
+  x[3, ::3] = -np.inf
+  b = np.array([1.0, 0.5, 2.0, 0.0, 10.0, 1e3], dtype)
+  xj, bj = jnp.asarray(x), jnp.asarray(b)[:, None]
+  tau = np.asarray(ot.simplex_threshold(xj, bj, axis=1))[:, 0]
+  lower = np.asarray(projections._folded_lower_bound(xj, bj, 1))[:, 0]
+  rtol = 1e-12 if dtype == np.float64 else 2e-6
+  for i in range(6):
+    row = x[i].astype(np.float64)
+    finite = np.isfinite(row)
+    want = np.zeros(m)
+    if b[i] > 0:   # the sort-based reference needs b > 0 and finite entries
+      want[finite] = np_proj_simplex(row[finite], float(b[i]))
+    got = np.where(finite, np.maximum(row - tau[i], 0), 0)
+    np.testing.assert_allclose(got, want, rtol=rtol, atol=rtol * (1 + np.abs(row[finite]).max()),
+                               err_msg=f"row {i}")
+    assert lower[i] <= tau[i] + rtol * abs(tau[i]), (i, lower[i], tau[i])
+
+
 def np_sparse_simplex(v, k, b):
   """Top-k sparsemax by sorting: the simplex projection of the k largest
   (lower index first among ties), zero elsewhere."""
