@@ -647,10 +647,13 @@ def sparse_simplex_threshold(x: Array, k: int, b=1.0, axis: int = -1):
   (sum of the k largest - b) / k (the terms (v_1 + ... + v_r - b) / r of
   `_threshold_from_sorted` increase up to the plain support's size); the
   other slices keep their plain threshold. For a 2-D x along its minor axis
-  (the semi-dual's (n, m) layout) only the binding slices are selected,
-  gathered n / 4 at a time (near the optimum often one or two bind; solves to
-  a fixed iteration count: 2000 x 64, k = 64, 1.4x faster; 10,000 x 100,
-  k = 100, with ~60 of 100 binding, 1.4x).
+  (the semi-dual's (n, m) layout) only the binding slices are selected, one
+  at a time (near the optimum often one or two bind). Each then stops its
+  radix passes as soon as its own k-th entry is told apart, where a batch of
+  rows waited for its slowest one: solves to a fixed iteration count against
+  batches of n / 4 rows, 2000 x 64 with k = 64 0.022 -> 0.019 s, 10,000 x 100
+  with k = 100 (~60 of 100 binding) 0.96 -> 0.71 s; with all 1000 rows of
+  1000 x 1000 binding at k = 32, one evaluation 1.46 against 1.50 ms.
   """
   axis = axis % x.ndim
   m = x.shape[axis]
@@ -673,31 +676,25 @@ def sparse_simplex_threshold(x: Array, k: int, b=1.0, axis: int = -1):
   def not_binding(x, plain):
     return plain, jnp.ones(x.shape, bool)
 
-  n = x.shape[0]
-  chunk = -(-n // 4)
-  if x.ndim != 2 or axis != 1 or chunk == n:
+  if x.ndim != 2 or axis != 1 or x.shape[0] == 1:
     return lax.cond(jnp.any(binds), binding, not_binding, x, plain)
 
-  def by_chunks(x, plain):
-    # Only the binding rows of the (n, m) layout are selected, n / 4 at a time,
-    # gathered (binding first, stable): near the optimum often one or two
-    # bind. One selection in a loop, so the program is no larger than
-    # `binding`'s. The last chunk's start is clamped by dynamic_slice; rows
-    # done twice get the same result.
+  def by_rows(x, plain):
+    # Only the binding rows of the (n, m) layout are selected, one at a time
+    # (binding rows first: a stable argsort), each with its own early exit. One
+    # selection in a loop, so the program is no larger than `binding`'s.
     order = jnp.argsort(~binds[:, 0], stable=True)
     b_all = jnp.broadcast_to(b, plain.shape)
 
     def body(i, carry):
       tau, mask = carry
-      rows = lax.dynamic_slice_in_dim(order, i * chunk, chunk)
-      picked = binds[rows]                                   # (chunk, 1)
-      sub_tau, sub_mask = select(x[rows], picked, b_all[rows], plain[rows])
-      return tau.at[rows].set(sub_tau), mask.at[rows].set(sub_mask | ~picked)
+      row = lax.dynamic_slice_in_dim(order, i, 1)
+      row_tau, row_mask = select(x[row], jnp.ones((1, 1), bool), b_all[row], plain[row])
+      return tau.at[row].set(row_tau), mask.at[row].set(row_mask)
 
-    n_chunks = -(-jnp.sum(binds) // chunk)
-    return lax.fori_loop(0, n_chunks, body, (plain, jnp.ones(x.shape, bool)))
+    return lax.fori_loop(0, jnp.sum(binds), body, (plain, jnp.ones(x.shape, bool)))
 
-  return by_chunks(x, plain)
+  return by_rows(x, plain)
 
 
 def projection_simplex(x: Array, b=1.0, axis: int = -1) -> Array:
