@@ -189,3 +189,20 @@ def test_ties_go_to_the_lowest_indices_at_any_length(m):
     want = brute_mask(x, k, 0)
     np.testing.assert_array_equal(np.asarray(_sel(xj, k, 0)), want, err_msg=f"k={k}")
     np.testing.assert_array_equal(np.asarray(_sel(xj.T, k, 1)), want.T, err_msg=f"k={k}")
+
+
+def test_vmapped_large_k_solves_with_binding_columns_equal_single_solves():
+  """The binding rows are selected one at a time in a loop whose trip count is
+  their number: under vmap each problem has its own count (the loop runs to the
+  largest), and every plan must still be its own solve's. Mass 1 per column on
+  2000 rows makes the plain simplex supports exceed k = 40, so k binds."""
+  rng = np.random.default_rng(0)
+  Cs = jnp.asarray(rng.random((3, 2000, 8)))
+  a, b = jnp.full(2000, 8 / 2000), jnp.ones(8)
+  reg = ot.SparsityConstrained(k=40, gamma=0.1)
+  assert ot.uses_radix(40, 2000, jnp.float64, minor_axis=True)
+  batched = jax.vmap(lambda C: ot.solve(a, b, C, reg, max_iter=50, tol=0.0).plan)(Cs)
+  for i in range(3):
+    single = np.asarray(ot.solve(a, b, Cs[i], reg, max_iter=50, tol=0.0).plan)
+    assert (np.count_nonzero(single, axis=0) == 40).all()          # k binds everywhere
+    np.testing.assert_allclose(np.asarray(batched[i]), single, atol=1e-12)
