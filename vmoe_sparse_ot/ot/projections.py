@@ -711,8 +711,7 @@ def projection_sparse_simplex(x: Array, k: int, b=1.0, axis: int = -1) -> Array:
   Equals [topk(x) - tau]_+ (paper eq. k-sparse-simplex). k >= m is the plain
   simplex projection.
   """
-  t, _, _ = sparse_simplex_parts(x, k, b, axis)
-  return t
+  return sparse_simplex_parts(x, k, b, axis)[0]
 
 
 class SparseSimplex(NamedTuple):
@@ -722,7 +721,7 @@ class SparseSimplex(NamedTuple):
   indices: int32 positions along the projected axis (distinct per slice).
   tau: the threshold (keepdims): values = [x[indices] - tau]_+ on the active set.
   count: number of active entries (values > 0 up to rounding; keepdims, float).
-  sum_sq: sum of x^2 over the active entries (keepdims; the conjugate's value).
+  sum_sq: sum of x^2 over the active entries (keepdims).
   """
   values: Array
   indices: Array
@@ -757,13 +756,10 @@ def sparse_simplex_topk(x: Array, k: int, b=1.0, axis: int = -1) -> SparseSimple
 
 
 def sparse_simplex_parts(x: Array, k: int, b=1.0, axis: int = -1):
-  """Top-k sparsemax with its internals, dense.
+  """Top-k sparsemax and its threshold, dense: (t, tau (keepdims)).
 
-  Returns (t, tau, (count, sum_sq)): the projection, the threshold (keepdims),
-  and over the active entries (t > 0) their number and the sum of their squared
-  values (both keepdims; used for the conjugate's value). For k >= m the plain
-  simplex projection is used; for large k (`uses_radix`)
-  `sparse_simplex_threshold`, dense.
+  For k >= m the plain simplex projection; for large k (`uses_radix`)
+  `sparse_simplex_threshold`; otherwise the compact form, densified.
   """
   axis = axis % x.ndim
   m = x.shape[axis]
@@ -772,12 +768,9 @@ def sparse_simplex_parts(x: Array, k: int, b=1.0, axis: int = -1):
     active = x > tau
     if mask is not None:
       active = active & mask
-    xa = jnp.where(active, x, 0)
-    count = jnp.sum(active, axis=axis, keepdims=True).astype(x.dtype)
-    t = jnp.where(active, x - tau, 0)
-    return t, tau, (count, jnp.sum(xa * xa, axis=axis, keepdims=True))
+    return jnp.where(active, x - tau, 0), tau
   sp = sparse_simplex_topk(x, k, b, axis)
-  return densify(sp.values, sp.indices, m, axis), sp.tau, (sp.count, sp.sum_sq)
+  return densify(sp.values, sp.indices, m, axis), sp.tau
 
 
 def projection_sparse_nonneg(x: Array, k: int, axis: int = -1) -> Array:

@@ -232,7 +232,7 @@ class SparsityConstrained(Regularizer):
     if not self.compact(m, s.dtype, axis == s.ndim - 1) and self.k > 1:
       bb = _bexpand(b, s, axis)
       u = s / self.gamma
-      t, tau, _ = projections.sparse_simplex_parts(u, self.k, bb, axis)
+      t, tau = projections.sparse_simplex_parts(u, self.k, bb, axis)
       val = _simplex_value(t, tau, bb, self.gamma, axis)
       return val, t, self.gamma * jnp.squeeze(tau, axis)
     val, sp, dval_db = self.conj_simplex_sparse(s, b, axis)
