@@ -28,6 +28,22 @@ def test_half_precision_marginals_are_accepted_and_solved_in_float32(dtype):
   np.testing.assert_allclose(np.asarray(res.plan), np.asarray(ref.plan), atol=2e-3)
 
 
+@pytest.mark.parametrize("formulation", ["semi_dual", "dual"])
+def test_masses_differing_within_tolerance_are_solved_as_b_rescaled_to_a(formulation):
+  """Unequal masses make the (semi-)dual unbounded along alpha + c; b is rescaled."""
+  a, b, C = problem(10, 7, seed=4, uniform=False)
+  b_off = b * (1 + 5e-7)                     # accepted: float64's mass rtol is 1e-6
+  res = ot.solve(a, b_off, C, REG, formulation=formulation, tol=1e-8, max_iter=3000)
+  # Unscaled, the gradient a - T 1 sums to sum(a) - sum(T) = -5e-7 at every
+  # column-feasible plan: no iterate could reach max |grad| <= 1e-8.
+  assert res.reason() == "converged"
+  ref = ot.solve(a, b_off * (a.sum() / b_off.sum()), C, REG, formulation=formulation,
+                 tol=1e-8, max_iter=3000)
+  np.testing.assert_allclose(np.asarray(res.plan), np.asarray(ref.plan), atol=1e-12)
+  np.testing.assert_allclose(np.asarray(res.plan).sum(0), b_off * (a.sum() / b_off.sum()),
+                             atol=1e-7)
+
+
 def test_mass_check_scales_with_dtype():
   a, b, C = problem(6, 4)
   with pytest.raises(ValueError, match="same total mass"):

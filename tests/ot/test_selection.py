@@ -6,7 +6,7 @@ import pytest
 
 from tests.ot.helpers import force_kernel, problem
 from vmoe_sparse_ot import ot
-from vmoe_sparse_ot.ot import projections
+from vmoe_sparse_ot.ot import optim, projections
 
 
 def brute_mask(x, k, axis):
@@ -144,7 +144,13 @@ def test_mnist_clustering_size_solves():
   nnz = (np.asarray(res.plan) > 0).sum(0)
   assert (nnz <= k).all() and nnz.max() == k
   np.testing.assert_allclose(np.asarray(res.plan).sum(0), np.asarray(b), rtol=1e-4)
-  assert (np.diff(np.asarray(res.trace.value)) >= 0).all()
+  # Ascent, up to the approximate Armijo test's tolerance: near the optimum a
+  # step is taken on its slopes when the value change is within the rounding
+  # of the value (float32 here), so the value may dip by that much.
+  value = np.asarray(res.trace.value, np.float64)
+  noise = optim._F_NOISE * np.finfo(np.float32).eps * np.abs(value[:-1])
+  assert (np.diff(value) >= -noise).all()
+  assert value[-1] > value[0]
 
 
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.float64])

@@ -86,8 +86,18 @@ def test_trace_under_jit_and_vmap():
   assert out.trace.value.shape == (2, 50)
   for i in range(2):
     single = ot.solve(a, b, Cs[i], reg, max_iter=50, tol=1e-9, trace=True)
-    np.testing.assert_allclose(out.trace.value[i], single.trace.value, rtol=1e-10)
-    np.testing.assert_array_equal(out.trace.num_evals[i], single.trace.num_evals)
+    # k binds: both runs end on a kink, where the line search stalls at the
+    # rounding level; vmap's rounding differs from a single solve's (~1e-17
+    # here), so they may stop (a stalled last iteration records no step) a few
+    # iterations apart. Same iterates until then, and each trace ends (NaN)
+    # where its own run did.
+    n = min(int(out.num_iter[i]), int(single.num_iter)) - 1
+    assert n >= 30
+    np.testing.assert_allclose(out.trace.value[i][:n], single.trace.value[:n], rtol=1e-10)
+    np.testing.assert_array_equal(out.trace.num_evals[i][:n], single.trace.num_evals[:n])
+    for res, value in ((out, out.trace.value[i]), (single, single.trace.value)):
+      stop = int(res.num_iter[i] if res is out else res.num_iter)
+      assert np.isfinite(value[:stop]).all() and np.isnan(value[stop:]).all()
 
 
 def test_trace_must_be_bool():

@@ -43,7 +43,8 @@ from vmoe_sparse_ot.ot.regularizers import (
     SquaredL2,
 )
 from vmoe_sparse_ot.ot.sinkhorn import SinkhornResult, sinkhorn
-from vmoe_sparse_ot.ot.solvers import LBFGS, Adam, OTResult, semi_dual_loss, solve
+from vmoe_sparse_ot.ot.solvers import (LBFGS, Adam, OTResult, c_transform_start, semi_dual_loss,
+                                      solve)
 
 __all__ = [
     "LBFGS",
@@ -57,6 +58,7 @@ __all__ = [
     "SparsityConstrained",
     "SquaredL2",
     "batched_semi_dual_adam",
+    "c_transform_start",
     "dual_objective",
     "dual_value_and_grad",
     "marginal_errors",

@@ -4,7 +4,7 @@
 
     jax.vmap(lambda c, a, b: ot.solve(a, b, c, SparsityConstrained(k, gamma),
         formulation="semi_dual", solver="adam", max_iter=N, tol=0.0,
-        learning_rate=lr).plan)
+        learning_rate=lr, init=jnp.zeros_like(a)).plan)
 
 -- Adam ascent on alpha from 0, plan columns t_j = top-k sparse projection of
 u_j = (alpha - c_j) / gamma onto the b_j-scaled simplex, ties at the k-th value
@@ -118,7 +118,8 @@ def batched_semi_dual_adam(C: Array, a: Array, b: Array, k: int, gamma,
     C: (G, m, n) costs (any finite values); a: (G, m) row marginals; b: (G, n)
       column marginals (each plan column has mass b_j and at most k nonzeros).
     k: static int >= 1. gamma: > 0 (may be traced). num_steps: static int >= 0.
-    learning_rate: Adam step size; alpha starts at 0, as in `ot.solve`.
+    learning_rate: Adam step size; alpha starts at 0 (`ot.solve` with
+      init=zeros; its default start is `c_transform_start`).
 
   Returns:
     (G, m, n) plans, equal to vmap(ot.solve(..., solver="adam",

@@ -134,9 +134,27 @@ def _plan_primal(reg: Regularizer, T: Array) -> Array:
   return jnp.sum(reg.primal(T, axis=0))
 
 
+def c_transform_start(b: Array, C: Array) -> Array:
+  """(m,) the default starting alpha: alpha_i = min_j C_ij over the columns with mass.
+
+  The c-transform of beta = 0: every row's best column starts at the top of its
+  scores (s_ij = alpha_i - C_ij = 0 there, < 0 elsewhere), where alpha = 0 leaves
+  the rows far from every column with no mass until the solver has lifted them.
+  Measured from alpha = 0 against this start, L-BFGS iterations to reach POT's
+  objective on the benchmark problems: 2000 x 64 (k = 64) 84 -> 58, 2000 x 10
+  (k = 230) 303 -> 170, 5000 x 10 (k = 575) 488 -> 280, 50,000 x 10
+  (k = 5750) 494 -> 97; within 10% either way on the others. Rows of a C with no
+  column of mass (b == 0: nothing to transport) start at 0.
+  """
+  alpha = jnp.min(jnp.where(b[None, :] > 0, C, jnp.inf), axis=1)
+  return jnp.where(jnp.isfinite(alpha), alpha, 0)
+
+
 def _prepare_init(init, m: int, n: int, formulation: str, dtype):
+  """(alpha0, beta0) as given, or (None, None): `_solve` then starts from
+  `c_transform_start` and beta = 0."""
   if init is None:
-    return jnp.zeros((m,), dtype), jnp.zeros((n,), dtype)
+    return None, None
   if isinstance(init, OTResult):
     alpha, beta = init.alpha, init.beta
   elif isinstance(init, (tuple, list)):
@@ -180,7 +198,8 @@ def solve(a, b, C, regularizer: Regularizer, formulation: str = "semi_dual",
 
   Args:
     a: (m,) non-negative row marginal.
-    b: (n,) non-negative column marginal, same total mass as `a`.
+    b: (n,) non-negative column marginal, same total mass as `a` (to the
+      dtype's tolerance, `validation.mass_rtol`; b is rescaled to sum(a)).
     C: (m, n) finite real cost (any sign: C + const gives the same plan).
     regularizer: `SparsityConstrained(k, gamma)` (at most k nonzeros per column;
       k >= m behaves as SquaredL2), `SquaredL2(gamma)` or `NegEntropy(gamma)`.
@@ -193,7 +212,10 @@ def solve(a, b, C, regularizer: Regularizer, formulation: str = "semi_dual",
       `max_iter` iterations (Adam: a fixed-length loop with no convergence test;
       L-BFGS may stop early only by the objective rule or a stalled line search).
     learning_rate: Adam step size (ignored by L-BFGS).
-    init: warm start: alpha (m,), (alpha, beta), or a previous OTResult.
+    init: warm start: alpha (m,), (alpha, beta), or a previous OTResult. None:
+      the semi-dual starts from alpha_i = min_j C_ij over the columns with mass
+      (`c_transform_start`, the c-transform of beta = 0; pass zeros to start
+      from 0), the dual from alpha = beta = 0.
     history: L-BFGS memory size.
     ftol: (expert, off by default) L-BFGS also stops once an iteration improves
       the objective by at most ftol * |objective| and its model predicts no more
@@ -272,7 +294,19 @@ def solve(a, b, C, regularizer: Regularizer, formulation: str = "semi_dual",
 def _solve(a, b, C, reg, alpha0, beta0, *, formulation, solver, max_iter, tol,
            learning_rate, history, ftol, patience, rtol, trace) -> OTResult:
   m, n = C.shape
+  if alpha0 is None:
+    # The dual keeps alpha = beta = 0: from the c-transform start its L-BFGS
+    # stalled at kinks sooner (one test problem: 1.8e-5 short instead of 6e-9).
+    alpha0 = c_transform_start(b, C) if formulation == "semi_dual" else jnp.zeros_like(a)
+    beta0 = jnp.zeros_like(b)
   mass = jnp.sum(a)
+  # The masses may differ within the dtype's tolerance (`validation.mass_rtol`:
+  # up to 16 eps in half precision, 12% in bfloat16). The dual and semi-dual
+  # are then unbounded (alpha + c moves the value by c (sum(a) - sum(b))), and
+  # a solve drifts along alpha + c until it stalls far from the plan: b is
+  # rescaled to a's mass.
+  b_mass = jnp.sum(b)
+  b = jnp.where(b_mass > 0, b * (mass / b_mass), b)
   # Zero-mass rows (and, for the dual, columns): their potentials are parked
   # below every threshold (`_park`), only when there are some.
   dead_rows = jnp.any(a <= 0)

@@ -55,7 +55,8 @@ def _solve_plans(cost: Array, a: Array, b: Array, k: int, opts: SparseOTOptions)
   if opts.solver == "adam" and opts.implementation == "fast":
     return ot.batched_semi_dual_adam(cost, a, b, k, opts.gamma, opts.num_steps,
                                      opts.learning_rate)
-  kwargs = {"max_iter": opts.num_steps, "tol": 0.0}
+  # From alpha = 0 like the fast path (not `ot.solve`'s c-transform start).
+  kwargs = {"max_iter": opts.num_steps, "tol": 0.0, "init": jnp.zeros_like(a[0])}
   if opts.solver == "adam":
     kwargs["learning_rate"] = opts.learning_rate
   reg = ot.SparsityConstrained(k=k, gamma=opts.gamma)
