@@ -39,7 +39,10 @@ def test_masses_differing_within_tolerance_are_solved_as_b_rescaled_to_a(formula
   assert res.reason() == "converged"
   ref = ot.solve(a, b_off * (a.sum() / b_off.sum()), C, REG, formulation=formulation,
                  tol=1e-8, max_iter=3000)
-  np.testing.assert_allclose(np.asarray(res.plan), np.asarray(ref.plan), atol=1e-12)
+  # Both converged to marginals within 1e-8: the same optimum to that accuracy
+  # (their iterates differ by the rounding of the rescaling).
+  assert float(res.value) == pytest.approx(float(ref.value), rel=1e-10)
+  np.testing.assert_allclose(np.asarray(res.plan), np.asarray(ref.plan), atol=1e-7)
   np.testing.assert_allclose(np.asarray(res.plan).sum(0), b_off * (a.sum() / b_off.sum()),
                              atol=1e-7)
 
