@@ -261,9 +261,8 @@ def solve(a, b, C, regularizer: Regularizer, formulation: str = "semi_dual",
     stops at its rounding floor (status "stalled"), where neither the objective
     (a sum of m terms) nor its slope along the step resolves the remaining
     gain. Measured on the benchmark problems (benchmarks/ot_solvers.py
-    --float32): 7e-7 to 5e-5 below the float64 optimum on every problem but
-    two, 2e-3 at 50,000 x 10 with k = 5750 (at its iteration cap) and 3e-4 at
-    100 x 100 with k = 2 (a kink). On marginals of large total mass with O(1)
+    --float32): 1e-6 to 1e-4 below the float64 solution on every problem
+    (most end on kinks, where the stopping point is path-dependent). On marginals of large total mass with O(1)
     entries (a = 1 per row, m = 10,000) rows were left up to 0.05 off with
     SquaredL2 and up to 1.0 off with a binding k = 100 (10,000 x 100, the
     supply-demand experiment). Solve in float64 (jax_enable_x64) when the
