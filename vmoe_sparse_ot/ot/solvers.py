@@ -153,9 +153,9 @@ def c_transform_start(b: Array, C: Array, reg: Regularizer) -> Array:
   minimum separates them. L-BFGS iterations to reach POT's objective on the
   benchmark problems (benchmarks/ot_solvers.py), alpha = 0 -> this start:
   100 x 100 (k = 2) 175 -> 135, 2000 x 64 (k = 64) 84 -> 60, 2000 x 10
-  (k = 230) 292 -> 176, 5000 x 10 (k = 575) 478 -> 315, 50,000 x 10
-  (k = 5750) 492 -> 102, 5000 x 10 (k = 50) 502 -> 106; 500 x 500, 1000 x 1000
-  and 10,000 x 100 within 5%. SquaredL2 and NegEntropy: as many or fewer
+  (k = 230) 292 -> 192, 5000 x 10 (k = 575) 478 -> 298, 50,000 x 10
+  (k = 5750) 494 -> 102, 5000 x 10 (k = 50) 502 -> 106; 500 x 500, 1000 x 1000
+  and 10,000 x 100 within 5-13%. SquaredL2 and NegEntropy: as many or fewer
   iterations to 1e-7 of the optimum on the same grid (up to 1.7x fewer).
   Rows of a C with no column of mass (nothing to transport) start at 0.
   """
