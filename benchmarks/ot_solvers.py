@@ -5,8 +5,9 @@ with L-BFGS: POT with scipy L-BFGS-B at its defaults (from alpha = 0,
 stopThr=1e-9, numItermax=500); ours with `ot.solve(a, b, C, reg)` at ITS
 DEFAULTS (from alpha = `ot.c_transform_start(b, C, reg)`; no tuning flags;
 --tol/--rtol/--ftol/--max-iter override them), jitted, float64. Printed: warm
-solve time (best of --repeats, POT too), first-call time (compile + first run) and compile time in separate columns, iterations
-(objective evaluations in parentheses), the objectives, the relative deficit
+solve time (best of --repeats, POT too), first-call time (compile + first
+run) and compile time in separate columns, iterations (objective evaluations
+in parentheses), the objectives, the relative deficit
 (POT - ours) / |POT| (<= 0: ours at least as good) and the speed-up POT time /
 our warm time. "@POT obj": the first iteration at which our objective reaches
 POT's final one, our warm time when stopped there (max_iter = that iteration),
