@@ -1,7 +1,7 @@
 """float32 solves reach the float64 optimum.
 
 The small problem below has a row of constant cost, so the semi-dual is linear
-along a stretch from alpha = 0 on: the gradient does not change between the first
+along a stretch from alpha = 0 on (tested from there and from the default start): the gradient does not change between the first
 two L-BFGS iterates except by float32 rounding. That rounding once passed for
 curvature and scaled the next step by ~1e7, where the k-sparse projection loses
 all precision (the plan came out zero and the value 1.7e9).
@@ -27,20 +27,22 @@ REGULARIZERS = {
 }
 
 
-def _solve(dtype, reg, formulation):
+def _solve(dtype, reg, formulation, start):
+  init = None if start == "default" else (np.zeros(4, dtype), np.zeros(3, dtype))
   return ot.solve(jnp.asarray(A, dtype), jnp.asarray(B, dtype), jnp.asarray(C, dtype), reg,
-                  formulation=formulation, solver="lbfgs")
+                  formulation=formulation, solver="lbfgs", init=init)
 
 
 @pytest.mark.float32
+@pytest.mark.parametrize("start", ["default", "zero"])
 @pytest.mark.parametrize("formulation", ["semi_dual", "dual"])
 @pytest.mark.parametrize("name", sorted(REGULARIZERS))
-def test_float32_reaches_the_float64_value(name, formulation):
+def test_float32_reaches_the_float64_value(name, formulation, start):
   reg = REGULARIZERS[name]
   with jax.enable_x64(True):
-    ref = _solve(jnp.float64, reg, formulation)
+    ref = _solve(jnp.float64, reg, formulation, start)
     ref_value, ref_plan = float(ref.value), np.asarray(ref.plan)
-  res = _solve(jnp.float32, reg, formulation)
+  res = _solve(jnp.float32, reg, formulation, start)
   assert res.plan.dtype == jnp.float32
   np.testing.assert_allclose(float(res.value), ref_value, rtol=1e-4)
   # The plan carries the whole mass, as the float64 one does.

@@ -59,12 +59,12 @@ def test_default_start_reaches_the_optimum_where_the_hard_minimum_has_a_kink(see
   and L-BFGS finds no ascent from it; the soft minimum does not tie them."""
   a, b, C = problem(600, 8, seed=seed)
   reg = ot.SparsityConstrained(k=5, gamma=0.1)
-  hard = ot.solve(a, b, C, reg, init=C.min(1), max_iter=400)
   soft = ot.solve(a, b, C, reg, max_iter=400)
   ref = ot.solve(a, b, C, reg, init=np.zeros(600), max_iter=4000)
-  assert hard.reason() == "stalled" and int(hard.num_iter) <= 2
-  assert int(soft.num_iter) > 50
   assert float(soft.value) >= float(ref.value) - 1e-6 * abs(float(ref.value))
+  # Why not the hard minimum (documents the failure the soft one avoids):
+  hard = ot.solve(a, b, C, reg, init=C.min(1), max_iter=400)
+  assert float(hard.value) < float(ref.value) - 1e-3 * abs(float(ref.value))
 
 
 @pytest.mark.parametrize("seed", [1, 2])
@@ -79,7 +79,9 @@ def test_default_start_needs_fewer_iterations_than_zero(m, n, k, seed):
 
   def iterations_to_target(init):
     trace = ot.solve(a, b, C, reg, init=init, trace=True, max_iter=2000).trace
-    return int(np.flatnonzero(np.asarray(trace.value) >= target)[0]) + 1
+    hits = np.flatnonzero(np.asarray(trace.value) >= target)
+    assert hits.size, f"init {init is None and 'default' or 'zero'} never reached 1e-6"
+    return int(hits[0]) + 1
   assert iterations_to_target(None) < 0.8 * iterations_to_target(np.zeros(m))
 
 
@@ -91,3 +93,19 @@ def test_default_start_is_traceable_under_vmap():
   for i in range(2):
     single = ot.solve(a, b, Cs[i], reg, max_iter=30, tol=0.0).alpha
     np.testing.assert_allclose(np.asarray(out[i]), np.asarray(single), rtol=1e-9, atol=1e-12)
+  # gamma traced: eps follows it.
+  gammas = jnp.asarray([0.2, 2.0])
+  starts = jax.vmap(lambda g: ot.c_transform_start(jnp.asarray(b), jnp.asarray(C),
+                                                   ot.SquaredL2(g)))(gammas)
+  for i, g in enumerate([0.2, 2.0]):
+    single = ot.c_transform_start(jnp.asarray(b), jnp.asarray(C), ot.SquaredL2(g))
+    np.testing.assert_allclose(np.asarray(starts[i]), np.asarray(single), rtol=1e-12)
+  assert not np.allclose(np.asarray(starts[0]), np.asarray(starts[1]))
+
+
+def test_integer_costs_give_a_float_start():
+  C = jnp.asarray([[3, 1, 4], [1, 5, 9]])
+  alpha = ot.c_transform_start(jnp.ones(3), C, ot.SquaredL2(1.0))
+  assert jnp.issubdtype(alpha.dtype, jnp.floating)
+  np.testing.assert_allclose(np.asarray(alpha), _soft_min(np.asarray(C, float), np.ones(3),
+                                                           _eps(1.0, np.asarray(C, float))))
