@@ -268,8 +268,9 @@ def solve(a, b, C, regularizer: Regularizer, formulation: str = "semi_dual",
     (most end on kinks, where the stopping point is path-dependent). On
     marginals of large total mass with O(1) entries (a = 1 per row,
     m = 10,000) rows were left up to 0.05 off with SquaredL2 and up to 1.0
-    off with a binding k = 100 (10,000 x 100, the supply-demand experiment). Solve in float64 (jax_enable_x64) when the
-    objective or the marginals must be tighter.
+    off with a binding k = 100 (10,000 x 100, the supply-demand experiment).
+    Solve in float64 (jax_enable_x64) when the objective or the marginals must
+    be tighter.
 
   Raises:
     ValueError naming the argument, before compiling: shape mismatch, negative or
