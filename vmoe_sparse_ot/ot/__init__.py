@@ -13,6 +13,7 @@ and `batched_semi_dual_adam`, many small semi-duals at once (the MoE router's so
 Everything runs under `jax.jit` and `jax.vmap`; see docs/ARCHITECTURE.md.
 """
 from vmoe_sparse_ot.ot.batched import batched_semi_dual_adam
+from vmoe_sparse_ot.ot.interior_point import solve_interior_point
 from vmoe_sparse_ot.ot.ksupport import squared_k_support_norm
 from vmoe_sparse_ot.ot.objectives import (
     dual_objective,
@@ -75,6 +76,7 @@ __all__ = [
     "simplex_threshold",
     "sinkhorn",
     "solve",
+    "solve_interior_point",
     "squared_k_support_norm",
     "top_k",
     "threshold_top_k_mask",

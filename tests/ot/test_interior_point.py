@@ -1,0 +1,81 @@
+"""solve_interior_point: the exact optimum of binding-k problems, with a certificate."""
+import numpy as np
+import pytest
+
+from tests.ot.helpers import problem
+from vmoe_sparse_ot import ot
+
+# The optimum of P_Psi from an independent interior-point solver: Clarabel
+# 0.11.1 through cvxpy 1.9.3 on the second-order-cone form
+#   min <T, C> + gamma/2 sum Z  s.t.  Z_ij L_ij >= T_ij^2, 0 <= L <= 1,
+#   L^T 1 = k, T >= 0, T 1 = a, T^T 1 = b
+# (tolerances 1e-10), its plan's value recomputed with the k-support norm.
+# (m, n, k, gamma, seed, uniform) -> optimal value.
+CLARABEL = {
+    (30, 30, 3, 0.5, 0, True): 0.02142716569366,
+    (12, 8, 2, 0.1, 3, False): 0.04588529813092,
+    (40, 25, 3, 1.0, 7, False): 0.03337546296264,
+}
+
+
+@pytest.mark.parametrize("case", sorted(CLARABEL))
+def test_value_agrees_with_an_independent_conic_solver(case):
+  m, n, k, gamma, seed, uniform = case
+  a, b, C = problem(m, n, seed=seed, uniform=uniform)
+  res = ot.solve_interior_point(a, b, C, ot.SparsityConstrained(k, gamma))
+  assert res.reason() == "converged"
+  assert float(res.value) == pytest.approx(CLARABEL[case], rel=1e-8)
+
+
+@pytest.mark.parametrize("m,n,k,gamma,seed", [(60, 40, 2, 1.0, 0), (60, 40, 2, 1.0, 1),
+                                              (200, 10, 5, 0.1, 2), (50, 50, 3, 0.3, 3)])
+def test_certified_and_at_least_as_good_as_lbfgs(m, n, k, gamma, seed):
+  a, b, C = problem(m, n, seed=seed, uniform=seed % 2 == 0)
+  reg = ot.SparsityConstrained(k, gamma)
+  res = ot.solve_interior_point(a, b, C, reg)
+  value, gap = float(res.value), float(res.duality_gap)
+  # The gap is P_Psi of the barrier's plan (marginals met to ~1e-10) minus
+  # the semi-dual at alpha: the two bounds on the optimum agree.
+  assert abs(gap) <= 1e-6 * abs(value)
+  # L-BFGS stops on the kink below (or at) it, however long it runs.
+  lbfgs = ot.solve(a, b, C, reg, max_iter=3000, rtol=1e-13)
+  assert float(lbfgs.value) <= value + 1e-12 * abs(value)
+  # The returned potentials are what `value` is: the semi-dual at alpha.
+  assert float(ot.semi_dual_objective(res.alpha, a, b, C, reg)) == pytest.approx(value, rel=1e-12)
+  assert np.all(np.sum(np.asarray(res.plan) != 0, axis=0) <= k)
+
+
+def test_non_binding_k_matches_lbfgs():
+  # k large enough that no column binds: the semi-dual is smooth there and
+  # L-BFGS meets the marginals; both solvers find the same optimum and plan.
+  a, b, C = problem(40, 6, seed=4)
+  reg = ot.SparsityConstrained(k=30, gamma=1.0)
+  lbfgs = ot.solve(a, b, C, reg, tol=1e-9, max_iter=2000)
+  assert lbfgs.reason() == "converged"
+  res = ot.solve_interior_point(a, b, C, reg)
+  assert float(res.value) == pytest.approx(float(lbfgs.value), rel=1e-9)
+  np.testing.assert_allclose(np.asarray(res.plan), np.asarray(lbfgs.plan), atol=1e-8)
+
+
+def test_shifted_cost_shifts_the_value_only():
+  a, b, C = problem(30, 20, seed=5, uniform=False)
+  reg = ot.SparsityConstrained(k=2, gamma=0.5)
+  r0 = ot.solve_interior_point(a, b, C, reg)
+  r1 = ot.solve_interior_point(a, b, C - 2.0, reg)
+  assert float(r1.value) == pytest.approx(float(r0.value) - 2.0, abs=1e-9)
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(reg=ot.SquaredL2(1.0)), "regularizer"),
+    (dict(reg=ot.SparsityConstrained(k=8, gamma=1.0)), "regularizer.k"),
+    (dict(a_zero=True), "a must be positive"),
+    (dict(max_newton=0), "max_newton"),
+    (dict(rtol=0.0), "rtol"),
+])
+def test_bad_arguments_name_themselves(kwargs, match):
+  a, b, C = problem(8, 5, seed=0)
+  if kwargs.pop("a_zero", False):
+    a = np.concatenate([[0.0], a[1:] * (1 / a[1:].sum())])
+  reg = kwargs.pop("reg", ot.SparsityConstrained(k=2, gamma=1.0))
+  with pytest.raises(ValueError, match=match):
+    ot.solve_interior_point(a, b, C, reg, **kwargs)
