@@ -216,8 +216,9 @@ def solve(a, b, C, regularizer: Regularizer, formulation: str = "semi_dual",
        that ends sparsity-constrained problems whose k binds: their optimum sits
        on a kink, where the gradient need not vanish. Default rtol 1e-9 in
        float64 (measured: objective within 1e-6 relative of the optimum on the
-       benchmark problems but the kink-bound 100 x 100 with k = 2, 8.3e-5 short,
-       and 10,000 x 100 with k = 100, 9.5e-5 short at 1000 iterations), 1e-7 in
+       benchmark problems but the kink-bound ones: 100 x 100 with k = 2 4.8e-5
+       short, 5000 x 10 with k = 5 10% short, 10,000 x 100 with k = 100 at its
+       1000-iteration cap; `solve_interior_point` reaches those optima), 1e-7 in
        float32 (its rounding level) -- but off
        (rtol = 0) when `tol` is given and `rtol` is not: an explicit tol asks
        for the marginals to that tolerance.
