@@ -108,7 +108,8 @@ def test_zero_mass_rows_and_columns_are_solved(formulation, solver):
 
 def test_status_names_each_stop():
   a, b, C = problem(10, 7, seed=4)
-  assert ot.STATUS == ("converged", "objective_tol", "max_iter", "stalled", "fixed_iter")
+  assert ot.STATUS == ("converged", "objective_tol", "max_iter", "stalled", "fixed_iter",
+                       "interior_point")
   assert ot.solve(a, b, C, REG, tol=1e-6).reason() == "converged"
   assert ot.solve(a, b, C, REG, tol=1e-12, max_iter=3).reason() == "max_iter"
   assert ot.solve(a, b, C, REG, solver="adam", tol=0.0, max_iter=5).reason() == "fixed_iter"

@@ -162,3 +162,48 @@ def test_solver_option_objects_equal_the_keywords():
   np.testing.assert_array_equal(np.asarray(obj.alpha), np.asarray(kw.alpha))
   with pytest.raises(ValueError, match="history"):
     ot.solve(a, b, C, reg, solver=ot.LBFGS(history=0))
+
+
+# Kink-bound problems: L-BFGS stops short; the defaults finish with the
+# interior point. Reference optima from the conic solver Clarabel (see
+# tests/ot/test_interior_point.py).
+KINK = {(30, 30, 3, 0.5, 0, True): 0.02142716569366,
+        (40, 25, 3, 1.0, 7, False): 0.03337546296264}
+
+
+@pytest.mark.parametrize("case", sorted(KINK))
+def test_defaults_reach_the_optimum_of_kink_bound_problems(case):
+  m, n, k, gamma, seed, uniform = case
+  a, b, C = problem(m, n, seed=seed, uniform=uniform)
+  reg = ot.SparsityConstrained(k, gamma)
+  lbfgs = ot.solve(a, b, C, reg, interior_point=False)
+  res = ot.solve(a, b, C, reg)
+  # L-BFGS alone stops 1.7e-5 and 2.2e-4 short, a row far from its mass.
+  assert float(lbfgs.value) < KINK[case] * (1 - 1e-6)
+  assert float(lbfgs.grad_norm) > 0.1 * a.max()
+  assert res.reason() == "interior_point" and bool(res.converged)
+  assert float(res.value) == pytest.approx(KINK[case], rel=1e-8)
+  assert int(res.num_iter) > int(lbfgs.num_iter)
+  # The same result as the interior point called directly.
+  direct = ot.solve_interior_point(a, b, C, reg)
+  np.testing.assert_allclose(np.asarray(res.alpha), np.asarray(direct.alpha), rtol=0, atol=0)
+
+
+def test_interior_point_only_when_asked_or_needed():
+  a, b, C = problem(30, 30, seed=0)
+  reg = ot.SparsityConstrained(3, 0.5)
+  # Tuned stop rules ask for the L-BFGS run as configured; True overrides.
+  assert ot.solve(a, b, C, reg, max_iter=200).reason() != "interior_point"
+  assert ot.solve(a, b, C, reg, max_iter=200, interior_point=True).reason() == "interior_point"
+  # Under jit the branch cannot depend on values: L-BFGS's point.
+  jitted = jax.jit(lambda a, b, C: ot.solve(a, b, C, reg))(a, b, C)
+  assert jitted.reason() == "objective_tol"
+  # A zero-mass row: the barrier has no interior; L-BFGS's point.
+  a0 = np.concatenate([[0.0], a[1:] / a[1:].sum()])
+  assert ot.solve(a0, b, C, reg).reason() != "interior_point"
+  # k that does not bind: L-BFGS (nearly) meets the marginals, nothing to finish.
+  loose = ot.solve(a, b, C, ot.SparsityConstrained(29, 0.5))
+  assert loose.reason() in ("converged", "objective_tol")
+  assert float(loose.grad_norm) < 1e-3 * a.max()
+  with pytest.raises(ValueError, match="interior_point"):
+    ot.solve(a, b, C, reg, interior_point="yes")

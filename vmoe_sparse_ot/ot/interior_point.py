@@ -223,7 +223,12 @@ def solve_interior_point(a, b, C, regularizer: SparsityConstrained, *,
     if validation.is_concrete(x) and not bool(jnp.all(jnp.asarray(x) > 0)):
       raise ValueError(f"{name} must be positive everywhere for solve_interior_point "
                        "(drop zero-mass rows or columns first)")
+  return solve_positive(a, b, C, regularizer, max_newton=max_newton, rtol=float(rtol))
+
+
+def solve_positive(a, b, C, reg: SparsityConstrained, *, max_newton: int = 500,
+                   rtol: float = 1e-10) -> OTResult:
+  """`solve_interior_point` without the argument checks (a, b > 0, k < m, n >= 2)."""
   dtype = jnp.result_type(a, b, C, float)
-  return _solve_ipm(jnp.asarray(a, dtype), jnp.asarray(b, dtype), C.astype(dtype),
-                    jnp.asarray(regularizer.gamma, dtype), k=regularizer.k,
-                    max_newton=max_newton, rtol=float(rtol))
+  return _solve_ipm(jnp.asarray(a, dtype), jnp.asarray(b, dtype), jnp.asarray(C, dtype),
+                    jnp.asarray(reg.gamma, dtype), k=reg.k, max_newton=max_newton, rtol=rtol)

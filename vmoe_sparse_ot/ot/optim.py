@@ -47,7 +47,8 @@ MAX_ITER = 2        # the iteration budget ran out first
 STALLED = 3         # L-BFGS: the line search found no increase (rounding level,
                     # or a kink it cannot cross)
 FIXED_ITER = 4      # tol == 0: ran exactly max_iter iterations, as asked
-STATUS = ("converged", "objective_tol", "max_iter", "stalled", "fixed_iter")
+INTERIOR_POINT = 5  # `solve`: L-BFGS ended on a kink; the interior point finished
+STATUS = ("converged", "objective_tol", "max_iter", "stalled", "fixed_iter", "interior_point")
 
 
 class OptState(NamedTuple):
