@@ -178,9 +178,10 @@ def test_defaults_reach_the_optimum_of_kink_bound_problems(case):
   reg = ot.SparsityConstrained(k, gamma)
   lbfgs = ot.solve(a, b, C, reg, interior_point=False)
   res = ot.solve(a, b, C, reg)
-  # L-BFGS alone stops 1.7e-5 and 2.2e-4 short, a row far from its mass.
+  # L-BFGS alone stops 1.7e-5 and 2.2e-4 short, its rows missing 5% and 13%
+  # of the mass.
   assert float(lbfgs.value) < KINK[case] * (1 - 1e-6)
-  assert float(lbfgs.grad_norm) > 0.1 * a.max()
+  assert np.abs(a - np.asarray(lbfgs.plan).sum(1)).sum() > 5e-3 * a.sum()
   assert res.reason() == "interior_point" and bool(res.converged)
   assert float(res.value) == pytest.approx(KINK[case], rel=1e-8)
   assert int(res.num_iter) > int(lbfgs.num_iter)
@@ -204,6 +205,6 @@ def test_interior_point_only_when_asked_or_needed():
   # k that does not bind: L-BFGS (nearly) meets the marginals, nothing to finish.
   loose = ot.solve(a, b, C, ot.SparsityConstrained(29, 0.5))
   assert loose.reason() in ("converged", "objective_tol")
-  assert float(loose.grad_norm) < 1e-3 * a.max()
+  assert np.abs(a - np.asarray(loose.plan).sum(1)).sum() < 1e-3 * a.sum()
   with pytest.raises(ValueError, match="interior_point"):
     ot.solve(a, b, C, reg, interior_point="yes")
