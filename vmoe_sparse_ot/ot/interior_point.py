@@ -125,6 +125,18 @@ def _max_step(x, d, upper):
   return jnp.minimum(1.0, _TO_BOUNDARY * jnp.min(jnp.minimum(t_low, t_up)))
 
 
+def _feasible(T, a, b):
+  """(m, n) a coupling of a and b near T >= 0: rows and columns scaled down to
+  at most their marginal, then the mass still missing added as a rank-one
+  plan. Moves T by about its marginal residual."""
+  T = jnp.maximum(T, 0)
+  T = T * jnp.minimum(1, a / jnp.maximum(jnp.sum(T, 1), jnp.finfo(T.dtype).tiny))[:, None]
+  T = T * jnp.minimum(1, b / jnp.maximum(jnp.sum(T, 0), jnp.finfo(T.dtype).tiny))[None, :]
+  missing_r, missing_c = a - jnp.sum(T, 1), b - jnp.sum(T, 0)
+  return T + jnp.outer(missing_r, missing_c) / jnp.maximum(jnp.sum(missing_r),
+                                                            jnp.finfo(T.dtype).tiny)
+
+
 @functools.partial(jax.jit, static_argnames=("k", "max_newton", "rtol"))
 def _solve_ipm(a, b, C, gamma, *, k, max_newton, rtol):
   m, n = C.shape
@@ -171,10 +183,12 @@ def _solve_ipm(a, b, C, gamma, *, k, max_newton, rtol):
   s = lax.while_loop(cond, body, init)
   value, grad, plan = objectives.semi_dual_value_and_grad(s.alpha, a, b, C, reg)
   beta = -reg.conj_simplex(s.alpha[None, :] - C.T, b, axis=1)[2]
-  # The upper bound: the lower of P_Psi at the plan where alpha was found and
-  # at the last one (the most central at the smallest mu).
-  primal = jnp.minimum(objectives.primal_objective(jnp.maximum(s.plan, 0), C, reg),
-                       objectives.primal_objective(jnp.maximum(s.T, 0), C, reg))
+  # The upper bound: P_Psi at a coupling, the lower over the plan where alpha
+  # was found and the last one, each made exactly feasible first: at the
+  # smallest mu the Newton solves drift off the marginals (a 100 x 100 plan
+  # drifted to 5e-7 below the optimum).
+  primal = jnp.minimum(objectives.primal_objective(_feasible(s.plan, a, b), C, reg),
+                       objectives.primal_objective(_feasible(s.T, a, b), C, reg))
   status = jnp.where(s.done, optim.CONVERGED, optim.MAX_ITER).astype(jnp.int32)
   return OTResult(plan=plan, value=value, alpha=s.alpha, beta=beta, num_iter=s.steps,
                   grad_norm=jnp.max(jnp.abs(grad)), converged=s.done,
