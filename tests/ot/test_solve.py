@@ -6,6 +6,7 @@ import pytest
 
 from tests.ot.helpers import pot, problem, quiet
 from vmoe_sparse_ot import ot
+from vmoe_sparse_ot.ot import solvers
 
 TIGHT = dict(tol=1e-10, max_iter=2000)
 
@@ -190,9 +191,14 @@ def test_defaults_reach_the_optimum_of_kink_bound_problems(case):
   np.testing.assert_allclose(np.asarray(res.alpha), np.asarray(direct.alpha), rtol=0, atol=0)
 
 
-def test_interior_point_only_when_asked_or_needed():
+def test_interior_point_only_when_asked_or_needed(monkeypatch):
   a, b, C = problem(30, 30, seed=0)
   reg = ot.SparsityConstrained(3, 0.5)
+  # Past the size limit (m n^2 = 27,000 here) only an explicit True switches.
+  monkeypatch.setattr(solvers, "_INTERIOR_POINT_MAX_WORK", 1e4)
+  assert ot.solve(a, b, C, reg).reason() == "objective_tol"
+  assert ot.solve(a, b, C, reg, interior_point=True).reason() == "interior_point"
+  monkeypatch.undo()
   # Tuned stop rules ask for the L-BFGS run as configured; True overrides.
   assert ot.solve(a, b, C, reg, max_iter=200).reason() != "interior_point"
   assert ot.solve(a, b, C, reg, max_iter=200, interior_point=True).reason() == "interior_point"

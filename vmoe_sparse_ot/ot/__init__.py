@@ -3,14 +3,18 @@
 The dual and semi-dual framework of "Sparsity-Constrained Optimal Transport"
 (Liu, Puigcerver, Blondel, ICLR 2023): OT with squared-L2 regularization and at
 most k nonzeros per column of the plan, solved through its dual or semi-dual with
-L-BFGS or Adam; plus the squared-L2 and entropic baselines and log-domain Sinkhorn,
-and `batched_semi_dual_adam`, many small semi-duals at once (the MoE router's solver).
+L-BFGS or Adam; `solve_interior_point`, a barrier method on the primal for the
+problems whose optimum is a kink of the semi-dual (k binds; `solve` switches to it
+itself where L-BFGS stops there); the squared-L2 and entropic baselines and
+log-domain Sinkhorn; and `batched_semi_dual_adam`, many small semi-duals at once
+(the MoE router's solver).
 
     from vmoe_sparse_ot import ot
     res = ot.solve(a, b, C, ot.SparsityConstrained(k=2, gamma=1.0))
     res.plan, res.value, res.duality_gap
 
-Everything runs under `jax.jit` and `jax.vmap`; see docs/ARCHITECTURE.md.
+Everything runs under `jax.jit` and `jax.vmap` (the switch to the interior point
+only eagerly); see docs/ARCHITECTURE.md.
 """
 from vmoe_sparse_ot.ot.batched import batched_semi_dual_adam
 from vmoe_sparse_ot.ot.interior_point import solve_interior_point
