@@ -27,6 +27,22 @@ def test_value_agrees_with_an_independent_conic_solver(case):
   assert float(res.value) == pytest.approx(CLARABEL[case], rel=1e-8)
 
 
+@pytest.mark.parametrize("rtol", [1e-10, 1e-2])
+def test_gap_brackets_the_optimum_and_status_is_honest(rtol):
+  # value <= optimum <= value + duality_gap (the gap is P_Psi at a coupling),
+  # also when a loose rtol stops the barrier early: "converged" only when the
+  # two bounds agree to 1e-6, "stalled" otherwise.
+  case = (30, 30, 3, 0.5, 0, True)
+  m, n, k, gamma, seed, uniform = case
+  a, b, C = problem(m, n, seed=seed, uniform=uniform)
+  res = ot.solve_interior_point(a, b, C, ot.SparsityConstrained(k, gamma), rtol=rtol)
+  value, gap, best = float(res.value), float(res.duality_gap), CLARABEL[case]
+  assert value <= best * (1 + 1e-12) and best <= value + gap + 1e-12 * best
+  assert res.reason() == ("converged" if gap <= 1e-6 * abs(value) else "stalled")
+  if rtol == 1e-2:
+    assert res.reason() == "stalled"
+
+
 @pytest.mark.parametrize("m,n,k,gamma,seed", [(60, 40, 2, 1.0, 0), (60, 40, 2, 1.0, 1),
                                               (200, 10, 5, 0.1, 2), (50, 50, 3, 0.3, 3)])
 def test_certified_and_at_least_as_good_as_lbfgs(m, n, k, gamma, seed):
