@@ -11,7 +11,7 @@ relative deficit against the interior point's, whose two-sided gap (P_Psi of
 its plan minus its semi-dual value) bounds how far that one is from the
 optimum.
 
-    python benchmarks/kink_optimum.py [--repeats N] [--threads 1]
+    python benchmarks/kink_optimum.py [--repeats N] [--threads 1] [--large]
 """
 from __future__ import annotations
 
@@ -35,6 +35,9 @@ from vmoe_sparse_ot import ot  # noqa: E402
 # The benchmark grid's kink-bound rows (benchmarks/ot_solvers.py).
 PROBLEMS = [(100, 100, 2, 1.0), (2000, 64, 64, 1.0), (5000, 10, 5, 0.1), (5000, 10, 50, 0.1),
             (50000, 10, 5750, 0.1), (10000, 100, 100, 0.1)]
+# --large: the grid's large-n rows, where the dense interior point is slow
+# (~20 s and ~150 s) but tells how far the defaults are from the optimum.
+LARGE = [(500, 500, 5, 0.1), (1000, 1000, 5, 0.1)]
 
 
 def timed(fn, repeats):
@@ -54,12 +57,14 @@ def main(argv=None):
   p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   p.add_argument("--repeats", type=int, default=3)
   p.add_argument("--threads", type=int, default=None, help="XLA CPU threads (read at start)")
+  p.add_argument("--large", action="store_true",
+                 help="the 500 x 500 and 1000 x 1000 rows instead (minutes)")
   args = p.parse_args(argv)
   print("| problem (m,n,k,gamma) | POT objective | POT s | L-BFGS alone objective | s "
         "| defaults: status | objective | s (1st call) | interior objective | s "
         "| Newton steps | interior gap | POT deficit | L-BFGS deficit | defaults deficit |")
   print("|---|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-  for m, n, k, gamma in PROBLEMS:
+  for m, n, k, gamma in LARGE if args.large else PROBLEMS:
     a, b, C = grid_problem(m, n)
     reg = ot.SparsityConstrained(k, gamma)
     pot_s, pot_obj = min(pot_solve(a, b, C, k, gamma) for _ in range(args.repeats))[:2]
