@@ -82,5 +82,6 @@ def main(argv=None):
           f"| {float(ip.duality_gap) / abs(best):.1e} | {deficit(pot_obj):.1e} "
           f"| {deficit(lb.value):.1e} | {deficit(df.value):.1e} |", flush=True)
 
+
 if __name__ == "__main__":
   main()

@@ -134,12 +134,12 @@ def _feasible(T, a, b):
   """(m, n) a coupling of a and b near T >= 0: rows and columns scaled down to
   at most their marginal, then the mass still missing added as a rank-one
   plan. Moves T by about its marginal residual."""
+  tiny = jnp.finfo(T.dtype).tiny
   T = jnp.maximum(T, 0)
-  T = T * jnp.minimum(1, a / jnp.maximum(jnp.sum(T, 1), jnp.finfo(T.dtype).tiny))[:, None]
-  T = T * jnp.minimum(1, b / jnp.maximum(jnp.sum(T, 0), jnp.finfo(T.dtype).tiny))[None, :]
+  T = T * jnp.minimum(1, a / jnp.maximum(jnp.sum(T, 1), tiny))[:, None]
+  T = T * jnp.minimum(1, b / jnp.maximum(jnp.sum(T, 0), tiny))[None, :]
   missing_r, missing_c = a - jnp.sum(T, 1), b - jnp.sum(T, 0)
-  return T + jnp.outer(missing_r, missing_c) / jnp.maximum(jnp.sum(missing_r),
-                                                            jnp.finfo(T.dtype).tiny)
+  return T + jnp.outer(missing_r, missing_c) / jnp.maximum(jnp.sum(missing_r), tiny)
 
 
 @functools.partial(jax.jit, static_argnames=("k", "max_newton", "rtol"))
@@ -180,7 +180,8 @@ def _solve_ipm(a, b, C, gamma, *, k, max_newton, rtol):
                      lambda x: jnp.asarray(-jnp.inf, dtype), alpha)
     better = value > s.value
     return _State(T, L, mu, jnp.where(better, alpha, s.alpha), jnp.maximum(value, s.value),
-                  jnp.where(better, T, s.plan), s.steps + 1, jnp.where(centered, 0, s.at_mu + 1), done)
+                  jnp.where(better, T, s.plan), s.steps + 1,
+                  jnp.where(centered, 0, s.at_mu + 1), done)
 
   init = _State(T0, L0, mu0.astype(dtype), jnp.zeros((m,), dtype),
                 jnp.asarray(-jnp.inf, dtype), T0, jnp.asarray(0, jnp.int32),

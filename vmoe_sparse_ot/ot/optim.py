@@ -45,7 +45,8 @@ CONVERGED = 0       # max |grad| <= tol: the marginals hold to tol
 OBJECTIVE_TOL = 1   # L-BFGS: the objective stopped improving (rtol / ftol rules)
 MAX_ITER = 2        # the iteration budget ran out first
 STALLED = 3         # L-BFGS: the line search found no increase (rounding level,
-                    # or a kink it cannot cross)
+                    # or a kink it cannot cross); solve_interior_point: its stop
+                    # rule fired but its two bounds are wider apart than 1e-6
 FIXED_ITER = 4      # tol == 0: ran exactly max_iter iterations, as asked
 INTERIOR_POINT = 5  # `solve`: L-BFGS ended on a kink; the interior point finished
 STATUS = ("converged", "objective_tol", "max_iter", "stalled", "fixed_iter", "interior_point")

@@ -288,9 +288,8 @@ def solve(a, b, C, regularizer: Regularizer, formulation: str = "semi_dual",
   higher. Only where it applies and pays: SparsityConstrained with k < m, the
   semi-dual with L-BFGS, float64, a and b positive everywhere, m n^2 <= 2e7
   unless interior_point=True (its Newton steps cost O(m n^2): 10,000 x 100
-  takes ~12 s), and concrete inputs -- under `jit`
-  or `vmap` `solve` returns L-BFGS's point, since which branch runs depends
-  on values.
+  takes ~12 s), and concrete inputs -- under `jit` or `vmap` `solve` returns
+  L-BFGS's point, since which branch runs depends on values.
 
   Returns:
     OTResult. Float dtype follows the inputs (float32 or float64 under x64;
@@ -367,9 +366,9 @@ def _finish_on_kink(res: OTResult, a, b, C, reg, any_size: bool) -> OTResult:
           and C.dtype == jnp.float64 and (any_size or m * n * n <= _INTERIOR_POINT_MAX_WORK)
           and all(validation.is_concrete(x) for x in (a, b, C, reg.gamma, res.status))):
     return res
-  mass = jnp.sum(a)
   missing = jnp.sum(jnp.abs(a - jnp.sum(res.plan, axis=1)))
-  if int(res.status) == optim.CONVERGED or not float(missing) > _KINK_MISSING_MASS * float(mass):
+  if int(res.status) == optim.CONVERGED or not float(missing) > _KINK_MISSING_MASS * float(
+      jnp.sum(a)):
     return res
   if not (bool(jnp.all(a > 0)) and bool(jnp.all(b > 0))):
     return res
