@@ -1,9 +1,11 @@
 """solve_interior_point: the exact optimum of binding-k problems, with a certificate."""
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from tests.ot.helpers import problem
 from vmoe_sparse_ot import ot
+from vmoe_sparse_ot.ot import interior_point as ipm
 
 # The optimum of P_Psi from an independent interior-point solver: Clarabel
 # 0.11.1 through cvxpy 1.9.3 on the second-order-cone form
@@ -95,3 +97,72 @@ def test_bad_arguments_name_themselves(kwargs, match):
   reg = kwargs.pop("reg", ot.SparsityConstrained(k=2, gamma=1.0))
   with pytest.raises(ValueError, match=match):
     ot.solve_interior_point(a, b, C, reg, **kwargs)
+
+
+# Candidate supports: the barrier on a few entries per row (for problems whose
+# dense Newton system, O(m n^2) per step, is too large).
+def _random_mask(m, n, seed):
+  rng = np.random.RandomState(seed)
+  mask = rng.rand(m, n) < 0.3
+  mask[np.arange(m), rng.randint(n, size=m)] = True   # every row has an entry
+  return mask
+
+
+@pytest.mark.parametrize("m,n,seed", [(15, 6, 0), (40, 9, 1)])
+def test_support_layout_and_products_match_dense_matrices(m, n, seed):
+  mask = _random_mask(m, n, seed)
+  support = ipm.support_of(mask)
+  cols, valid = np.asarray(support.cols), np.asarray(support.valid)
+  width = cols.shape[1]
+  # Slots: each row's entries, padded to a power of two; pairs likewise.
+  assert width == min(n, 1 << int(mask.sum(1).max() - 1).bit_length())
+  for i in range(m):
+    assert sorted(cols[i][valid[i]]) == sorted(np.nonzero(mask[i])[0])
+  assert support.pair_cells.shape[0] == 1 << int((mask.sum(1) ** 2).sum() - 1).bit_length()
+  # Brute force: (m, n) matrices with zeros off the mask.
+  rng = np.random.RandomState(seed + 10)
+  P, Q = rng.randn(m, n) * mask, rng.randn(m, n) * mask
+  on_slots = [jnp.where(valid, jnp.take_along_axis(jnp.asarray(x), support.cols, 1), 0)
+              for x in (P, Q)]
+  tt, tl, ll = ipm._schur_products(*on_slots, support, n, False)
+  for got, want in ((tt, P.T @ P), (tl, P.T @ Q), (ll, Q.T @ Q)):
+    np.testing.assert_allclose(np.asarray(got), want, rtol=1e-12, atol=1e-12)
+  sums = ipm._column_sums(support, n, False, *on_slots)
+  np.testing.assert_allclose(np.asarray(sums[0]), P.sum(0), rtol=1e-12, atol=1e-12)
+  np.testing.assert_allclose(np.asarray(sums[1]), Q.sum(0), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("m,n,k,gamma,seed", [(60, 6, 5, 0.1, 0), (90, 10, 6, 0.3, 1)])
+def test_candidate_support_reaches_the_dense_optimum(m, n, k, gamma, seed):
+  # n k <= m: k binds in every column. From a rough start (20 L-BFGS
+  # iterations) the support is grown until its bounds agree, at the dense
+  # interior point's optimum.
+  a, b, C = problem(m, n, seed=seed, uniform=seed % 2 == 0)
+  reg = ot.SparsityConstrained(k, gamma)
+  dense = ot.solve_interior_point(a, b, C, reg)
+  assert dense.reason() == "converged"
+  rough = ot.solve(a, b, C, reg, max_iter=20, interior_point=False)
+  res = ipm.solve_on_candidates(a, b, C, reg, rough.alpha)
+  value, gap, best = float(res.value), float(res.duality_gap), float(dense.value)
+  assert res.reason() == "converged"
+  assert value == pytest.approx(best, rel=1e-9)
+  # Each result's two bounds bracket the other's value.
+  assert value <= best + float(dense.duality_gap) and best <= value + gap
+  assert float(ot.semi_dual_objective(res.alpha, a, b, C, reg)) == pytest.approx(value, rel=1e-12)
+  # The whole problem as a "candidate" support: the pair-list Newton system
+  # gives the dense one's optimum.
+  full = ipm.solve_positive(a, b, C, reg, support=ipm.support_of(np.ones((m, n), bool)))
+  assert float(full.value) == pytest.approx(best, rel=1e-9)
+
+
+def test_init_runs_on_candidates_and_is_checked():
+  a, b, C = problem(60, 6, seed=0)
+  reg = ot.SparsityConstrained(5, 0.1)
+  dense = ot.solve_interior_point(a, b, C, reg)
+  rough = ot.solve(a, b, C, reg, max_iter=20, interior_point=False)
+  for init in (rough, rough.alpha):
+    res = ot.solve_interior_point(a, b, C, reg, init=init)
+    assert res.reason() == "converged"
+    assert float(res.value) == pytest.approx(float(dense.value), rel=1e-9)
+  with pytest.raises(ValueError, match="init alpha"):
+    ot.solve_interior_point(a, b, C, reg, init=np.zeros(5))

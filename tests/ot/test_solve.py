@@ -6,7 +6,7 @@ import pytest
 
 from tests.ot.helpers import pot, problem, quiet
 from vmoe_sparse_ot import ot
-from vmoe_sparse_ot.ot import solvers
+from vmoe_sparse_ot.ot import interior_point, solvers
 
 TIGHT = dict(tol=1e-10, max_iter=2000)
 
@@ -214,3 +214,35 @@ def test_interior_point_only_when_asked_or_needed(monkeypatch):
   assert np.abs(a - np.asarray(loose.plan).sum(1)).sum() < 1e-3 * a.sum()
   with pytest.raises(ValueError, match="interior_point"):
     ot.solve(a, b, C, reg, interior_point="yes")
+
+
+@pytest.mark.parametrize("m,n,k,gamma,seed", [(60, 12, 5, 0.1, 2), (80, 8, 10, 0.5, 3)])
+def test_certain_kink_finishes_on_a_candidate_support(monkeypatch, m, n, k, gamma, seed):
+  # n k <= m: the semi-dual's plans have too few nonzeros for the rows, so k
+  # binds for certain; L-BFGS only runs its 200 iterations to aim the
+  # interior point.
+  a, b, C = problem(m, n, seed=seed, uniform=seed % 2 == 0)
+  reg = ot.SparsityConstrained(k, gamma)
+  best = ot.solve_interior_point(a, b, C, reg)
+  res = ot.solve(a, b, C, reg, trace=True)
+  assert res.reason() == "interior_point"
+  assert res.trace.value.shape == (solvers._KINK_CERTAIN_MAX_ITER,)
+  assert float(res.value) == pytest.approx(float(best.value), rel=1e-9)
+  # Past the dense limit (m n^2) but not the candidate one (n^3): the
+  # barrier runs on a candidate support grown from L-BFGS's potentials.
+  calls = []
+  grow = interior_point.solve_on_candidates
+
+  def spy(*args, **kwargs):
+    calls.append(args)
+    return grow(*args, **kwargs)
+  monkeypatch.setattr(interior_point, "solve_on_candidates", spy)
+  monkeypatch.setattr(solvers, "_INTERIOR_POINT_MAX_WORK", n ** 3)
+  res = ot.solve(a, b, C, reg)
+  assert len(calls) == 1 and res.reason() == "interior_point" and bool(res.converged)
+  assert float(res.value) == pytest.approx(float(best.value), rel=1e-9)
+  # Past both: L-BFGS alone, with its full budget.
+  monkeypatch.setattr(solvers, "_INTERIOR_POINT_MAX_WORK", n ** 3 - 1)
+  res = ot.solve(a, b, C, reg, trace=True)
+  assert res.reason() != "interior_point" and res.trace.value.shape == (1000,)
+  assert len(calls) == 1

@@ -202,9 +202,17 @@ def _prepare_init(init, m: int, n: int, formulation: str, dtype):
 
 
 _DEFAULT_MAX_ITER = 1000
-# m n^2 above which `solve` does not switch to the interior point on its own
-# (its Newton steps are O(m n^2); 5000 x 10 took 0.35 s, 10,000 x 100 12 s).
+# Work per Newton step up to which `solve` switches to the interior point on
+# its own: on every entry while m n^2 is below it (5000 x 10: 0.35 s; 10,000 x
+# 100, m n^2 = 1e8, took 12 s), else on a candidate support while n^3 is (its
+# (2n - 1)-square system; 10,000 x 100: 1.0 s).
 _INTERIOR_POINT_MAX_WORK = 2e7
+# L-BFGS's budget before the interior point where k binds for certain
+# (`_kink_certain`). 10,000 x 100 with k = 100 from 200 iterations: one round
+# of candidates (0.9 s warm after L-BFGS's 0.9 s); from 100 and 50 (2 and 4
+# rounds) the interior point took longer than the iterations saved; from
+# 1000 (the default budget) L-BFGS alone took 4.4 s.
+_KINK_CERTAIN_MAX_ITER = 200
 # L-BFGS ended on a kink when its plan's rows miss more than this fraction of
 # the mass (sum |a - T 1| / sum(a)). Measured on 37 random problems whose k
 # binds (10-200 rows, 3-40 columns, gamma 0.01-1): every end more than 1e-6
@@ -272,10 +280,10 @@ def solve(a, b, C, regularizer: Regularizer, formulation: str = "semi_dual",
     trace: Python bool; True records per iteration the objective, the gradient
       norm and the evaluation count in `result.trace` (an `OTTrace`, each field
       (max_iter,)). Off, nothing is recorded.
-    interior_point: whether a kink-bound run is finished by
-      `solve_interior_point` (see "Kinks" below). None (default): with the
-      default stop rules (tol, rtol, ftol and max_iter not given) and m n^2 <=
-      2e7; True: also with tuned ones and at any size; False: never.
+    interior_point: whether a kink-bound run is finished by the interior
+      point (see "Kinks" below). None (default): with the default stop rules
+      (tol, rtol, ftol and max_iter not given) and m n^2 or n^3 <= 2e7; True:
+      also with tuned ones and at any size; False: never.
 
   Kinks: where k binds, the semi-dual's optimum sits on a kink and L-BFGS may
   stop short of it (by any rule but the marginal one), rows left without their
@@ -285,11 +293,18 @@ def solve(a, b, C, regularizer: Regularizer, formulation: str = "semi_dual",
   with the barrier method on the primal (`solve_interior_point`, exact to
   ~1e-9) and returns its result (status "interior_point"; num_iter and
   num_evals count both runs, trace is L-BFGS's) when its semi-dual value is
-  higher. Only where it applies and pays: SparsityConstrained with k < m, the
-  semi-dual with L-BFGS, float64, a and b positive everywhere, m n^2 <= 2e7
-  unless interior_point=True (its Newton steps cost O(m n^2): 10,000 x 100
-  takes ~12 s), and concrete inputs -- under `jit` or `vmap` `solve` returns
-  L-BFGS's point, since which branch runs depends on values.
+  higher. Where n k <= m, k binds for certain (the semi-dual's plans have at
+  most n k nonzeros, too few for m rows) and L-BFGS runs only 200 iterations
+  (with the default max_iter) before the switch: enough to aim it. The
+  barrier runs on every entry when m n^2 <= 2e7 (one (2n - 1)-square Newton
+  system per step, O(m n^2)), else on a candidate support grown from
+  L-BFGS's potentials until its bounds agree
+  (`interior_point.solve_on_candidates`; 10,000 x 100 with k = 100: 1 s
+  against 12 s on every entry), when n^3 <= 2e7. Only where it applies and
+  pays: SparsityConstrained with k < m, the semi-dual with L-BFGS, float64, a
+  and b positive everywhere, those sizes unless interior_point=True, and
+  concrete inputs -- under `jit` or `vmap` `solve` returns L-BFGS's point
+  (with the full budget), since which branch runs depends on values.
 
   Returns:
     OTResult. Float dtype follows the inputs (float32 or float64 under x64;
@@ -350,31 +365,54 @@ def solve(a, b, C, regularizer: Regularizer, formulation: str = "semi_dual",
   a = jnp.asarray(a, dtype)
   b = jnp.asarray(b, dtype)
   C = jnp.asarray(C, dtype)
+  finish = (interior_point and formulation == "semi_dual" and solver == "lbfgs"
+            and _interior_point_applies(a, b, C, regularizer, any_size))
+  certain = finish and _kink_certain(C, regularizer)
+  if certain and max_iter == _DEFAULT_MAX_ITER:
+    # L-BFGS only has to point the interior point at the support.
+    max_iter = _KINK_CERTAIN_MAX_ITER
   res = _solve(a, b, C, regularizer, alpha0, beta0, formulation=formulation,
                solver=solver, max_iter=max_iter, tol=tol, learning_rate=learning_rate,
                history=history, ftol=ftol, patience=patience, rtol=rtol, trace=trace)
-  if interior_point and formulation == "semi_dual" and solver == "lbfgs":
-    res = _finish_on_kink(res, a, b, C, regularizer, any_size)
+  if formulation == "semi_dual":
+    value, T, beta, primal = semi_dual_at(res.alpha, a, b, C, regularizer)
+    res = res._replace(plan=T, value=value, beta=beta, duality_gap=primal - value)
+    if finish:
+      res = _finish_on_kink(res, a, b, C, regularizer, certain)
   return res
 
 
-def _finish_on_kink(res: OTResult, a, b, C, reg, any_size: bool) -> OTResult:
-  """`res`, or the interior point's result where L-BFGS ended on a kink and it applies
-  (see `solve`, "Kinks")."""
+def _interior_point_applies(a, b, C, reg, any_size: bool) -> bool:
+  """Whether `solve` may finish with the interior point (see "Kinks")."""
   m, n = C.shape
-  if not (isinstance(reg, SparsityConstrained) and reg.k < m and n >= 2
-          and C.dtype == jnp.float64 and (any_size or m * n * n <= _INTERIOR_POINT_MAX_WORK)
-          and all(validation.is_concrete(x) for x in (a, b, C, reg.gamma, res.status))):
-    return res
+  return (isinstance(reg, SparsityConstrained) and reg.k < m and n >= 2
+          and C.dtype == jnp.float64
+          and (any_size or min(m * n * n, n ** 3) <= _INTERIOR_POINT_MAX_WORK)
+          and all(validation.is_concrete(x) for x in (a, b, C, reg.gamma))
+          and bool(jnp.all(a > 0)) and bool(jnp.all(b > 0)))
+
+
+def _kink_certain(C, reg) -> bool:
+  """k binds for certain: the semi-dual's plans have at most n k nonzeros, no
+  more than the m rows (all with mass) that each need one."""
+  m, n = C.shape
+  return n * reg.k <= m
+
+
+def _finish_on_kink(res: OTResult, a, b, C, reg, certain: bool) -> OTResult:
+  """`res`, or the interior point's result where L-BFGS ended on a kink (see
+  `solve`, "Kinks"); `_interior_point_applies` holds."""
+  m, n = C.shape
   missing = jnp.sum(jnp.abs(a - jnp.sum(res.plan, axis=1)))
-  if int(res.status) == optim.CONVERGED or not float(missing) > _KINK_MISSING_MASS * float(
-      jnp.sum(a)):
-    return res
-  if not (bool(jnp.all(a > 0)) and bool(jnp.all(b > 0))):
+  if not certain and (int(res.status) == optim.CONVERGED or not float(missing) > (
+      _KINK_MISSING_MASS * float(jnp.sum(a)))):
     return res
   # Imported here: interior_point builds on this module (OTResult).
   from vmoe_sparse_ot.ot import interior_point as ipm
-  exact = ipm.solve_positive(a, b, C, reg)
+  if m * n * n <= _INTERIOR_POINT_MAX_WORK:
+    exact = ipm.solve_positive(a, b, C, reg)
+  else:
+    exact = ipm.solve_on_candidates(a, b, C, reg, res.alpha)
   if not float(exact.value) > float(res.value):
     return res
   return exact._replace(num_iter=res.num_iter + exact.num_iter,
@@ -400,8 +438,7 @@ def _solve(a, b, C, reg, alpha0, beta0, *, formulation, solver, max_iter, tol,
   # a solve drifts along alpha + c until it stalls far from the plan: b is
   # rescaled to a's mass. With equal masses the factor is 1 up to rounding (a
   # 1-ulp change of b, which can move where a kink-bound solve stops).
-  b_mass = jnp.sum(b)
-  b = jnp.where(b_mass > 0, b * (mass / b_mass), b)
+  b = _matched(b, a)
   # Zero-mass rows (and, for the dual, columns): their potentials are parked
   # below every threshold (`_park`), only when there are some.
   dead_rows = jnp.any(a <= 0)
@@ -449,25 +486,39 @@ def _solve(a, b, C, reg, alpha0, beta0, *, formulation, solver, max_iter, tol,
                      trace=None if st.trace is None else st.trace._replace(
                          value=st.trace.value * unit, grad_norm=st.trace.grad_norm * unit))
   x = park(st.x)
-
-  if formulation == "semi_dual":
-    alpha = x
-    # The plan in the (n, m) layout (dense columns are evaluated there in the
-    # loop; compact ones give the same plan in either).
-    vals, T_t, dval_db = reg.conj_simplex(alpha[None, :] - C_t, b, axis=1)
-    T = T_t.T
-    value = jnp.dot(alpha, a) - jnp.sum(vals)
-    beta = -dval_db
-  else:
-    alpha, beta = x[:m], x[m:]
-    T = objectives.plan_from_dual(alpha, beta, C, reg)
-    value = st.value
-  primal = jnp.sum(T * C) + _plan_primal(reg, T)
   converged = (st.status == optim.CONVERGED) | (st.status == optim.OBJECTIVE_TOL)
-  return OTResult(plan=T, value=value, alpha=alpha, beta=beta, num_iter=st.num_iter,
-                  grad_norm=st.grad_norm, converged=converged,
-                  duality_gap=primal - value, num_evals=st.num_evals, trace=st.trace,
-                  status=st.status)
+  res = OTResult(plan=None, value=None, alpha=x, beta=None, num_iter=st.num_iter,
+                 grad_norm=st.grad_norm, converged=converged, duality_gap=None,
+                 num_evals=st.num_evals, trace=st.trace, status=st.status)
+  if formulation == "semi_dual":
+    # Completed by `semi_dual_at` outside this function (see there).
+    return res
+  alpha, beta = x[:m], x[m:]
+  T = objectives.plan_from_dual(alpha, beta, C, reg)
+  primal = jnp.sum(T * C) + _plan_primal(reg, T)
+  return res._replace(plan=T, value=st.value, alpha=alpha, beta=beta,
+                      duality_gap=primal - st.value)
+
+
+def _matched(b, a):
+  """b rescaled to sum(a) (see `_solve`)."""
+  b_mass = jnp.sum(b)
+  return jnp.where(b_mass > 0, b * (jnp.sum(a) / b_mass), b)
+
+
+@jax.jit
+def semi_dual_at(alpha, a, b, C, reg: Regularizer):
+  """(S(alpha), its plan T (m, n), beta = dS/db, the primal value of T).
+
+  The semi-dual's result at alpha, jitted on its own: `solve` and the
+  interior point (which scores its multipliers with it) then compile it once
+  per problem shape. The plan is formed in the (n, m) layout, where dense
+  columns are evaluated (compact ones give the same plan in either).
+  """
+  b = _matched(b, a)
+  vals, T_t, dval_db = reg.conj_simplex(alpha[None, :] - C.T, b, axis=1)
+  T = T_t.T
+  return jnp.dot(alpha, a) - jnp.sum(vals), T, -dval_db, jnp.sum(T * C) + _plan_primal(reg, T)
 
 
 def semi_dual_loss(a, b, C, regularizer: Regularizer, **solve_kwargs) -> Array:
