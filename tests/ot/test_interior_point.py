@@ -166,3 +166,30 @@ def test_init_runs_on_candidates_and_is_checked():
     assert float(res.value) == pytest.approx(float(dense.value), rel=1e-9)
   with pytest.raises(ValueError, match="init alpha"):
     ot.solve_interior_point(a, b, C, reg, init=np.zeros(5))
+
+
+def test_best_upper_bound_walks_back_from_the_newest_plan_until_worse():
+  # A ring of _KEPT plans written at slot c % _KEPT by the c-th centered mu;
+  # the plans here are their mu's number, the bounds fall then rise going back.
+  kept = ipm._KEPT
+  centered = kept + 3                      # the ring has wrapped: newest in slot 2
+  plans = np.arange(kept, dtype=float)
+  for c in range(kept, centered):
+    plans[c % kept] = c
+  bounds = {10: 5.0, 9: 3.0, 8: 2.0, 7: 4.0, 6: 1.0}   # 6 is never reached
+  seen = []
+
+  def bound(plan):
+    seen.append(int(plan))
+    return bounds[int(plan)]
+  assert ipm._best_upper_bound(plans, centered, None, True, bound) == 2.0
+  assert seen == [10, 9, 8, 7]
+  # Not done: the last iterate comes first; fewer than _KEPT mus: only those.
+  seen.clear()
+  bounds[-1] = 0.5
+  assert ipm._best_upper_bound(plans, centered, -1.0, False, bound) == 0.5
+  assert seen == [-1, 10]
+  seen.clear()
+  assert ipm._best_upper_bound(np.arange(kept, dtype=float), 2, None, True,
+                               lambda p: seen.append(int(p)) or -p) == -1.0
+  assert seen == [1, 0]

@@ -237,6 +237,7 @@ def test_certain_kink_finishes_on_a_candidate_support(monkeypatch, m, n, k, gamm
     calls.append(args)
     return grow(*args, **kwargs)
   monkeypatch.setattr(interior_point, "solve_on_candidates", spy)
+  monkeypatch.setattr(solvers, "_DENSE_INTERIOR_POINT_WORK", 0)
   monkeypatch.setattr(solvers, "_INTERIOR_POINT_MAX_WORK", n ** 3)
   res = ot.solve(a, b, C, reg)
   assert len(calls) == 1 and res.reason() == "interior_point" and bool(res.converged)

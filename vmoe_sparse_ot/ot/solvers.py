@@ -218,10 +218,16 @@ _KINK_CERTAIN_MAX_ITER = 200
 # binds (10-200 rows, 3-40 columns, gamma 0.01-1): every end more than 1e-6
 # short of the optimum missed >= 1.8% (most a whole row or more: rows left out
 # at the kink); every end below 0.21% was within 1e-7. On the benchmark grid:
-# 100 x 100 (k = 2) 9.5%, 10,000 x 100 (k = 100) 2.5%, 5000 x 10 (k = 5, 50)
-# ~190% -- all 5e-5 or more short -- against 0.03-0.15% on the rest, within
-# 1e-6 (50,000 x 10 with k = 5750: 0.15%, 5.5e-7 short).
-_KINK_MISSING_MASS = 5e-3
+# 100 x 100 (k = 2) 11%, 10,000 x 100 (k = 100) 2.5%, 5000 x 10 (k = 5, 50)
+# ~190% -- all 5e-5 or more short -- and 50,000 x 10 with k = 5750 0.22%,
+# 2.3e-6 short (one machine; 0.15% and 5.5e-7 on another), against 0.008-0.065%
+# on the rest, within 1e-6 (5000 x 10 with k = 575 and 2500: 0.064%, 0.065%).
+_KINK_MISSING_MASS = 1e-3
+# m n^2 up to which the interior point runs on every entry even where a
+# candidate support is affordable: small problems gain nothing from it (5000
+# x 10: 0.3 s dense), 50,000 x 10 does (3.9 s dense, 1.2 s on ~100,000
+# candidates).
+_DENSE_INTERIOR_POINT_WORK = 2e6
 
 
 def solve(a, b, C, regularizer: Regularizer, formulation: str = "semi_dual",
@@ -288,7 +294,7 @@ def solve(a, b, C, regularizer: Regularizer, formulation: str = "semi_dual",
   Kinks: where k binds, the semi-dual's optimum sits on a kink and L-BFGS may
   stop short of it (by any rule but the marginal one), rows left without their
   mass: 5e-5 to 10% short on the benchmark's kink-bound problems, up to 1% on
-  small random ones. When the plan's rows miss more than 0.5% of the mass
+  small random ones. When the plan's rows miss more than 0.1% of the mass
   (sum |a - T 1| / sum(a)) -- the mark of such a stop -- `solve` continues
   with the barrier method on the primal (`solve_interior_point`, exact to
   ~1e-9) and returns its result (status "interior_point"; num_iter and
@@ -296,11 +302,12 @@ def solve(a, b, C, regularizer: Regularizer, formulation: str = "semi_dual",
   higher. Where n k <= m, k binds for certain (the semi-dual's plans have at
   most n k nonzeros, too few for m rows) and L-BFGS runs only 200 iterations
   (with the default max_iter) before the switch: enough to aim it. The
-  barrier runs on every entry when m n^2 <= 2e7 (one (2n - 1)-square Newton
-  system per step, O(m n^2)), else on a candidate support grown from
-  L-BFGS's potentials until its bounds agree
-  (`interior_point.solve_on_candidates`; 10,000 x 100 with k = 100: 1 s
-  against 12 s on every entry), when n^3 <= 2e7. Only where it applies and
+  barrier runs on every entry when m n^2 <= 2e6, or <= 2e7 with n^3 > 2e7
+  (one (2n - 1)-square Newton system per step, O(m n^2)), else on a
+  candidate support grown from L-BFGS's potentials until its bounds agree
+  (`interior_point.solve_on_candidates`; 10,000 x 100 with k = 100: 0.7 s
+  against 10 s on every entry; 50,000 x 10 with k = 5750: 1.2 s against
+  3.9 s), when n^3 <= 2e7. Only where it applies and
   pays: SparsityConstrained with k < m, the semi-dual with L-BFGS, float64, a
   and b positive everywhere, those sizes unless interior_point=True, and
   concrete inputs -- under `jit` or `vmap` `solve` returns L-BFGS's point
@@ -409,7 +416,8 @@ def _finish_on_kink(res: OTResult, a, b, C, reg, certain: bool) -> OTResult:
     return res
   # Imported here: interior_point builds on this module (OTResult).
   from vmoe_sparse_ot.ot import interior_point as ipm
-  if m * n * n <= _INTERIOR_POINT_MAX_WORK:
+  work = m * n * n
+  if work <= _DENSE_INTERIOR_POINT_WORK or n ** 3 > _INTERIOR_POINT_MAX_WORK >= work:
     exact = ipm.solve_positive(a, b, C, reg)
   else:
     exact = ipm.solve_on_candidates(a, b, C, reg, res.alpha)
