@@ -453,6 +453,8 @@ def solve_positive(a, b, C, reg: SparsityConstrained, *, max_newton: int = 500,
   # compiles for its own result (so that it is compiled once).
   # (Slot 0 holds alpha = 0 before any mu is centered: a valid lower bound.)
   kept = max(1, min(int(centered), _KEPT))
+  # Read on the host (eager indexing and arithmetic would each compile).
+  alphas, plans = np.asarray(alphas), np.asarray(plans)
   scored = [solvers.semi_dual_at(alphas[i], a, b, C, reg) for i in range(kept)]
   best = max(range(len(scored)), key=lambda i: float(scored[i][0]))
   value, plan, beta, _ = scored[best]
@@ -461,13 +463,14 @@ def solve_positive(a, b, C, reg: SparsityConstrained, *, max_newton: int = 500,
       lambda plan: _upper_bound(plan, a, b, C, gamma, support, k=reg.k))
   # Converged: the barrier's rule fired and its two bounds agree (off-path
   # iterates could satisfy the first alone).
-  converged = bool(done) and float(primal - value) <= _GAP_RTOL * abs(float(value))
+  gap = float(primal) - float(value)
+  converged = bool(done) and gap <= _GAP_RTOL * abs(float(value))
   status = optim.CONVERGED if converged else optim.STALLED if bool(done) else optim.MAX_ITER
-  grad_norm = jnp.max(jnp.abs(a - jnp.sum(plan, 1)))
-  return OTResult(plan=plan, value=value, alpha=alphas[best], beta=beta, num_iter=steps,
-                  grad_norm=grad_norm, converged=jnp.asarray(converged),
-                  duality_gap=primal - value, num_evals=steps, trace=None,
-                  status=jnp.asarray(status, jnp.int32))
+  grad_norm = np.max(np.abs(np.asarray(a) - np.asarray(plan).sum(1)))
+  return OTResult(plan=plan, value=value, alpha=jnp.asarray(alphas[best]), beta=beta,
+                  num_iter=steps, grad_norm=jnp.asarray(grad_norm, dtype),
+                  converged=jnp.asarray(converged), duality_gap=jnp.asarray(gap, dtype),
+                  num_evals=steps, trace=None, status=jnp.asarray(status, jnp.int32))
 
 
 def solve_on_candidates(a, b, C, reg: SparsityConstrained, alpha, *, max_rounds: int = 4,
