@@ -105,6 +105,7 @@ def _random_mask(m, n, seed):
   rng = np.random.RandomState(seed)
   mask = rng.rand(m, n) < 0.3
   mask[np.arange(m), rng.randint(n, size=m)] = True   # every row has an entry
+  mask[m // 2] = True                                  # and one row has all
   return mask
 
 
@@ -155,15 +156,24 @@ def test_candidate_support_reaches_the_dense_optimum(m, n, k, gamma, seed):
   assert float(full.value) == pytest.approx(best, rel=1e-9)
 
 
-def test_init_runs_on_candidates_and_is_checked():
+def test_init_runs_on_candidates_and_is_checked(monkeypatch):
   a, b, C = problem(60, 6, seed=0)
   reg = ot.SparsityConstrained(5, 0.1)
   dense = ot.solve_interior_point(a, b, C, reg)
   rough = ot.solve(a, b, C, reg, max_iter=20, interior_point=False)
+  calls = []
+  grow = ipm.solve_on_candidates
+
+  def spy(*args, **kwargs):
+    calls.append(args)
+    return grow(*args, **kwargs)
+  monkeypatch.setattr(ipm, "solve_on_candidates", spy)
   for init in (rough, rough.alpha):
     res = ot.solve_interior_point(a, b, C, reg, init=init)
     assert res.reason() == "converged"
     assert float(res.value) == pytest.approx(float(dense.value), rel=1e-9)
+  assert len(calls) == 2
+  np.testing.assert_array_equal(np.asarray(calls[0][4]), np.asarray(rough.alpha))
   with pytest.raises(ValueError, match="init alpha"):
     ot.solve_interior_point(a, b, C, reg, init=np.zeros(5))
 
@@ -193,3 +203,49 @@ def test_best_upper_bound_walks_back_from_the_newest_plan_until_worse():
   assert ipm._best_upper_bound(np.arange(kept, dtype=float), 2, None, True,
                                lambda p: seen.append(int(p)) or -p) == -1.0
   assert seen == [1, 0]
+
+
+def test_candidates_of_block_structured_costs_are_linked():
+  # Two groups of rows, each cheap to its own group of columns: the mask's
+  # entries fall apart into two groups, where the barrier's constraints lose
+  # rank. A whole column is added to link them; the result is the optimum.
+  rng = np.random.RandomState(5)
+  m, n, k = 40, 6, 3
+  C = rng.rand(m, n) * 0.1
+  C[:20, 3:] += 10.0
+  C[20:, :3] += 10.0
+  a, b = np.full(m, 1 / m), np.full(n, 1 / n)
+  reg = ot.SparsityConstrained(k, 0.1)
+  rough = ot.solve(a, b, C, reg, max_iter=20, interior_point=False)
+  mask = ipm.candidate_mask(rough.alpha, C, k)
+  assert mask.all(axis=0).sum() == 1            # the linking column
+  without = mask.copy()
+  without[:, mask.all(axis=0)] = False
+  assert not without[:20, 3:].any() and not without[20:, :3].any()   # two groups
+  res = ipm.solve_on_candidates(a, b, C, reg, rough.alpha)
+  dense = ot.solve_interior_point(a, b, C, reg)
+  assert res.reason() == "converged"
+  assert float(res.value) == pytest.approx(float(dense.value), rel=1e-9)
+
+
+def test_rounds_report_the_best_value_with_the_best_bound(monkeypatch):
+  # Round 1: the higher value with a loose bound; round 2: slightly lower,
+  # but its barrier finished with a tight bound. The result keeps round 1's
+  # value and alpha with round 2's bound, and the two agree: converged.
+  a, b, C = problem(30, 6, seed=1)
+  reg = ot.SparsityConstrained(3, 0.1)
+  rounds = iter([(1.0, 1.0, ipm.optim.STALLED), (1.0 - 1e-9, 1e-8, ipm.optim.CONVERGED)])
+  rng = np.random.RandomState(0)
+
+  def fake(a, b, C, reg, **kwargs):
+    value, gap, status = next(rounds)
+    return ot.OTResult(plan=None, value=jnp.asarray(value), alpha=jnp.asarray(rng.randn(30)),
+                       beta=None, num_iter=jnp.asarray(7), grad_norm=None,
+                       converged=jnp.asarray(status == ipm.optim.CONVERGED),
+                       duality_gap=jnp.asarray(gap), num_evals=jnp.asarray(7), trace=None,
+                       status=jnp.asarray(status))
+  monkeypatch.setattr(ipm, "solve_positive", fake)
+  res = ipm.solve_on_candidates(a, b, C, reg, np.zeros(30))
+  assert float(res.value) == 1.0 and res.reason() == "converged"
+  assert float(res.duality_gap) == pytest.approx(9e-9, rel=1e-6)   # (1 - 1e-9 + 1e-8) - 1
+  assert int(res.num_iter) == 14

@@ -247,3 +247,25 @@ def test_certain_kink_finishes_on_a_candidate_support(monkeypatch, m, n, k, gamm
   res = ot.solve(a, b, C, reg, trace=True)
   assert res.reason() != "interior_point" and res.trace.value.shape == (1000,)
   assert len(calls) == 1
+
+
+def test_certain_kink_resumes_lbfgs_when_the_interior_point_does_not_improve(monkeypatch):
+  # The interior point fails (NaN, as from a singular Newton system): L-BFGS
+  # goes on from its 200th iterate for the other 800, trace and counts joined.
+  a, b, C = problem(60, 12, seed=2)
+  reg = ot.SparsityConstrained(5, 0.1)
+  first = ot.solve(a, b, C, reg, max_iter=solvers._KINK_CERTAIN_MAX_ITER, trace=True,
+                   interior_point=False)
+
+  def failed(a, b, C, reg, *args, **kwargs):
+    return first._replace(value=jnp.asarray(np.nan), converged=jnp.asarray(False))
+  monkeypatch.setattr(interior_point, "solve_positive", failed)
+  res = ot.solve(a, b, C, reg, trace=True)
+  assert res.reason() != "interior_point"
+  assert res.trace.value.shape == (solvers._DEFAULT_MAX_ITER,)
+  rest = ot.solve(a, b, C, reg, init=first.alpha, trace=True, interior_point=False,
+                  max_iter=solvers._DEFAULT_MAX_ITER - solvers._KINK_CERTAIN_MAX_ITER)
+  assert int(res.num_iter) == int(first.num_iter) + int(rest.num_iter)
+  assert float(res.value) == float(rest.value) and float(res.value) >= float(first.value)
+  np.testing.assert_array_equal(np.asarray(res.trace.num_evals[200:]),
+                                np.asarray(rest.trace.num_evals) + int(first.num_evals))

@@ -5,8 +5,10 @@ reg_semi_dual) with L-BFGS or Adam, recovers the plan from the conjugate's
 gradient, and reports the duality gap P(T) - value, P the convex primal the
 optimum solves (P_Psi for SparsityConstrained, Proposition 3 (biconjugates)).
 
-Everything after the argument checks is one jitted function with static options,
-so `solve` runs eagerly, under `jit` and under `vmap` (many problems at once).
+The solver after the argument checks is one jitted function with static
+options, so `solve` runs eagerly, under `jit` and under `vmap` (many problems
+at once); only the eager finish of kink-bound runs (see `solve`, "Kinks")
+works on the host between jitted steps.
 """
 from __future__ import annotations
 
@@ -205,12 +207,14 @@ def _prepare_init(init, m: int, n: int, formulation: str, dtype):
 _DEFAULT_MAX_ITER = 1000
 # Work per Newton step up to which `solve` switches to the interior point on
 # its own: on every entry while m n^2 is below it (5000 x 10: 0.35 s; 10,000 x
-# 100, m n^2 = 1e8, took 12 s), else on a candidate support while n^3 is (its
-# (2n - 1)-square system; 10,000 x 100: 1.0 s).
+# 100, m n^2 = 1e8, took 10-12 s), or on a candidate support while n^3 is (its
+# (2n - 1)-square system; 10,000 x 100: 0.5 s). Which of the two runs:
+# `_DENSE_INTERIOR_POINT_WORK`.
 _INTERIOR_POINT_MAX_WORK = 2e7
 # L-BFGS's budget before the interior point where k binds for certain
 # (`_kink_certain`). 10,000 x 100 with k = 100 from 200 iterations: one round
-# of candidates (0.9 s warm after L-BFGS's 0.9 s); from 100 and 50 (2 and 4
+# of candidates (measured when written: 0.9 s warm after L-BFGS's 0.9 s, one
+# core under load; 0.5 s after 0.5 s on an idle one); from 100 and 50 (2 and 4
 # rounds) the interior point took longer than the iterations saved; from
 # 1000 (the default budget) L-BFGS alone took 4.4 s.
 _KINK_CERTAIN_MAX_ITER = 200
@@ -286,7 +290,8 @@ def solve(a, b, C, regularizer: Regularizer, formulation: str = "semi_dual",
       so it costs no evaluation.
     trace: Python bool; True records per iteration the objective, the gradient
       norm and the evaluation count in `result.trace` (an `OTTrace`, each field
-      (max_iter,)). Off, nothing is recorded.
+      (max_iter,); L-BFGS's 200 iterations where the interior point follows a
+      certain kink, see "Kinks"). Off, nothing is recorded.
     interior_point: whether a kink-bound run is finished by the interior
       point (see "Kinks" below). None (default): with the default stop rules
       (tol, rtol, ftol and max_iter not given) and m n^2 or n^3 <= 2e7; True:
@@ -301,18 +306,22 @@ def solve(a, b, C, regularizer: Regularizer, formulation: str = "semi_dual",
   ~1e-9) and returns its result (status "interior_point"; num_iter and
   num_evals count both runs, trace is L-BFGS's) when its semi-dual value is
   higher. Where n k <= m, k binds for certain (the semi-dual's plans have at
-  most n k nonzeros, too few for m rows) and L-BFGS runs only 200 iterations
-  (with the default max_iter) before the switch: enough to aim it. The
-  barrier runs on every entry when m n^2 <= 2e6, or <= 2e7 with n^3 > 2e7
-  (one (2n - 1)-square Newton system per step, O(m n^2)), else on a
-  candidate support grown from L-BFGS's potentials until its bounds agree
-  (`interior_point.solve_on_candidates`; 10,000 x 100 with k = 100: 0.7 s
+  most n k nonzeros, too few for m rows unless n k = m and a plan is a
+  matching) and L-BFGS runs only 200 iterations (with the default max_iter)
+  before the switch: enough to aim it; should the interior point not
+  improve on that, L-BFGS resumes for the other 800 (trace and counts
+  joined). The barrier runs on every entry when m n^2 <= 2e6, or <= 2e7 with
+  n^3 > 2e7 (one (2n - 1)-square Newton system per step, O(m n^2)), else on
+  a candidate support grown from L-BFGS's potentials until its bounds agree
+  (`interior_point.solve_on_candidates`; 10,000 x 100 with k = 100: 0.5 s
   against 10 s on every entry; 50,000 x 10 with k = 5750: 1.2 s against
-  3.9 s), when n^3 <= 2e7. Only where it applies and
-  pays: SparsityConstrained with k < m, the semi-dual with L-BFGS, float64, a
-  and b positive everywhere, those sizes unless interior_point=True, and
-  concrete inputs -- under `jit` or `vmap` `solve` returns L-BFGS's point
-  (with the full budget), since which branch runs depends on values.
+  3.9 s), when n^3 <= 2e7 (with interior_point=True at any size), falling
+  back to every entry (if m n^2 <= 2e7) when the support's bounds stay
+  apart. Only where it applies and pays: SparsityConstrained with k < m, the
+  semi-dual with L-BFGS, float64, a and b positive everywhere, those sizes
+  unless interior_point=True, and concrete inputs -- under `jit` or `vmap`
+  `solve` returns L-BFGS's point (with the full budget), since which branch
+  runs depends on values.
 
   Returns:
     OTResult. Float dtype follows the inputs (float32 or float64 under x64;
@@ -376,13 +385,21 @@ def solve(a, b, C, regularizer: Regularizer, formulation: str = "semi_dual",
   finish = (interior_point and formulation == "semi_dual" and solver == "lbfgs"
             and _interior_point_applies(a, b, C, regularizer, any_size))
   certain = finish and _kink_certain(C, regularizer)
+  options = dict(formulation=formulation, solver=solver, tol=tol,
+                 learning_rate=learning_rate, history=history, ftol=ftol,
+                 patience=patience, rtol=rtol, trace=trace)
+  resume = None
   if certain and max_iter == _DEFAULT_MAX_ITER:
-    # L-BFGS only has to point the interior point at the support.
+    # L-BFGS only has to point the interior point at the support; should
+    # the interior point not improve on it, L-BFGS resumes from there with
+    # the rest of its budget.
     max_iter = _KINK_CERTAIN_MAX_ITER
-  res = _solve(a, b, C, regularizer, alpha0, beta0, formulation=formulation,
-               solver=solver, max_iter=max_iter, tol=tol, learning_rate=learning_rate,
-               history=history, ftol=ftol, patience=patience, rtol=rtol, trace=trace,
-               result=not finish)
+
+    def resume(alpha):
+      return _solve(a, b, C, regularizer, alpha, None, max_iter=_DEFAULT_MAX_ITER -
+                    _KINK_CERTAIN_MAX_ITER, result=True, **options)
+  res = _solve(a, b, C, regularizer, alpha0, beta0, max_iter=max_iter, result=not finish,
+               **options)
   if finish:
     # The result at L-BFGS's alpha from the function the interior point
     # scores its multipliers with, so that where it runs the semi-dual's
@@ -391,7 +408,7 @@ def solve(a, b, C, regularizer: Regularizer, formulation: str = "semi_dual",
     value, T, beta, primal = semi_dual_at(res.alpha, a, b, C, regularizer)
     res = _finish_on_kink(res._replace(plan=T, value=value, beta=beta,
                                        duality_gap=primal - value),
-                          a, b, C, regularizer, certain)
+                          a, b, C, regularizer, certain, resume)
   return res
 
 
@@ -406,15 +423,17 @@ def _interior_point_applies(a, b, C, reg, any_size: bool) -> bool:
 
 
 def _kink_certain(C, reg) -> bool:
-  """k binds for certain: the semi-dual's plans have at most n k nonzeros, no
-  more than the m rows (all with mass) that each need one."""
+  """k binds: the semi-dual's plans have at most n k nonzeros, fewer than the
+  m rows (all with mass) that each need one when n k < m; at n k = m only a
+  plan that is a matching (each row's mass in one column) could avoid it."""
   m, n = C.shape
   return n * reg.k <= m
 
 
-def _finish_on_kink(res: OTResult, a, b, C, reg, certain: bool) -> OTResult:
+def _finish_on_kink(res: OTResult, a, b, C, reg, certain: bool, resume=None) -> OTResult:
   """`res`, or the interior point's result where L-BFGS ended on a kink (see
-  `solve`, "Kinks"); `_interior_point_applies` holds."""
+  `solve`, "Kinks"); `_interior_point_applies` holds. resume(alpha): L-BFGS's
+  continuation, run where the interior point does not improve on `res`."""
   m, n = C.shape
   # On the host: eager jnp ops would each compile a small program.
   a_host = np.asarray(a)
@@ -425,15 +444,34 @@ def _finish_on_kink(res: OTResult, a, b, C, reg, certain: bool) -> OTResult:
   # Imported here: interior_point builds on this module (OTResult).
   from vmoe_sparse_ot.ot import interior_point as ipm
   work = m * n * n
-  if work <= _DENSE_INTERIOR_POINT_WORK or n ** 3 > _INTERIOR_POINT_MAX_WORK >= work:
+  dense_affordable = work <= _INTERIOR_POINT_MAX_WORK
+  if work <= _DENSE_INTERIOR_POINT_WORK or (n ** 3 > _INTERIOR_POINT_MAX_WORK
+                                            and dense_affordable):
     exact = ipm.solve_positive(a, b, C, reg)
   else:
     exact = ipm.solve_on_candidates(a, b, C, reg, res.alpha)
-  if not float(exact.value) > float(res.value):
-    return res
-  return exact._replace(num_iter=res.num_iter + exact.num_iter,
-                        num_evals=res.num_evals + exact.num_evals, trace=res.trace,
+    if not bool(exact.converged) and dense_affordable:
+      # A support the barrier could not finish on (its bounds apart, or a
+      # candidate pattern with no plan meeting the marginals).
+      exact = ipm.solve_positive(a, b, C, reg)
+  if not float(exact.value) > float(res.value):   # NaN included
+    return res if resume is None else _chain(res, resume(res.alpha))
+  steps = int(res.num_iter) + int(exact.num_iter)
+  evals = int(res.num_evals) + int(exact.num_evals)
+  return exact._replace(num_iter=jnp.asarray(steps, jnp.int32),
+                        num_evals=jnp.asarray(evals, jnp.int32), trace=res.trace,
                         status=jnp.asarray(optim.INTERIOR_POINT, jnp.int32))
+
+
+def _chain(first: OTResult, second: OTResult) -> OTResult:
+  """`second`, an L-BFGS run resumed from `first`'s alpha, with both runs'
+  counts and traces joined (the second's evaluation counts shifted)."""
+  trace = None
+  if first.trace is not None:
+    shifted = second.trace._replace(num_evals=second.trace.num_evals + first.num_evals)
+    trace = jax.tree_util.tree_map(lambda x, y: jnp.concatenate([x, y]), first.trace, shifted)
+  return second._replace(num_iter=first.num_iter + second.num_iter,
+                         num_evals=first.num_evals + second.num_evals, trace=trace)
 
 
 @functools.partial(jax.jit, static_argnames=(
