@@ -48,3 +48,16 @@ def force_kernel(monkeypatch, kernel: str):
   threshold = 1 if kernel == "radix" else 10 ** 9
   for table in ("_RADIX_MIN_K", "_RADIX_MIN_K_MINOR"):
     monkeypatch.setattr(projections, table, {4: threshold, 8: threshold})
+
+
+def spy(monkeypatch, module, name: str) -> list:
+  """Replaces module.name by a wrapper that records each call's positional
+  arguments in the returned list and then calls the original."""
+  original = getattr(module, name)
+  calls = []
+
+  def wrapper(*args, **kwargs):
+    calls.append(args)
+    return original(*args, **kwargs)
+  monkeypatch.setattr(module, name, wrapper)
+  return calls

@@ -3,7 +3,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from tests.ot.helpers import problem
+from tests.ot.helpers import problem, spy
 from vmoe_sparse_ot import ot
 from vmoe_sparse_ot.ot import interior_point as ipm
 
@@ -161,13 +161,7 @@ def test_init_runs_on_candidates_and_is_checked(monkeypatch):
   reg = ot.SparsityConstrained(5, 0.1)
   dense = ot.solve_interior_point(a, b, C, reg)
   rough = ot.solve(a, b, C, reg, max_iter=20, interior_point=False)
-  calls = []
-  grow = ipm.solve_on_candidates
-
-  def spy(*args, **kwargs):
-    calls.append(args)
-    return grow(*args, **kwargs)
-  monkeypatch.setattr(ipm, "solve_on_candidates", spy)
+  calls = spy(monkeypatch, ipm, "solve_on_candidates")
   for init in (rough, rough.alpha):
     res = ot.solve_interior_point(a, b, C, reg, init=init)
     assert res.reason() == "converged"

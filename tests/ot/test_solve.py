@@ -4,7 +4,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from tests.ot.helpers import pot, problem, quiet
+from tests.ot.helpers import pot, problem, quiet, spy
 from vmoe_sparse_ot import ot
 from vmoe_sparse_ot.ot import interior_point, solvers
 
@@ -230,13 +230,7 @@ def test_certain_kink_finishes_on_a_candidate_support(monkeypatch, m, n, k, gamm
   assert float(res.value) == pytest.approx(float(best.value), rel=1e-9)
   # Past the dense limit (m n^2) but not the candidate one (n^3): the
   # barrier runs on a candidate support grown from L-BFGS's potentials.
-  calls = []
-  grow = interior_point.solve_on_candidates
-
-  def spy(*args, **kwargs):
-    calls.append(args)
-    return grow(*args, **kwargs)
-  monkeypatch.setattr(interior_point, "solve_on_candidates", spy)
+  calls = spy(monkeypatch, interior_point, "solve_on_candidates")
   monkeypatch.setattr(solvers, "_DENSE_INTERIOR_POINT_WORK", 0)
   monkeypatch.setattr(solvers, "_INTERIOR_POINT_MAX_WORK", n ** 3)
   res = ot.solve(a, b, C, reg)
