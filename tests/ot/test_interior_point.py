@@ -188,7 +188,7 @@ def test_best_upper_bound_walks_back_from_the_newest_plan_until_worse():
     return bounds[int(plan)]
   assert ipm._best_upper_bound(plans, centered, None, True, bound) == 2.0
   assert seen == [10, 9, 8, 7]
-  # Not done: the last iterate comes first; fewer than _KEPT mus: only those.
+  # The last step did not center: its plan comes first; fewer than _KEPT mus: only those.
   seen.clear()
   bounds[-1] = 0.5
   assert ipm._best_upper_bound(plans, centered, -1.0, False, bound) == 0.5

@@ -245,7 +245,7 @@ def _barrier(a, b, C, gamma, support: _Support, *, k, max_newton, rtol, full):
   """The barrier method's loop: (the last _KEPT centered mus' multipliers
   (_KEPT, m) and plans (_KEPT, m, D), a ring written at slot c % _KEPT by
   the c-th centered mu; how many mus were centered, the last plan, Newton
-  steps, whether its stop rule fired)."""
+  steps, whether its stop rule fired, whether the last step centered its mu)."""
   m, n = C.shape
   dtype = C.dtype
   valid = support.valid
@@ -288,7 +288,8 @@ def _barrier(a, b, C, gamma, support: _Support, *, k, max_newton, rtol, full):
                 jnp.broadcast_to(T0, (_KEPT,) + T0.shape), jnp.asarray(0, jnp.int32),
                 jnp.asarray(0, jnp.int32), jnp.asarray(0, jnp.int32), jnp.asarray(False))
   s = lax.while_loop(cond, body, init)
-  return s.alphas, s.plans, s.centered, s.T, s.steps, s.done
+  # at_mu == 0: the last step centered its mu, so s.T is the newest kept plan.
+  return s.alphas, s.plans, s.centered, s.T, s.steps, s.done, s.at_mu == 0
 
 
 @functools.partial(jax.jit, static_argnames=("k",))
@@ -301,7 +302,7 @@ def _upper_bound(plan, a, b, C, gamma, support: _Support, *, k: int):
   return objectives.primal_objective(coupling, C, SparsityConstrained(k, gamma))
 
 
-def _best_upper_bound(plans, centered: int, T_last, done: bool, bound) -> Array:
+def _best_upper_bound(plans, centered: int, T_last, last_kept: bool, bound) -> Array:
   """The smallest `bound(plan)` over the barrier's last plans, newest first,
   until one is no better than the best so far. Every plan bounds the
   optimum once made a coupling; going back in mu the barrier's own gap
@@ -309,7 +310,8 @@ def _best_upper_bound(plans, centered: int, T_last, done: bool, bound) -> Array:
   x 40: 7e-10 at one mu, 8e-8 two mus later), so the bounds fall then rise
   and 2-4 evaluations find the best (each sorts the columns for P_Psi: 0.1 s
   at 10,000 x 100)."""
-  newest = [] if done else [T_last]   # when done, T_last is the newest kept plan
+  # last_kept: the last step centered its mu and T_last is the newest kept plan.
+  newest = [] if last_kept else [T_last]
   newest += [plans[(centered - 1 - i) % _KEPT] for i in range(min(centered, _KEPT))]
   best = None
   for plan in newest:
@@ -467,7 +469,7 @@ def solve_positive(a, b, C, reg: SparsityConstrained, *, max_newton: int = 500,
     support = _Support(jnp.broadcast_to(jnp.arange(n, dtype=jnp.int32), (m, n)),
                        jnp.ones((m, n), bool), jnp.zeros((2, 0), jnp.int32),
                        jnp.zeros((0,), jnp.int32))
-  alphas, plans, centered, T_last, steps, done = _barrier(
+  alphas, plans, centered, T_last, steps, done, last_kept = _barrier(
       a, b, C, gamma, support, k=reg.k, max_newton=max_newton, rtol=rtol, full=full)
   # The kept multipliers scored by the semi-dual, with the function `solve`
   # compiles for its own result (so that it is compiled once).
@@ -479,7 +481,7 @@ def solve_positive(a, b, C, reg: SparsityConstrained, *, max_newton: int = 500,
   best = max(range(len(scored)), key=lambda i: float(scored[i][0]))
   value, plan, beta, _ = scored[best]
   primal = _best_upper_bound(
-      plans, int(centered), T_last, bool(done),
+      plans, int(centered), T_last, bool(last_kept),
       lambda plan: _upper_bound(plan, a, b, C, gamma, support, k=reg.k))
   # Converged: the barrier's rule fired and its two bounds agree (off-path
   # iterates could satisfy the first alone).
