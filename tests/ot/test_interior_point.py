@@ -180,14 +180,16 @@ def test_best_upper_bound_walks_back_from_the_newest_plan_until_worse():
   plans = np.arange(kept, dtype=float)
   for c in range(kept, centered):
     plans[c % kept] = c
-  bounds = {10: 5.0, 9: 3.0, 8: 2.0, 7: 4.0, 6: 1.0}   # 6 is never reached
+  # A tie goes on (stalled Newton steps keep one plan at two mus), a NaN is
+  # skipped, the first worse bound stops the walk: 5 is never reached.
+  bounds = {10: 5.0, 9: 5.0 * (1 + 1e-12), 8: 2.0, 7: np.nan, 6: 4.0, 5: 1.0}
   seen = []
 
   def bound(plan):
     seen.append(int(plan))
     return bounds[int(plan)]
   assert ipm._best_upper_bound(plans, centered, None, True, bound) == 2.0
-  assert seen == [10, 9, 8, 7]
+  assert seen == [10, 9, 8, 7, 6]
   # The last step did not center: its plan comes first; fewer than _KEPT mus: only those.
   seen.clear()
   bounds[-1] = 0.5

@@ -227,6 +227,8 @@ _KINK_CERTAIN_MAX_ITER = 200
 # ~190% -- all 5e-5 or more short -- and 50,000 x 10 with k = 5750 0.22%,
 # 2.3e-6 short (one machine; 0.15% and 5.5e-7 on another), against 0.008-0.065%
 # on the rest, within 1e-6 (5000 x 10 with k = 575 and 2500: 0.064%, 0.065%).
+# `benchmarks/kink_optimum.py --sweep 40` (random problems): stops missing
+# 0.8-169% were 2e-8 to 15% short, those missing 0.01-0.08% within 6.3e-8.
 _KINK_MISSING_MASS = 1e-3
 # m n^2 up to which the interior point runs on every entry even where a
 # candidate support is affordable: small problems gain nothing from it (5000
