@@ -250,7 +250,7 @@ def _barrier(a, b, C, gamma, support: _Support, *, k, max_newton, rtol, full):
   dtype = C.dtype
   valid = support.valid
   mass = jnp.sum(a)
-  b = b * (mass / jnp.sum(b))
+  b = solvers._matched(b, a)
   Ce = jnp.take_along_axis(C, support.cols, axis=1)
   T0, L0 = _start(a, b, k, support, n, full)
   entries = jnp.sum(valid)
@@ -297,7 +297,7 @@ def _upper_bound(plan, a, b, C, gamma, support: _Support, *, k: int):
   """An upper bound on the optimum: P_Psi at the (m, D) plan made a coupling
   of a and b (`_feasible`: at the smallest mu the Newton solves drift off the
   marginals, a 100 x 100 plan to 5e-7 below the optimum without it)."""
-  b = b * (jnp.sum(a) / jnp.sum(b))
+  b = solvers._matched(b, a)
   coupling = _feasible(_dense(plan, support, C.shape[1]), a, b)
   return objectives.primal_objective(coupling, C, SparsityConstrained(k, gamma))
 
@@ -307,12 +307,12 @@ def _best_upper_bound(plans, centered: int, T_last, last_kept: bool, bound) -> f
   until one is worse than the best so far by more than 1e-9 relative (near
   ties go on: where Newton steps stall, consecutive mus keep nearly the same
   plan; 300 x 20 stopped at a 1-ulp rise and reported a 2.3e-6 gap, 7.5e-8
-  two mus back). Every plan bounds the optimum
-  once made a coupling; going back in mu the barrier's own gap (3 entries
-  mu) grows, going forward the drift off the marginals does (60 x 40: 7e-10
-  at one mu, 8e-8 two mus later), so the bounds fall then rise and 2-5
-  evaluations find the best (each sorts the columns for P_Psi: 0.1 s at
-  10,000 x 100). Non-finite bounds are skipped; inf if none is finite."""
+  two mus back). Every plan bounds the optimum once made a coupling; going
+  back in mu the barrier's own gap (3 entries mu) grows, going forward the
+  drift off the marginals does (60 x 40: 7e-10 at one mu, 8e-8 two mus
+  later), so the bounds fall then rise and 2-5 evaluations find the best
+  (each sorts the columns for P_Psi: 0.1 s at 10,000 x 100). Non-finite
+  bounds are skipped; inf if none is finite."""
   # last_kept: the last step centered its mu and T_last is the newest kept plan.
   newest = [] if last_kept else [T_last]
   newest += [plans[(centered - 1 - i) % _KEPT] for i in range(min(centered, _KEPT))]
@@ -528,8 +528,10 @@ def solve_on_candidates(a, b, C, reg: SparsityConstrained, alpha, *, max_rounds:
       best = res
     upper = min(upper, float(res.value) + float(res.duality_gap))
     agree = upper - float(best.value) <= _GAP_RTOL * abs(float(best.value))
+    if finished and agree:
+      break
     grown = mask | candidate_mask(res.alpha, C, reg.k)
-    if (finished and agree) or grown.sum() == mask.sum():
+    if grown.sum() == mask.sum():
       break
     mask = grown
   converged = finished and agree
