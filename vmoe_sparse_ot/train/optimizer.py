@@ -35,7 +35,7 @@ def make_schedule(schedule: Mapping[str, Any], train_steps: int) -> optax.Schedu
   return optax.join_schedules([optax.linear_schedule(0.0, peak, warmup), after], [warmup])
 
 
-def weight_decay_mask(params: Any, regex: str) -> Any:
+def path_mask(params: Any, regex: str) -> Any:
   """Bool tree: True where the '/'-joined parameter path matches `regex`."""
   pattern = re.compile(regex)
   return jax.tree_util.tree_map_with_path(
@@ -46,6 +46,8 @@ def weight_decay_mask(params: Any, regex: str) -> Any:
 def make_optimizer(optimizer: Mapping[str, Any], schedule: optax.Schedule,
                    params: Any) -> optax.GradientTransformation:
   """Gradient clipping (optional), then Adam/AdamW or SGD with decoupled weight decay.
+
+  Parameters matching `freeze` (a regex, or None) are not updated.
 
   Weight decay is decoupled from the adaptive moments and scaled by the learning
   rate (AdamW; V-MoE's "Adam, weight decay 0.1"), applied to the parameters
@@ -67,6 +69,24 @@ def make_optimizer(optimizer: Mapping[str, Any], schedule: optax.Schedule,
   chain += core
   if wd:
     chain.append(optax.add_decayed_weights(
-        wd, mask=weight_decay_mask(params, optimizer['weight_decay_regex'])))
+        wd, mask=path_mask(params, optimizer['weight_decay_regex'])))
   chain.append(optax.scale_by_learning_rate(schedule))
-  return optax.chain(*chain)
+  tx = optax.chain(*chain)
+  freeze = optimizer.get('freeze')
+  if freeze is None:
+    return tx
+  # Frozen parameters get zero updates and keep no optimizer state; clipping and
+  # weight decay see only the trained ones.
+  labels = jax.tree.map(lambda frozen: 'frozen' if frozen else 'trained',
+                        path_mask(params, freeze))
+  return optax.multi_transform({'trained': tx, 'frozen': optax.set_to_zero()}, labels)
+
+
+def frozen_names(params: Any, regex: str | None) -> list[str]:
+  """'/'-joined paths of the parameters `optimizer.freeze` keeps fixed."""
+  if regex is None:
+    return []
+  pattern = re.compile(regex)
+  return [name for name in (partitioning.path_name(p) for p, _ in
+                            jax.tree_util.tree_flatten_with_path(params)[0])
+          if pattern.search(name)]
