@@ -51,6 +51,30 @@ def base_config() -> ml_collections.ConfigDict:
           'weight_decay_regex': r'(^|/)[^/]*kernel$',
           # Clip gradients to this global norm; None: no clipping.
           'gradient_clip_norm': ml_collections.FieldReference(None, field_type=float),
+          # Parameters whose '/'-joined path matches (re.search) are kept fixed:
+          # no update, no weight decay, no optimizer state. None: train all.
+          'freeze': ml_collections.FieldReference(None, field_type=str),
+      },
+      # Cross-entropy against (1 - s) one-hot + s / num_classes (training only).
+      'label_smoothing': 0.0,
+      # Parameters taken from other weights before the first step of a fresh run
+      # (never the optimizer state or the step; a resumed run ignores this).
+      # See vmoe_sparse_ot.initialization and docs/INITIALIZATION.md.
+      'initialization': {
+          # A workdir of this project, an .npz file, or a reference V-MoE
+          # partitioned checkpoint prefix (PREFIX.index + PREFIX.data-*); None: off.
+          'path': ml_collections.FieldReference(None, field_type=str),
+          # Checkpoint step of a workdir source; None: its latest that restores.
+          'step': ml_collections.FieldReference(None, field_type=int),
+          # Ordered (regex, replacement[, transform]) over source names (in this
+          # project's naming); the first full match renames, '' drops the entry.
+          # Transforms: 'upcycle', 'zoom_posemb', 'reshape'.
+          'rules': (),
+          # Model parameters the source leaves uninitialized are an error (the
+          # head of another label set and upcycled routers are never counted).
+          'raise_if_target_unmatched': True,
+          # Source entries that initialize nothing are an error (else listed).
+          'raise_if_source_unmatched': False,
       },
       'schedule': {
           'name': 'warmup_linear_decay',

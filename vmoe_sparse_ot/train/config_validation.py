@@ -32,7 +32,7 @@ CLASSIFIERS = ('token', 'gap')
 # Sections whose keys are checked against `base_config()`; 'model.encoder.moe.router'
 # is left to the router (its options depend on the router).
 _SECTIONS = ('', 'dataset', 'optimizer', 'schedule', 'mesh', 'checkpoint', 'model',
-             'model.encoder', 'model.encoder.moe')
+             'model.encoder', 'model.encoder.moe', 'initialization')
 
 
 class ConfigError(ValueError):
@@ -166,6 +166,34 @@ def _validate_model(config) -> None:
       _number(config, f'{where}.{key}', low=0)
 
 
+def _validate_initialization(config) -> None:
+  init = config['initialization']
+  path = init['path']
+  if path is not None and (not isinstance(path, str) or not path):
+    _fail('initialization.path', path, 'must be a path (workdir, .npz or checkpoint prefix) '
+          'or None')
+  _int(config, 'initialization.step', 0, optional=True)
+  for key in ('raise_if_target_unmatched', 'raise_if_source_unmatched'):
+    _choice(config, f'initialization.{key}', (True, False))
+  from vmoe_sparse_ot import initialization  # pylint: disable=g-import-not-at-top
+  try:
+    initialization.parse_rules(init['rules'])
+  except ValueError as e:
+    raise ConfigError(f'config.{e}') from None
+
+
+def check_initialization(config: Mapping[str, Any]) -> None:
+  """The source of `config.initialization` exists and is of a known kind (cheap)."""
+  path = config['initialization']['path']
+  if path is None:
+    return
+  from vmoe_sparse_ot import initialization  # pylint: disable=g-import-not-at-top
+  try:
+    initialization.sources.kind_of(path)
+  except ValueError as e:
+    raise ConfigError(f'config.{e}') from None
+
+
 def validate(config: Mapping[str, Any]) -> None:
   """Raises ConfigError (one line, naming the full key) for the first bad value."""
   reference = base_config()
@@ -207,6 +235,14 @@ def validate(config: Mapping[str, Any]) -> None:
     re.compile(regex)
   except (re.error, TypeError) as e:
     _fail('optimizer.weight_decay_regex', regex, f'must be a regular expression ({e})')
+  regex = config['optimizer']['freeze']
+  if regex is not None:
+    try:
+      re.compile(regex)
+    except (re.error, TypeError) as e:
+      _fail('optimizer.freeze', regex, f'must be a regular expression or None ({e})')
+  _number(config, 'label_smoothing', low=0, high=1, high_open=True)
+  _validate_initialization(config)
   _choice(config, 'schedule.name', SCHEDULES)
   _number(config, 'schedule.peak_value', low=0, low_open=True)
   _number(config, 'schedule.end_value', low=0)
@@ -323,5 +359,6 @@ def check_before_training(config: Mapping[str, Any], workdir: str) -> None:
   if config['dataset']['data_dir']:
     check_directory(config['dataset']['data_dir'], 'config.dataset.data_dir')
   check_datasets(config)
+  check_initialization(config)
   from vmoe_sparse_ot import nn  # pylint: disable=g-import-not-at-top
   nn.build_model(config['model'])

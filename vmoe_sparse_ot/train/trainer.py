@@ -37,6 +37,7 @@ from clu import periodic_actions
 from jax.sharding import PartitionSpec as P
 
 from vmoe_sparse_ot import data as data_lib
+from vmoe_sparse_ot import initialization
 from vmoe_sparse_ot import nn
 from vmoe_sparse_ot.train import checkpoints
 from vmoe_sparse_ot.train import config as config_lib
@@ -109,7 +110,15 @@ def _flatten_routing(routing: dict[str, dict[str, Any]]) -> dict[str, Any]:
           for layer, metrics in routing.items() for name, value in metrics.items()}
 
 
-def make_step(model, tx: optax.GradientTransformation):
+def cross_entropy(logits: jax.Array, labels: jax.Array, label_smoothing: float = 0.0):
+  """Per-example softmax cross-entropy (B,) against integer labels, optionally smoothed."""
+  if not label_smoothing:
+    return optax.softmax_cross_entropy_with_integer_labels(logits, labels)
+  targets = optax.smooth_labels(jax.nn.one_hot(labels, logits.shape[-1]), label_smoothing)
+  return optax.softmax_cross_entropy(logits, targets)
+
+
+def make_step(model, tx: optax.GradientTransformation, label_smoothing: float = 0.0):
   """(TrainState, batch) -> (TrainState one step later, {metric name: scalar})."""
 
   def step_fn(state: TrainState, batch):
@@ -119,7 +128,7 @@ def make_step(model, tx: optax.GradientTransformation):
     def loss_fn(params):
       logits, aux = model.apply({'params': params}, batch['image'], train=True,
                                 rngs={'dropout': dropout_key, 'gating': gating_key})
-      ce = optax.softmax_cross_entropy_with_integer_labels(logits, batch['label']).mean()
+      ce = cross_entropy(logits, batch['label'], label_smoothing).mean()
       return ce + aux['auxiliary_loss'], (ce, logits, aux)
 
     (loss, (ce, logits, aux)), grads = jax.value_and_grad(loss_fn, has_aux=True)(
@@ -138,9 +147,9 @@ def make_step(model, tx: optax.GradientTransformation):
   return step_fn
 
 
-def make_train_step(model, tx: optax.GradientTransformation):
+def make_train_step(model, tx: optax.GradientTransformation, label_smoothing: float = 0.0):
   """(TrainState, batch, TrainMetrics) -> (TrainState, TrainMetrics with this step merged)."""
-  step_fn = make_step(model, tx)
+  step_fn = make_step(model, tx, label_smoothing)
 
   def train_step(state: TrainState, batch, metrics: metrics_lib.TrainMetrics):
     new_state, values = step_fn(state, batch)
@@ -271,7 +280,15 @@ def _train_and_evaluate(config, workdir, model, devices, allow_schedule_change):
       state, _ = ckpt.restore(state_lib.with_shardings(abstract_state, state_sharding),
                                   check_meta)
       if state is None:
-        state = jax.jit(init_state, out_shardings=state_sharding)()
+        if config.initialization.path is None:
+          state = jax.jit(init_state, out_shardings=state_sharding)()
+        else:
+          params = initialization.initialize_sharded(
+              init_params(init_key), config.initialization, params_sharding,
+              num_prefix_tokens=int(config.model.classifier == 'token'),
+              log=lambda line: logging.info('%s', line))
+          state = jax.jit(lambda p: state_lib.create(p, tx, root_key),
+                          out_shardings=state_sharding)(params)
         start_step = 0
       else:
         start_step = int(jax.device_get(state.step))
@@ -321,11 +338,12 @@ def _train_loop(config, workdir, model, mesh, tx, schedule, ckpt, state, start_s
     if start_step < train_steps:
       first_batch = next(batches)
       batches = itertools.chain([first_batch], batches)
-      names = sorted(jax.eval_shape(make_step(model, tx), state, first_batch)[1])
+      smoothing = float(config.label_smoothing)
+      names = sorted(jax.eval_shape(make_step(model, tx, smoothing), state, first_batch)[1])
       empty_metrics = jax.jit(
           lambda: metrics_lib.TrainMetrics.empty(names, int(config.log_every_steps)),
           out_shardings=replicated)
-      train_step = jax.jit(make_train_step(model, tx),
+      train_step = jax.jit(make_train_step(model, tx, smoothing),
                            in_shardings=(state_sharding, batch_sharding, replicated),
                            out_shardings=(state_sharding, replicated), donate_argnums=(0, 2))
       progress = progress_lib.ProgressLogger(

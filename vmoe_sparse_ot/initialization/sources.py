@@ -1,0 +1,111 @@
+"""Reading a source of weights into a flat {name: array} dict, whatever its format.
+
+`path` is one of:
+- a workdir of this project (its `checkpoints/`): the newest checkpoint that
+  restores, or `step`; names are this project's;
+- a `.npz` file (the public ViT files' naming, or this project's export);
+- a checkpoint prefix in the reference V-MoE code's partitioned format
+  (`PREFIX.index` + `PREFIX.data-XXXXX-of-YYYYY`), its own naming.
+Names come back converted to this project's (`names.to_ours`); names the table
+does not know are kept as stored.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import zipfile
+from typing import Any
+
+import numpy as np
+
+from vmoe_sparse_ot.initialization import names as names_lib
+from vmoe_sparse_ot.initialization import npz as npz_lib
+from vmoe_sparse_ot.initialization import partitioned
+from vmoe_sparse_ot.initialization.rules import InitializationError
+
+
+@dataclasses.dataclass
+class Source:
+  """arrays: {name in this project's naming: array}; raw_names: {that name: name as stored}."""
+  arrays: dict[str, np.ndarray]
+  raw_names: dict[str, str]
+  naming: str        # 'ours', 'vit' or 'vmoe': how the source names its parameters.
+  description: str   # For the log: what was read.
+  model_config: dict[str, Any] | None = None   # A workdir's model config.
+
+
+def flatten_tree(tree: Any) -> dict[str, Any]:
+  """{'a/b/c': leaf} of a nested dict / pytree."""
+  import jax  # pylint: disable=g-import-not-at-top  (config checks import this module)
+  flat = jax.tree_util.tree_flatten_with_path(tree)[0]
+  return {'/'.join(str(getattr(k, 'key', getattr(k, 'name', k))) for k in path): leaf
+          for path, leaf in flat}
+
+
+def unflatten(flat: dict[str, Any]) -> dict[str, Any]:
+  """The nested dict of a flat {'a/b/c': leaf} dict."""
+  tree: dict[str, Any] = {}
+  for name, leaf in flat.items():
+    node = tree
+    *parents, last = name.split('/')
+    for p in parents:
+      node = node.setdefault(p, {})
+    node[last] = leaf
+  return tree
+
+
+def _is_workdir(path: str) -> bool:
+  return os.path.isdir(os.path.join(path, 'checkpoints'))
+
+
+def kind_of(path: str) -> str:
+  """'workdir', 'npz' or 'partitioned'; InitializationError naming the key otherwise."""
+  if partitioned.is_partitioned(path):
+    return 'partitioned'
+  if not os.path.exists(path):
+    raise InitializationError(f'initialization.path: {path} does not exist')
+  if os.path.isdir(path):
+    if _is_workdir(path):
+      return 'workdir'
+    raise InitializationError(f'initialization.path: {path} is a directory without '
+                              'checkpoints/ (not a workdir of this project)')
+  if zipfile.is_zipfile(path):
+    return 'npz'
+  raise InitializationError(f'initialization.path: {path} is neither an .npz file, a workdir '
+                            'nor a partitioned checkpoint prefix (PREFIX.index)')
+
+
+def _read_workdir(path: str, step: int | None):
+  # Reading Orbax checkpoints (with the fallback past damaged steps) is the
+  # trainer's checkpoint module's job; imported here, lazily, to keep one reader.
+  from vmoe_sparse_ot.train import checkpoints  # pylint: disable=g-import-not-at-top
+  try:
+    params, meta, step = checkpoints.restore_params_with_meta(path, step)
+  except (OSError, ValueError) as e:
+    raise InitializationError(f'initialization.path: {e}') from None
+  import jax  # pylint: disable=g-import-not-at-top
+  arrays = {k: np.asarray(jax.device_get(v)) for k, v in flatten_tree(params).items()}
+  return arrays, f'workdir {path} (step {step})', meta.get('model_config')
+
+
+def read_source(path: str, step: int | None = None) -> Source:
+  """The arrays at `path` under this project's names; see the module docstring."""
+  kind = kind_of(path)
+  if step is not None and kind != 'workdir':
+    raise InitializationError(f'initialization.step applies to workdirs only; {path} is '
+                              f'a {kind} source')
+  model_config = None
+  if kind == 'workdir':
+    raw, description, model_config = _read_workdir(path, step)
+  elif kind == 'npz':
+    raw, description = npz_lib.read_npz(path), f'.npz file {path}'
+  else:
+    raw, description = partitioned.read_partitioned(path), f'partitioned checkpoint {path}'
+  raw = names_lib.strip_params_level(raw)
+  naming = names_lib.detect_naming(raw)
+  try:
+    arrays, origin = names_lib.rename(raw, lambda n: names_lib.to_ours(n, naming))
+  except ValueError as e:
+    raise InitializationError(f'initialization.path: {path}: {e}') from None
+  return Source(arrays=arrays, raw_names=origin, naming=naming,
+                description=f'{description}, {naming} naming', model_config=model_config)
