@@ -27,20 +27,18 @@ def _listing(what: str, names: list[str], limit: int = 8) -> str:
   return f'{len(names)} {what}: {", ".join(names[:limit])}{more}'
 
 
-def initialize(fresh: Mapping[str, Any], init_config: Mapping[str, Any], *,
-               num_prefix_tokens: int, log: Callable[[str], None] = print
-               ) -> tuple[dict[str, np.ndarray], Mapped]:
-  """{name: array} of the model's parameters, from `init_config.path` where it has them.
+def plan(target: Mapping[str, Any], init_config: Mapping[str, Any], *,
+         num_prefix_tokens: int) -> tuple[Mapped, Source]:
+  """What `initialize` will do: the source read and mapped onto `target` {name: shape}.
 
-  `fresh` is the model's freshly initialized flat {name: array} dict (what is not
-  taken from the source keeps these values). Raises InitializationError (one
-  line) when the source does not fit, or when parameters stay unmatched and
-  `raise_if_target_unmatched` / `raise_if_source_unmatched` say that is an error.
+  Raises InitializationError (one line) when the source does not fit, or when
+  parameters stay unmatched and `raise_if_target_unmatched` /
+  `raise_if_source_unmatched` say that is an error. Cheap to call twice: the
+  last source read is kept (jobs check before training, then initialize).
   """
   source = read_source(init_config['path'], init_config.get('step'))
-  target = {k: np.shape(v) for k, v in fresh.items()}
-  mapped = map_onto(source.arrays, target, parse_rules(init_config.get('rules')),
-                    num_prefix_tokens=num_prefix_tokens)
+  mapped = map_onto(source.arrays, {k: tuple(v) for k, v in target.items()},
+                    parse_rules(init_config.get('rules')), num_prefix_tokens=num_prefix_tokens)
   if mapped.uninitialized and init_config.get('raise_if_target_unmatched', True):
     raise InitializationError(
         'initialization: ' + _listing('model parameter(s) not in the source', mapped.uninitialized)
@@ -50,14 +48,29 @@ def initialize(fresh: Mapping[str, Any], init_config: Mapping[str, Any], *,
   if unused and init_config.get('raise_if_source_unmatched', False):
     raise InitializationError(
         'initialization: ' + _listing('source entr(ies) unused', unused)
-        + ' (drop them with a rule (regex, \'\'), or set '
+        + " (drop them with a rule (regex, ''), or set "
         'initialization.raise_if_source_unmatched=False)')
+  return mapped, source
+
+
+def initialize(fresh: Mapping[str, Any], init_config: Mapping[str, Any], *,
+               num_prefix_tokens: int, log: Callable[[str], None] = print
+               ) -> tuple[dict[str, np.ndarray], Mapped]:
+  """{name: array} of the model's parameters, from `init_config.path` where it has them.
+
+  `fresh` is the model's freshly initialized flat {name: array} dict: what the
+  source does not provide keeps these values (cast to their dtypes otherwise).
+  Logs one line per default that fired and the lists of unmatched names.
+  """
+  mapped, source = plan({k: np.shape(v) for k, v in fresh.items()}, init_config,
+                        num_prefix_tokens=num_prefix_tokens)
   log(f'Initialized {len(mapped.params)} of {len(fresh)} parameters from '
       f'{source.description}')
   for line in mapped.log:
     log(line)
   if mapped.uninitialized:
     log('Kept fresh: ' + _listing('model parameter(s) not in the source', mapped.uninitialized))
+  unused = [source.raw_names[n] for n in mapped.unused]
   if unused:
     log('Not used: ' + _listing('source entr(ies)', unused))
   out = {}
@@ -83,5 +96,5 @@ def initialize_sharded(fresh: Any, init_config: Mapping[str, Any], shardings: An
 
 
 __all__ = ['InitializationError', 'Mapped', 'Source', 'TRANSFORMS', 'WeightsFileError',
-           'flatten_tree', 'from_ours', 'initialize', 'initialize_sharded', 'map_onto', 'parse_rules', 'read_npz',
+           'flatten_tree', 'from_ours', 'initialize', 'initialize_sharded', 'map_onto', 'parse_rules', 'plan', 'read_npz',
            'read_source', 'to_ours', 'unflatten', 'write_npz']

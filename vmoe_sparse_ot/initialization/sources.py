@@ -88,8 +88,31 @@ def _read_workdir(path: str, step: int | None):
   return arrays, f'workdir {path} (step {step})', meta.get('model_config')
 
 
+_LAST: list = []   # [((path, step, mtime), Source)]: the last source read.
+
+
+def _stamp(path: str) -> float:
+  for candidate in (path + '.index', path):
+    if os.path.exists(candidate):
+      return os.stat(candidate).st_mtime_ns
+  return -1
+
+
 def read_source(path: str, step: int | None = None) -> Source:
-  """The arrays at `path` under this project's names; see the module docstring."""
+  """The arrays at `path` under this project's names; see the module docstring.
+
+  The last source read is kept, so a check before training and the
+  initialization itself read the files once.
+  """
+  key = (os.path.abspath(path), step, _stamp(path))
+  if _LAST and _LAST[0][0] == key:
+    return _LAST[0][1]
+  source = _read_source(path, step)
+  _LAST[:] = [(key, source)]
+  return source
+
+
+def _read_source(path: str, step: int | None) -> Source:
   kind = kind_of(path)
   if step is not None and kind != 'workdir':
     raise InitializationError(f'initialization.step applies to workdirs only; {path} is '

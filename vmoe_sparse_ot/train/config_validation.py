@@ -182,16 +182,36 @@ def _validate_initialization(config) -> None:
     raise ConfigError(f'config.{e}') from None
 
 
-def check_initialization(config: Mapping[str, Any]) -> None:
-  """The source of `config.initialization` exists and is of a known kind (cheap)."""
+def check_initialization(config: Mapping[str, Any], workdir: str, model) -> None:
+  """`config.initialization`'s source fits the model, for a run that starts afresh.
+
+  Reads the source (kept for the trainer) and maps it onto the model's parameter
+  shapes; a workdir that has checkpoints resumes instead and is not checked.
+  """
   path = config['initialization']['path']
-  if path is None:
+  if path is None or _has_checkpoints(workdir):
     return
+  import jax  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
   from vmoe_sparse_ot import initialization  # pylint: disable=g-import-not-at-top
+  ds = config['dataset']
+  image = jax.ShapeDtypeStruct((1, ds['image_size'], ds['image_size'], ds['channels']),
+                               np.float32)
+  abstract = jax.eval_shape(
+      lambda x: model.init({'params': jax.random.key(0)}, x, train=False)['params'], image)
+  shapes = {k: v.shape for k, v in initialization.flatten_tree(abstract).items()}
   try:
-    initialization.sources.kind_of(path)
-  except ValueError as e:
-    raise ConfigError(f'config.{e}') from None
+    initialization.plan(shapes, config['initialization'],
+                        num_prefix_tokens=int(config['model']['classifier'] == 'token'))
+  except ValueError as e:  # Messages name 'initialization.<key>' or the parameters.
+    message = str(e)
+    prefix = 'config.' if message.startswith('initialization') else 'config.initialization: '
+    raise ConfigError(prefix + message) from None
+
+
+def _has_checkpoints(workdir: str) -> bool:
+  directory = os.path.join(workdir, 'checkpoints')
+  return os.path.isdir(directory) and any(n.isdigit() for n in os.listdir(directory))
 
 
 def validate(config: Mapping[str, Any]) -> None:
@@ -350,15 +370,16 @@ def check_before_training(config: Mapping[str, Any], workdir: str) -> None:
 
   In order: `validate` (keys, types, ranges), --workdir and data_dir on disk,
   `check_datasets` (the training and evaluation data, and the few-shot data when
-  periodic few-shot is on), and finally `nn.build_model`, which checks the router's
-  options and only creates a module object (no parameters). Raises ValueError or
-  OSError with a one-line message.
+  periodic few-shot is on), `nn.build_model`, which checks the router's options
+  and only creates a module object (no parameters), and, for a fresh run with
+  `config.initialization.path`, that the source fits the model. Raises ValueError
+  or OSError with a one-line message.
   """
   validate(config)
   check_directory(workdir, '--workdir')
   if config['dataset']['data_dir']:
     check_directory(config['dataset']['data_dir'], 'config.dataset.data_dir')
   check_datasets(config)
-  check_initialization(config)
   from vmoe_sparse_ot import nn  # pylint: disable=g-import-not-at-top
-  nn.build_model(config['model'])
+  model = nn.build_model(config['model'])
+  check_initialization(config, workdir, model)
