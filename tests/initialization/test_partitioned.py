@@ -261,7 +261,8 @@ def test_max_bytes(ckpt):
 ])
 def test_chunk_coverage(tmp_path, chunks, fragment):
   prefix = str(tmp_path / "c")
-  index = {"shard_count": 1, "index": {"w": index_record((4,), "float32", [(b, 0) for b in chunks])}}
+  record = index_record((4,), "float32", [(b, 0) for b in chunks])
+  index = {"shard_count": 1, "index": {"w": record}}
   dump(prefix, index, {0: {MARK: True}})
   refused(prefix, "c.index", "w:", fragment)
 

@@ -41,7 +41,8 @@ def plan(target: Mapping[str, Any], init_config: Mapping[str, Any], *,
                     parse_rules(init_config.get('rules')), num_prefix_tokens=num_prefix_tokens)
   if mapped.uninitialized and init_config.get('raise_if_target_unmatched', True):
     raise InitializationError(
-        'initialization: ' + _listing('model parameter(s) not in the source', mapped.uninitialized)
+        'initialization: '
+        + _listing('model parameter(s) not in the source', mapped.uninitialized)
         + ' (map them with initialization.rules, or set '
         'initialization.raise_if_target_unmatched=False to keep their fresh init)')
   unused = [source.raw_names[n] for n in mapped.unused]
@@ -96,5 +97,5 @@ def initialize_sharded(fresh: Any, init_config: Mapping[str, Any], shardings: An
 
 
 __all__ = ['InitializationError', 'Mapped', 'Source', 'TRANSFORMS', 'WeightsFileError',
-           'flatten_tree', 'from_ours', 'initialize', 'initialize_sharded', 'map_onto', 'parse_rules', 'plan', 'read_npz',
-           'read_source', 'to_ours', 'unflatten', 'write_npz']
+           'flatten_tree', 'from_ours', 'initialize', 'initialize_sharded', 'map_onto',
+           'parse_rules', 'plan', 'read_npz', 'read_source', 'to_ours', 'unflatten', 'write_npz']

@@ -1,22 +1,13 @@
 """Parameter names: this project's, the public ViT `.npz` files', the reference V-MoE's.
 
-Three namings of the same parameters, one table (`docs/INITIALIZATION.md` prints
-it). Names are '/'-joined paths of the parameter tree, without a `params/` level.
-
-| this project                         | ViT `.npz` files ('vit')              | reference V-MoE ('vmoe')         |
-|--------------------------------------|---------------------------------------|----------------------------------|
-| embedding/{kernel,bias}              | embedding/...                         | embedding/...                    |
-| cls                                  | cls                                   | cls                              |
-| encoder/pos_embedding                | Transformer/posembed_input/pos_embedding | Encoder/posembed_input/pos_embedding |
-| encoder/encoderblock_N/norm_att      | Transformer/encoderblock_N/LayerNorm_0 | Encoder/encoderblock_N/LayerNorm_0 |
-| encoder/encoderblock_N/attention     | .../MultiHeadDotProductAttention_1    | .../SelfAttention                |
-| encoder/encoderblock_N/norm_mlp      | .../LayerNorm_2                       | .../LayerNorm_1                  |
-| encoder/encoderblock_N/mlp/Dense_{0,1} | .../MlpBlock_3/Dense_{0,1}          | .../Mlp/Dense_{0,1}              |
-| .../moe/experts/wi_{kernel,bias}     | .../Moe/Mlp/Dense_0/{kernel,bias} (E first) | same                       |
-| .../moe/experts/wo_{kernel,bias}     | .../Moe/Mlp/Dense_1/{kernel,bias} (E first) | same                       |
-| .../moe/router/kernel                | .../Moe/Router/dense/kernel           | same                             |
-| encoder/encoder_norm                 | Transformer/encoder_norm              | Encoder/encoder_norm             |
-| pre_logits, head                     | pre_logits, head                      | pre_logits, head                 |
+Three namings of the same parameters; the table below (`_BLOCK`, `_TOP`) is the
+one source of truth, and docs/INITIALIZATION.md prints it. Inside a block:
+norm_att = LayerNorm_0 (both); attention = MultiHeadDotProductAttention_1 (ViT
+files) / SelfAttention (V-MoE); norm_mlp = LayerNorm_2 / LayerNorm_1; mlp =
+MlpBlock_3 / Mlp; moe/experts/w{i,o}_{kernel,bias} = Moe/Mlp/Dense_{0,1}/...
+(leading E axis); moe/router/kernel = Moe/Router/dense/kernel. Outside: the
+encoder is `Transformer` (ViT files) / `Encoder` (V-MoE), pos_embedding sits
+under posembed_input; embedding, cls, pre_logits and head keep their names.
 
 Shapes agree across the three (flax's attention layout: query/key/value kernels
 (D, heads, D/heads), out kernel (heads, D/heads, D)), so renaming is all it takes.

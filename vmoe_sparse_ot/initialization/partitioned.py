@@ -218,7 +218,8 @@ def _read_index(path: str, max_bytes: int) -> tuple[int, list[_Array]]:
     top = _unpack(data, _index_ext_hook)
     if not isinstance(top, dict):
       raise _Refused(f"not an index (a msgpack {type(top).__name__}, not a map)")
-    if not set(top) <= {"shard_count", "index", "version"} or not {"shard_count", "index"} <= set(top):
+    keys = set(top)
+    if not keys <= {"shard_count", "index", "version"} or not {"shard_count", "index"} <= keys:
       raise _Refused(f"not an index (keys {_short(sorted(map(str, top)))})")
     version = top.get("version")
     if version not in VERSIONS:
