@@ -245,3 +245,61 @@ def test_config_argument_of_the_wrong_type_names_the_key():
     load('vmoe_tiny_mnist.py', 'steps=abc')
   with pytest.raises(FileNotFoundError, match=r"^config file '.*nope.py' not found$"):
     load('nope.py')
+
+
+def test_finetune_config_is_the_reference_recipe():
+  config = load('vmoe_b16_ft_imagenet.py', 'init=/ckpt/vmoe_b16,data_dir=/data')
+  m = config.model
+  assert (m.hidden_size, m.encoder.num_layers, m.encoder.mlp_dim, m.patch_size) == (
+      768, 12, 3072, (16, 16))
+  assert m.encoder.moe.num_experts == 8 and m.encoder.moe.router.num_selected_experts == 2
+  assert m.encoder.moe.group_size == 8 * (24 * 24 + 1) and m.representation_size is None
+  assert m.encoder.moe.router.capacity_factor == 1.5 and m.num_classes == 1000
+  assert config.dataset.image_size == 384 and config.batch_size == 1024
+  assert config.train_steps == 10_000 and config.initialization.path == '/ckpt/vmoe_b16'
+  o, s = config.optimizer, config.schedule
+  assert (o.name, o.momentum, o.gradient_clip_norm, o.weight_decay) == ('sgd', 0.9, 10.0, 0.0)
+  assert (s.name, s.peak_value, s.warmup_steps, s.end_value) == (
+      'warmup_cosine_decay', 0.003, 500, 1e-5)
+  config_lib.validate(config)
+
+
+def test_finetune_config_one_step_dry_run_from_a_reference_checkpoint(tmp_path, caplog):
+  """Shrunken: a 'released' V-MoE at 16 px with 21 classes, in the reference's partitioned
+  format, fine-tuned at 32 px on 10 classes: zoom and new head by default, one step."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  from vmoe_sparse_ot import initialization  # pylint: disable=g-import-not-at-top
+  from vmoe_sparse_ot.train import trainer  # pylint: disable=g-import-not-at-top
+  from tests.initialization.test_partitioned import build, dump  # pylint: disable=g-import-not-at-top
+
+  def shrink(config, image_size, num_classes):
+    m = config.model
+    m.hidden_size, m.patch_size, m.num_classes = 32, (8, 8), num_classes
+    m.encoder.num_layers, m.encoder.num_heads, m.encoder.mlp_dim = 2, 2, 64
+    m.encoder.moe.num_experts, m.encoder.moe.group_size = 4, 8
+    config.dataset.image_size = image_size
+    return config
+
+  upstream = shrink(load('vmoe_b16_ft_imagenet.py'), 16, 21)
+  model = nn.build_model(upstream.model)
+  shapes = jax.eval_shape(lambda x: model.init(jax.random.key(0), x, train=False)['params'],
+                          jax.ShapeDtypeStruct((1, 16, 16, 3), np.float32))
+  rng = np.random.default_rng(0)
+  ref = {initialization.from_ours(k, 'vmoe'): (0.1 * rng.normal(size=v.shape)).astype(np.float32)
+         for k, v in initialization.flatten_tree(shapes).items()}
+  dump(str(tmp_path / 'vmoe_b16'), *build(ref, {k: [(tuple((0, d) for d in v.shape), 0)]
+                                                for k, v in ref.items()}, 1))
+
+  config = shrink(load('vmoe_b16_ft_imagenet.py', f'init={tmp_path}/vmoe_b16,steps=1'), 32, 10)
+  config.dataset.name, config.dataset.data_dir = 'sklearn_digits', None
+  config.dataset.train_split, config.dataset.eval_split = 'train', 'test[:16]'
+  config.dataset.shuffle_buffer = 64
+  config.batch_size, config.eval_batch_size = 8, 8
+  config_lib.check_before_training(config, str(tmp_path / 'w'))
+  with caplog.at_level('INFO'):
+    summary = trainer.train_and_evaluate(config, str(tmp_path / 'w'), devices=jax.devices()[:1])
+  assert summary['step'] == 1 and np.isfinite(summary['losses'][0])
+  assert 'position embedding resized from a 2x2 to a 4x4 patch grid' in caplog.text
+  assert 'head re-initialized' in caplog.text
+  assert f'Initialized {len(ref) - 2} of {len(ref)} parameters' in caplog.text
