@@ -52,7 +52,7 @@ def base_config() -> ml_collections.ConfigDict:
           # Clip gradients to this global norm; None: no clipping.
           'gradient_clip_norm': ml_collections.FieldReference(None, field_type=float),
           # Parameters whose '/'-joined path matches (re.search) are kept fixed:
-          # no update, no weight decay, no optimizer state. None: train all.
+          # no update, no weight decay, left out of clipping. None: train all.
           'freeze': ml_collections.FieldReference(None, field_type=str),
       },
       # Cross-entropy against (1 - s) one-hot + s / num_classes (training only).

@@ -71,15 +71,23 @@ def make_optimizer(optimizer: Mapping[str, Any], schedule: optax.Schedule,
     chain.append(optax.add_decayed_weights(
         wd, mask=path_mask(params, optimizer['weight_decay_regex'])))
   chain.append(optax.scale_by_learning_rate(schedule))
-  tx = optax.chain(*chain)
   freeze = optimizer.get('freeze')
   if freeze is None:
-    return tx
-  # Frozen parameters get zero updates and keep no optimizer state; clipping and
-  # weight decay see only the trained ones.
-  labels = jax.tree.map(lambda frozen: 'frozen' if frozen else 'trained',
-                        path_mask(params, freeze))
-  return optax.multi_transform({'trained': tx, 'frozen': optax.set_to_zero()}, labels)
+    return optax.chain(*chain)
+  # Frozen parameters: gradients zeroed first (so clipping and the moments see
+  # only the trained ones), updates zeroed last (weight decay would move them).
+  # The optimizer state keeps its usual structure, so its sharding and
+  # checkpoints are those of a run without freezing.
+  zero = _zero_where(path_mask(params, freeze))
+  return optax.chain(zero, *chain, zero)
+
+
+def _zero_where(mask: Any) -> optax.GradientTransformation:
+  """Stateless: replaces the updates where the bool tree `mask` is True by zeros."""
+  def update(updates, params=None):
+    del params
+    return jax.tree.map(lambda u, m: jax.numpy.zeros_like(u) if m else u, updates, mask)
+  return optax.stateless(update)
 
 
 def frozen_names(params: Any, regex: str | None) -> list[str]:

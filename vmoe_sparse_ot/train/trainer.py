@@ -255,6 +255,10 @@ def _train_and_evaluate(config, workdir, model, devices, allow_schedule_change):
   schedule = optimizer_lib.make_schedule(config.schedule, int(config.train_steps))
   abstract_params = jax.eval_shape(init_params, init_key)
   tx = optimizer_lib.make_optimizer(config.optimizer, schedule, abstract_params)
+  frozen = optimizer_lib.frozen_names(abstract_params, config.optimizer.freeze)
+  if frozen:
+    logging.info('optimizer.freeze keeps %d parameter arrays fixed: %s', len(frozen),
+                 ', '.join(frozen[:6]) + (', ...' if len(frozen) > 6 else ''))
   init_state = lambda: state_lib.create(init_params(init_key), tx, root_key)
   abstract_state = jax.eval_shape(init_state)
   params_sharding = partitioning.param_shardings(mesh, abstract_params,

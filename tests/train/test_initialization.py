@@ -1,0 +1,116 @@
+"""The trainer with config.initialization, optimizer.freeze and label_smoothing; export CLI."""
+import json
+
+import jax
+import numpy as np
+import pytest
+
+from vmoe_sparse_ot import initialization
+from vmoe_sparse_ot.train import checkpoints, trainer
+from vmoe_sparse_ot.train import config as config_lib
+from tests.train.helpers import cli_args, main_command, run, small_config
+
+
+@pytest.fixture(scope='module')
+def dense_workdir(tmp_path_factory):
+  """A dense ViT trained 3 steps: the source of the runs below."""
+  workdir = str(tmp_path_factory.mktemp('dense'))
+  trainer.train_and_evaluate(small_config(train_steps=3, model__name='vit'), workdir)
+  return workdir
+
+
+def _flat(workdir, step=None):
+  params, _ = checkpoints.restore_params(workdir, step)
+  return {k: np.asarray(v) for k, v in initialization.flatten_tree(params).items()}
+
+
+def test_upcycled_run_with_frozen_blocks_and_label_smoothing(dense_workdir, tmp_path, caplog):
+  config = small_config(train_steps=2, label_smoothing=0.1,
+                        optimizer__freeze=r'^encoder/encoderblock_0/|^embedding/')
+  config.initialization.path = dense_workdir
+  with caplog.at_level('INFO'):
+    summary = trainer.train_and_evaluate(config, str(tmp_path))
+  assert summary['step'] == 2 and np.isfinite(summary['losses']).all()
+  assert 'upcycled 1 MoE layer(s) (encoder/encoderblock_1)' in caplog.text
+  source, out = _flat(dense_workdir), _flat(str(tmp_path))
+  frozen = [k for k in out if k.startswith(('encoder/encoderblock_0/', 'embedding/'))]
+  assert len(frozen) == 18
+  for k in frozen:   # Frozen: still exactly the source's values after 2 steps.
+    np.testing.assert_array_equal(out[k], source[k])
+  moved = [k for k in out if k not in frozen and not np.array_equal(
+      out[k], source.get(k, source.get(k.replace('moe/experts/wi_kernel', 'mlp/Dense_0/kernel'))))]
+  assert 'encoder/encoderblock_1/moe/experts/wi_kernel' in moved and 'head/kernel' in moved
+  # A resumed run ignores initialization: the checkpoint wins.
+  config.train_steps = 3
+  summary = trainer.train_and_evaluate(config, str(tmp_path), allow_schedule_change=True)
+  assert summary['step'] == 3
+
+
+def test_label_smoothing_against_the_formula():
+  logits = np.array([[2.0, 0.5, -1.0], [0.0, 0.0, 3.0]], np.float32)
+  labels = np.array([0, 1])
+  got = np.asarray(trainer.cross_entropy(logits, labels, 0.3))
+  logp = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+  target = np.full((2, 3), 0.3 / 3) + 0.7 * np.eye(3)[labels]
+  np.testing.assert_allclose(got, -(target * logp).sum(-1), rtol=1e-6)
+  np.testing.assert_allclose(np.asarray(trainer.cross_entropy(logits, labels)),
+                             -logp[[0, 1], labels], rtol=1e-6)
+
+
+def test_export_cli_writes_public_names_that_initialize_the_same_model(dense_workdir, tmp_path):
+  proc = run([*main_command()[:2], 'vmoe_sparse_ot.export', dense_workdir,
+              str(tmp_path / 'vit.npz')])
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  assert 'Wrote 40 arrays of step 3' in proc.stdout
+  arrays = initialization.read_npz(str(tmp_path / 'vit.npz'))
+  assert 'Transformer/encoderblock_1/MlpBlock_3/Dense_0/kernel' in arrays
+  source = _flat(dense_workdir)
+  fresh = {k: np.zeros_like(v) for k, v in source.items()}
+  out, mapped = initialization.initialize(
+      fresh, {'path': str(tmp_path / 'vit.npz'), 'raise_if_source_unmatched': True},
+      num_prefix_tokens=1, log=lambda _: None)
+  assert mapped.uninitialized == []
+  for k, v in source.items():
+    np.testing.assert_array_equal(out[k], v)
+
+
+def test_bad_initialization_is_one_line_exit_2_nothing_written(dense_workdir, tmp_path):
+  # Through the command line once: a shape mismatch (8 experts where the source, a
+  # dense model, gives 64-wide MLPs into a 48-wide one).
+  proc = run(main_command(*cli_args(tmp_path / 'w', **{
+      'initialization.path': dense_workdir, 'model.encoder.mlp_dim': 48})))
+  assert proc.returncode == 2, proc.stderr[-2000:]
+  lines = proc.stderr.strip().splitlines()
+  assert len(lines) == 1 and lines[0].startswith('python -m vmoe_sparse_ot.main: error: ')
+  assert ('shape mismatch: source encoder/encoderblock_0/mlp/Dense_0/bias (64,) -> target '
+          'encoder/encoderblock_0/mlp/Dense_0/bias (48,)') in lines[0]
+  assert not (tmp_path / 'w').exists()
+
+
+@pytest.mark.parametrize('overrides,message', [
+    ({'initialization.path': '{tmp}/nope'},
+     'config.initialization.path: {tmp}/nope does not exist'),
+    ({'initialization.path': '{tmp}/junk.bin'},
+     'config.initialization.path: {tmp}/junk.bin is neither an .npz file'),
+    ({'initialization.path': '{dense}', 'initialization.rules': (('zzz', ''),)},
+     "config.initialization.rules[0] ('zzz') matches no source parameter"),
+    ({'initialization.path': '{dense}', 'model.encoder.num_layers': 3},
+     'config.initialization: 16 model parameter(s) not in the source: '
+     'encoder/encoderblock_2/attention/key/bias'),
+    ({'initialization.path': '{dense}', 'initialization.raise_if_source_unmatched': True,
+      'model.representation_size': None, 'model.encoder.num_layers': 1},
+     'config.initialization: 16 source entr(ies) unused: '),
+    ({'initialization.path': '{dense}', 'initialization.step': 2},
+     'config.initialization.path: No checkpoint for step 2'),
+    ({'optimizer.freeze': '('}, "config.optimizer.freeze='(': must be a regular expression"),
+    ({'label_smoothing': 1.0}, 'config.label_smoothing=1.0: must be in [0, 1)'),
+])
+def test_bad_initialization_configs_name_the_key(dense_workdir, tmp_path, overrides, message):
+  (tmp_path / 'junk.bin').write_bytes(b'not weights')
+  fill = lambda v: v.replace('{tmp}', str(tmp_path)).replace('{dense}', dense_workdir) \
+      if isinstance(v, str) else v
+  config = small_config(**{k.replace('.', '__'): fill(v) for k, v in overrides.items()})
+  with pytest.raises(ValueError) as e:
+    config_lib.check_before_training(config, str(tmp_path / 'w'))
+  assert '\n' not in str(e.value) and fill(message) in str(e.value), str(e.value)
+  assert not (tmp_path / 'w').exists()
