@@ -21,7 +21,7 @@ def test_check_name():
   assert experiments.check_name('router_study') == 'router_study'
   with pytest.raises(ValueError, match='experiment must be one of'):
     experiments.check_name('all_of_them')
-  assert len(experiments.NAMES) == 9
+  assert len(experiments.NAMES) == 10
 
 
 def test_write_json_converts_arrays_and_nan(tmp_path):

@@ -33,6 +33,7 @@ NAMES = (
     'supply_demand',
     'mnist_clustering',
     'router_study',
+    'upcycle_finetune',   # Not in the paper: the start-from-weights workflow, measured.
 )
 
 DEFAULT_OUT = 'experiments_out'
