@@ -18,7 +18,7 @@ keeps `HISTORY` pairs. The dual and semi-dual have the same optimal value (paper
 Proposition 3 (biconjugates)); the JSON reports both final values and their relative
 difference.
 
-Timings were taken on a shared 2-core CPU (see the README for the load).
+Timings were taken on a shared 2-core CPU (see docs/PAPER.md for the load).
 """
 import os
 import time
