@@ -24,7 +24,6 @@ message naming it.
 """
 import json
 import os
-import tempfile
 from typing import Any
 
 from vmoe_sparse_ot import quiet_logs
@@ -44,6 +43,7 @@ from vmoe_sparse_ot.evaluate import fewshot
 from vmoe_sparse_ot.evaluate.checkpoint_config import CheckpointMismatchError
 from vmoe_sparse_ot.evaluate.checkpoint_config import describe_model
 from vmoe_sparse_ot.evaluate.checkpoint_config import resolve_model_config
+from vmoe_sparse_ot.evaluate.files import write_json_atomic
 from vmoe_sparse_ot.train import checkpoints, partitioning
 from vmoe_sparse_ot.train import config as config_lib
 from vmoe_sparse_ot.train import config_cli
@@ -114,24 +114,6 @@ def run(config: ml_collections.ConfigDict, workdir: str, step: int | None = None
   if jax.process_index() == 0:
     write_json_atomic(os.path.join(workdir, RESULTS_FILE), payload)
   return payload
-
-
-def write_json_atomic(path: str, payload: Any) -> None:
-  """Writes `payload` as JSON to `path` via a temporary file renamed into place."""
-  directory = os.path.dirname(os.path.abspath(path))
-  os.makedirs(directory, exist_ok=True)
-  fd, tmp = tempfile.mkstemp(dir=directory, prefix='.results.', suffix='.json.tmp')
-  try:
-    with os.fdopen(fd, 'w') as f:
-      json.dump(payload, f, indent=2)
-      f.write('\n')
-      f.flush()
-      os.fsync(f.fileno())
-    os.replace(tmp, path)
-  except BaseException:
-    if os.path.exists(tmp):
-      os.remove(tmp)
-    raise
 
 
 def format_table(payload: dict) -> str:

@@ -2,5 +2,13 @@
 
 `fewshot` (protocol, evaluator, periodic action), `ridge` (closed-form ridge and
 L2 selection), `features` (sharded feature extraction), `config` (defaults).
+Standalone checkpoint evaluation: `job` (`python -m vmoe_sparse_ot.evaluate`),
+`overrides` (eval-time routing overrides, shared with `vmoe_sparse_ot.load`),
+`routing_stats` (per-token routing from the MoE layers' `expert_weights`).
 """
-from vmoe_sparse_ot.evaluate import config, features, fewshot, ridge
+from vmoe_sparse_ot import quiet_logs
+
+# Before JAX or TensorFlow first log (`python -m vmoe_sparse_ot.evaluate` runs this first).
+quiet_logs.setup_environment()
+
+from vmoe_sparse_ot.evaluate import config, features, fewshot, ridge  # noqa: E402,F401

@@ -1,6 +1,6 @@
 """Command-line side of configs: one-line errors for `--config` and its overrides.
 
-Used by every command line that takes `--config=path.py[:arg]` (main, fewshot):
+Used by every command line that takes `--config=path.py[:arg]` (main, fewshot, evaluate):
 `preflight_config_flag(argv)` loads the config file once before absl parses the
 flags, so a missing file or a bad `:key=value` argument is one line instead of
 the traceback that `config_flags` embeds; `explain_override` names the valid keys
@@ -67,12 +67,16 @@ def preflight_config_flag(prog: str, argv: Sequence[str]) -> None:
          f'{e}')
 
 
-def parse_flags(prog: str, argv: list[str]) -> list[str]:
-  """absl flag parsing where every mistake in --config is one line, exit status 2."""
+def parse_flags(prog: str, argv: list[str], flag_values: Any = None) -> list[str]:
+  """absl flag parsing where every mistake in --config is one line, exit status 2.
+
+  `flag_values`: the `absl.flags.FlagValues` to parse into (default the global
+  `flags.FLAGS`); a job with its own can be called in-process more than once.
+  """
   from absl import flags  # pylint: disable=g-import-not-at-top
   preflight_config_flag(prog, argv)
   try:
-    return flags.FLAGS(argv)
+    return (flags.FLAGS if flag_values is None else flag_values)(argv)
   except (KeyError, AttributeError, ValueError, TypeError, flags.Error) as e:
     spec = config_spec(argv)
     overrides = [a for a in argv if a.startswith('--config.')]
