@@ -4,6 +4,7 @@ Runs one experiment (or all, in order), prints its table and wall time, and
 writes `DIR/NAME*.png` and `DIR/NAME.json`. An unknown NAME prints one line and
 exits with status 1.
 """
+import glob
 import os
 import sys
 
@@ -41,9 +42,10 @@ def main(argv):
     payload = experiments.run_experiment(n, _OUT.value, quick=_QUICK.value, seeds=_SEEDS.value)
     print(f'== {n} ==')
     print(experiments.load(n).format_table(payload))
+    figures = glob.glob(os.path.join(_OUT.value, n + '*.png'))
     print(f"{n}: wall time {payload['wall_time_s']:.1f} s; wrote "
-          f"{os.path.join(_OUT.value, n + '.json')} and {os.path.join(_OUT.value, n)}*.png",
-          flush=True)
+          f"{os.path.join(_OUT.value, n + '.json')}"
+          + (f" and {os.path.join(_OUT.value, n)}*.png" if figures else ''), flush=True)
 
 
 if __name__ == '__main__':

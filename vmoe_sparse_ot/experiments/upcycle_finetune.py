@@ -98,6 +98,10 @@ def run(out_dir: str, *, quick: bool = False, seeds: int | None = None) -> dict:
   raw: dict[str, list] = {r: [] for r in routers}
   dense = []
   with tempfile.TemporaryDirectory(prefix='upcycle_finetune_') as tmp:
+    # Seeds repeat the same programs: compile each once.
+    import jax  # pylint: disable=g-import-not-at-top
+    jax.config.update('jax_compilation_cache_dir', os.path.join(tmp, 'xla_cache'))
+    jax.config.update('jax_persistent_cache_min_compile_time_secs', 0.5)
     for seed in range(seeds):
       dense_dir = os.path.join(tmp, f'dense_{seed}')
       dense.append(_train(make_config('topk', budget['pretrain'], seed, dense=True), dense_dir))
@@ -112,7 +116,7 @@ def run(out_dir: str, *, quick: bool = False, seeds: int | None = None) -> dict:
       key = f'eval_cf{cf}_bpr{int(bpr)}'
       row[key] = {m: _stats([r[key][m] for r in runs]) for m in ('top1', 'dropped')}
     rows[router] = row
-  return {'budget_steps': budget, 'seeds': seeds, 'dense_mnist': _stats(dense),
+  return {'budget_steps': budget, 'num_seeds': seeds, 'dense_mnist': _stats(dense),
           'digits_image_size': DIGITS_SIZE, 'routers': rows, 'raw': raw}
 
 
@@ -123,7 +127,7 @@ def _ms(s: dict[str, float]) -> str:
 def format_table(payload: dict) -> str:
   b = payload['budget_steps']
   lines = [
-      f"Upcycle and fine-tune, {payload['seeds']} seed(s); dense ViT pre-trained "
+      f"Upcycle and fine-tune, {payload['num_seeds']} seed(s); dense ViT pre-trained "
       f"{b['pretrain']} steps on MNIST (top-1 {_ms(payload['dense_mnist'])}), upcycled "
       f"+{b['upcycle']}, fine-tuned {b['finetune']} on digits at "
       f"{payload['digits_image_size']} px. Top-1 %, mean ± std over seeds.",
