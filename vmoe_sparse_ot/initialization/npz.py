@@ -30,8 +30,12 @@ def _check_header(path: str, name: str, dtype: np.dtype, shape: tuple, stored: i
                            f'(shape {shape}) but holds {stored}: truncated or forged')
 
 
+def _entry_name(info: zipfile.ZipInfo) -> str:
+  return info.filename[:-len('.npy')] if info.filename.endswith('.npy') else info.filename
+
+
 def _read_entry(path: str, archive: zipfile.ZipFile, info: zipfile.ZipInfo) -> np.ndarray:
-  name = info.filename[:-len('.npy')] if info.filename.endswith('.npy') else info.filename
+  name = _entry_name(info)
   with archive.open(info) as f:
     version = np.lib.format.read_magic(f)
     if version == (1, 0):
@@ -61,9 +65,8 @@ def read_npz(path: str) -> dict[str, np.ndarray]:
                                           if npy else 'not a readable .npz file (not a zip)'))
   try:
     with zipfile.ZipFile(path) as archive:
-      return {name: array for name, array in (
-          (info.filename[:-len('.npy')], _read_entry(path, archive, info))
-          for info in archive.infolist())}
+      return {_entry_name(info): _read_entry(path, archive, info)
+              for info in archive.infolist()}
   except WeightsFileError:
     raise
   except (OSError, zipfile.BadZipFile, EOFError, ValueError) as e:
