@@ -88,6 +88,8 @@ def _read_workdir(path: str, step: int | None):
   return arrays, f'workdir {path} (step {step})', meta.get('model_config')
 
 
+_NAMING_TEXT = {'ours': "this project's names", 'vit': 'public ViT names',
+                'vmoe': 'reference V-MoE names'}
 _LAST: list = []   # [((path, step, mtime), Source)]: the last source read.
 
 
@@ -131,4 +133,4 @@ def _read_source(path: str, step: int | None) -> Source:
   except ValueError as e:
     raise InitializationError(f'initialization.path: {path}: {e}') from None
   return Source(arrays=arrays, raw_names=origin, naming=naming,
-                description=f'{description}, {naming} naming', model_config=model_config)
+                description=f'{description}, {_NAMING_TEXT[naming]}', model_config=model_config)
