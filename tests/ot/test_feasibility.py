@@ -1,5 +1,5 @@
-"""Whether `solve`'s plan is a coupling: its marginal errors, the n k < m warning
-and the interior point's `primal_plan`.
+"""Whether `solve`'s plan is a coupling: its marginal errors, the n k < m warning,
+the interior point's `primal_plan`, and costs of 1e30.
 
 The 4 x 3 problems (issue 30) are checked against values worked out by hand:
 
@@ -227,3 +227,27 @@ def test_fields_under_jit_and_vmap():
     assert float(out.col_error[i]) == pytest.approx(col, rel=1e-9, abs=1e-15)
     assert bool(out.plan_feasible[i]) == (max(row, col) <= ot.PLAN_FEASIBLE_RTOL)
 
+
+def test_costs_of_1e30_reach_the_unscaled_plan():
+  a, b = np.full(4, 0.25), np.full(3, 1 / 3)
+  # C and gamma 1e30 times a problem's: the same plan. L-BFGS took one step
+  # (status "stalled", 30% short) before the costs were scaled internally.
+  big = ot.solve(a, b, C * 1e30, ot.SquaredL2(0.1 * 1e30), tol=1e-10)
+  unit = ot.solve(a, b, C, ot.SquaredL2(0.1), tol=1e-10)
+  assert big.reason() == unit.reason() == "converged"
+  np.testing.assert_allclose(np.asarray(big.plan), np.asarray(unit.plan), atol=1e-9)
+  assert float(big.value) == pytest.approx(float(unit.value) * 1e30, rel=1e-9)
+  np.testing.assert_allclose(np.asarray(big.alpha) - float(big.alpha[0]),
+                             (np.asarray(unit.alpha) - float(unit.alpha[0])) * 1e30,
+                             rtol=1e-6, atol=1e22)
+  # gamma 0.1 against costs of 1e30 is the unregularized problem with C and
+  # gamma 1e-31: no scaling changes that; the interior point certifies both
+  # (value 2.75e30 + 0.1 / 6) and returns the same coupling.
+  reg = ot.SparsityConstrained(2, 0.1)
+  big = ot.solve(a, b, C * 1e30, reg)
+  unit = ot.solve(a, b, C, ot.SparsityConstrained(2, 1e-31))
+  assert big.reason() == unit.reason() == "interior_point"
+  assert float(big.value) == pytest.approx(2.75e30, rel=1e-9)
+  assert float(big.value) == pytest.approx(float(unit.value) * 1e30, rel=1e-9)
+  np.testing.assert_allclose(np.asarray(big.primal_plan), np.asarray(unit.primal_plan),
+                             atol=1e-7)
