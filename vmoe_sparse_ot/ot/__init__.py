@@ -48,12 +48,22 @@ from vmoe_sparse_ot.ot.regularizers import (
     SquaredL2,
 )
 from vmoe_sparse_ot.ot.sinkhorn import SinkhornResult, sinkhorn
-from vmoe_sparse_ot.ot.solvers import (LBFGS, Adam, OTResult, c_transform_start, semi_dual_loss,
-                                      solve)
+from vmoe_sparse_ot.ot.solvers import (
+    LBFGS,
+    PLAN_FEASIBLE_RTOL,
+    Adam,
+    KSparseInfeasibleWarning,
+    OTResult,
+    c_transform_start,
+    semi_dual_loss,
+    solve,
+)
 
 __all__ = [
     "LBFGS",
+    "PLAN_FEASIBLE_RTOL",
     "Adam",
+    "KSparseInfeasibleWarning",
     "NegEntropy",
     "OTResult",
     "OTTrace",

@@ -56,7 +56,9 @@ def _solve_plans(cost: Array, a: Array, b: Array, k: int, opts: SparseOTOptions)
     return ot.batched_semi_dual_adam(cost, a, b, k, opts.gamma, opts.num_steps,
                                      opts.learning_rate)
   # From alpha = 0 like the fast path (not `ot.solve`'s c-transform start).
-  kwargs = {"max_iter": opts.num_steps, "tol": 0.0, "init": jnp.zeros_like(a[0])}
+  # infeasible="ignore": with E C < S tokens the router drops tokens by design.
+  kwargs = {"max_iter": opts.num_steps, "tol": 0.0, "init": jnp.zeros_like(a[0]),
+            "infeasible": "ignore"}
   if opts.solver == "adam":
     kwargs["learning_rate"] = opts.learning_rate
   reg = ot.SparsityConstrained(k=k, gamma=opts.gamma)
