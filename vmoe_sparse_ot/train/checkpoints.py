@@ -24,7 +24,7 @@ import os
 import shutil
 import sys
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import jax
 import numpy as np
@@ -58,10 +58,31 @@ class _DropOrbaxErrors(std_logging.Filter):
     return not ('/orbax/' in record.pathname and record.levelno >= std_logging.ERROR)
 
 
-def _manager(workdir: str, *, max_to_keep: int | None = None, async_save: bool = True,
+class _NewestVerified:
+  """Orbax preservation policy: keeps the newest checkpoint known to be good.
+
+  The loss of step t is computed from the parameters saved at step t - 1, so
+  checkpoint s is verified good once the loss of step s + 1 is known finite, i.e.
+  when s < `finite_through()` (the last step whose loss was checked finite). The
+  newest checkpoint is never verified when it is written; without this policy
+  `max_to_keep` rotation would delete the one a diverged run must resume from.
+  """
+
+  def __init__(self, finite_through: Callable[[], int]):
+    self._finite_through = finite_through
+
+  def should_preserve(self, checkpoints: Sequence[Any], *, context: Any) -> list[bool]:
+    del context
+    through = self._finite_through()
+    verified = [info.step for info in checkpoints if info.step < through]
+    newest = max(verified, default=None)
+    return [info.step == newest for info in checkpoints]
+
+
+def _manager(workdir: str, *, preservation_policy: Any = None, async_save: bool = True,
              read_only: bool = False) -> ocp.CheckpointManager:
   options = ocp.CheckpointManagerOptions(
-      max_to_keep=max_to_keep, create=not read_only, read_only=read_only,
+      preservation_policy=preservation_policy, create=not read_only, read_only=read_only,
       enable_async_checkpointing=async_save, cleanup_tmp_directories=not read_only)
   handlers = {'params': ocp.StandardCheckpointHandler(),
               'state': ocp.StandardCheckpointHandler(), 'meta': ocp.JsonCheckpointHandler()}
@@ -291,7 +312,11 @@ class Checkpointer:
 
   def __init__(self, workdir: str, *, keep: int = 2, async_save: bool = True):
     self.directory = checkpoint_dir(workdir)
-    self._options = dict(max_to_keep=keep, async_save=async_save)
+    # The newest `keep` steps, and the newest verified-good one even when older.
+    policy = ocp.checkpoint_managers.AnyPreservationPolicy([
+        ocp.checkpoint_managers.LatestN(keep),
+        _NewestVerified(lambda: self._finite_through)])
+    self._options = dict(preservation_policy=policy, async_save=async_save)
     self._workdir = workdir
     if jax.process_index() == 0 and os.path.isdir(self.directory):
       removed = remove_unfinished_saves(self.directory)
@@ -304,24 +329,52 @@ class Checkpointer:
     # Orbax's closed event loop, each printing a traceback.
     _quiet_closed_event_loop()
     self._manager = _manager(workdir, **self._options)
+    # A step is saved only once the losses through it were checked finite (see
+    # `save`), so every checkpoint older than the newest one on disk is verified.
+    self._finite_through = self._manager.latest_step() or 0
     self._pending_step: int | None = None
     self._write_failed_once = False
 
   def latest_step(self) -> int | None:
     return self._manager.latest_step()
 
-  def last_good(self) -> str:
-    """'step N in DIR', or 'none (no step was saved yet)' (after waiting for saves)."""
+  def last_good(self, first_bad_step: int) -> str:
+    """Where to resume when the loss of `first_bad_step` was the first non-finite one.
+
+    One or two sentences: the newest checkpoint whose next step's loss was finite
+    (a step <= first_bad_step - 2, since step t's loss comes from the parameters
+    saved at t - 1), the newer steps to move away so that a relaunch resumes from
+    it, and that the learning rate must change; or that none is known good.
+    Waits for a save in flight first.
+    """
     try:
       self.wait()
     except CheckpointWriteError:
       pass  # Reported by whoever waits next; the steps on disk are what counts here.
-    step = self._manager.latest_step()
-    return f'step {step} in {self.directory}' if step else 'none (no step was saved yet)'
+    steps = sorted(self._manager.all_steps())
+    good = max((s for s in steps if s <= first_bad_step - 2), default=None)
+    if good is None:
+      return (f'No checkpoint is known to be good (none precedes step {first_bad_step - 1}, '
+              'whose parameters gave the non-finite loss): restart from scratch in a fresh '
+              '--workdir with a lower learning rate (config.schedule.peak_value) or gradient '
+              'clipping (config.optimizer.gradient_clip_norm).')
+    later = [s for s in steps if s > good]
+    move = (f'move the later step(s) {", ".join(map(str, later))} out of that folder and '
+            if later else '')
+    return (f"The last good checkpoint is step {good} in {self.directory} (its next step's "
+            f'loss was finite); {move}relaunch with a lower learning rate '
+            '(config.schedule.peak_value, and --allow_schedule_change): the same one diverges '
+            'again.')
 
   def save(self, step: int, state: TrainState, meta: dict[str, Any]) -> None:
-    """Starts an async save of `state`; returns once device arrays are copied."""
+    """Starts an async save of `state`; returns once device arrays are copied.
+
+    Call it only once the losses of steps <= `step` are known finite (the trainer
+    checks first): that verifies the older checkpoints, and rotation keeps the
+    newest of them.
+    """
     self.wait()  # Reports a failure of the previous save before starting a new one.
+    self._finite_through = max(self._finite_through, step)
     rest = {'opt_state': state.opt_state, 'rng': state.rng, 'step': state.step}
     self._pending_step = step
     try:
