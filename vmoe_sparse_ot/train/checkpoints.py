@@ -17,14 +17,15 @@ start. A checkpoint that fails to restore is damaged: the trainer moves it aside
 """
 from __future__ import annotations
 
-import gc
+import asyncio
+import contextlib
 import glob
 import logging as std_logging
 import os
 import shutil
 import sys
 import time
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import jax
 import numpy as np
@@ -198,8 +199,46 @@ def _read_meta(manager: ocp.CheckpointManager, step: int) -> dict[str, Any]:
   return meta
 
 
+class _DrainingEventLoop(asyncio.SelectorEventLoop):
+  """An event loop that lets its unfinished tasks complete before it closes.
+
+  Orbax runs each restore in a fresh loop and closes it as soon as the restore
+  coroutine returns. When one array of a damaged checkpoint fails to read,
+  `asyncio.gather` raises at once while tensorstore still reads the others; a
+  plain close strands those tasks, and their completion callbacks later hit the
+  closed loop ("RuntimeError: Event loop is closed", a traceback on stderr when
+  that happens while the interpreter exits). Draining them here ends every read
+  before the restore call returns.
+  """
+
+  def close(self) -> None:
+    if not self.is_running() and not self.is_closed():
+      pending = [task for task in asyncio.all_tasks(self) if not task.done()]
+      if pending:  # Reads of a damaged checkpoint end quickly; the bound is a safeguard.
+        self.run_until_complete(asyncio.wait(pending, timeout=_DRAIN_TIMEOUT_S))
+    super().close()
+
+
+_DRAIN_TIMEOUT_S = 60.0
+
+
+class _DrainingPolicy(asyncio.DefaultEventLoopPolicy):
+  _loop_factory = _DrainingEventLoop
+
+
+@contextlib.contextmanager
+def _draining_loops() -> Iterator[None]:
+  """Event loops created inside (Orbax makes one per restore) drain before closing."""
+  previous = asyncio.get_event_loop_policy()
+  asyncio.set_event_loop_policy(_DrainingPolicy())
+  try:
+    yield
+  finally:
+    asyncio.set_event_loop_policy(previous)
+
+
 class _DropAbandonedReads(std_logging.Filter):
-  """asyncio's "exception was never retrieved" for failed reads or writes under `paths`."""
+  """asyncio's "exception was never retrieved" for failed writes under `paths`."""
 
   def __init__(self):
     super().__init__()
@@ -229,8 +268,9 @@ def _quiet_closed_event_loop() -> None:
 
 
 def _quiet_abandoned_io(step_dir: str) -> None:
-  """A failed Orbax read or write under `step_dir` leaves futures that complain, with
-  tracebacks, when collected (often at exit); the failure was reported in one line."""
+  """A failed Orbax write under `step_dir` leaves futures that complain, with
+  tracebacks, when collected (often at exit); the failure was reported in one line.
+  (Failed reads leave none: see `_DrainingEventLoop`.)"""
   if _ABANDONED_READS not in std_logging.getLogger('asyncio').filters:
     std_logging.getLogger('asyncio').addFilter(_ABANDONED_READS)
   _ABANDONED_READS.paths.add(step_dir.rstrip('/') + '/')
@@ -254,10 +294,8 @@ def _newest_restorable(manager, directory: str, restore: Callable[[int], Any],
   CheckpointRestoreError when steps exist but none reads; (None, None, []) when
   there is none.
   """
-  try:
+  with _draining_loops():
     return _search(manager, directory, restore, check_meta)
-  finally:
-    gc.collect()  # Abandoned reads complain now, while their filter is in place.
 
 
 def _search(manager, directory, restore, check_meta):
@@ -270,7 +308,6 @@ def _search(manager, directory, restore, check_meta):
       meta, error = None, e
     if not _all_processes_ok(error is None):
       damaged.append((step, _reason(error) if error else 'failed on another process'))
-      _quiet_abandoned_io(os.path.join(directory, str(step)))
       continue
     if check_meta is not None:
       check_meta(meta)
@@ -280,7 +317,6 @@ def _search(manager, directory, restore, check_meta):
       restored, error = None, e
     if not _all_processes_ok(error is None):
       damaged.append((step, _reason(error) if error else 'failed on another process'))
-      _quiet_abandoned_io(os.path.join(directory, str(step)))
       continue
     return step, (meta, restored), damaged
   if damaged:
@@ -449,31 +485,34 @@ class Checkpointer:
         std_logging.getLogger('absl').removeFilter(self._log_filter)
 
 
-def _read_only(workdir: str, step: int | None) -> ocp.CheckpointManager:
+@contextlib.contextmanager
+def _read_only(workdir: str, step: int | None) -> Iterator[ocp.CheckpointManager]:
+  """A read-only manager of `workdir`'s checkpoints, closed on leaving on every path."""
   directory = checkpoint_dir(workdir)
   if not os.path.isdir(directory):
     raise CheckpointRestoreError(f'No checkpoint directory {directory}')
   manager = _manager(workdir, read_only=True)
-  steps = manager.all_steps()
-  if not steps:
+  try:
+    steps = manager.all_steps()
+    if not steps:
+      raise CheckpointRestoreError(f'No checkpoint in {directory}')
+    if step is not None and step not in steps:
+      raise CheckpointRestoreError(f'No checkpoint for step {step} in {directory}; available '
+                                   f'steps: {sorted(steps)}')
+    yield manager
+  finally:
     manager.close()
-    raise CheckpointRestoreError(f'No checkpoint in {directory}')
-  if step is not None and step not in steps:
-    manager.close()
-    raise CheckpointRestoreError(f'No checkpoint for step {step} in {directory}; available '
-                                 f'steps: {sorted(steps)}')
-  return manager
 
 
 def _restore_read_only(workdir: str, step: int | None,
                        restore: Callable[[ocp.CheckpointManager, int], Any]):
   """(meta, restored, step): `step`, or the newest that restores (damaged ones skipped)."""
   directory = checkpoint_dir(workdir)
-  manager = _read_only(workdir, step)
-  try:
+  with _read_only(workdir, step) as manager:
     if step is not None:
       try:
-        return _read_meta(manager, step), restore(manager, step), step
+        with _draining_loops():
+          return _read_meta(manager, step), restore(manager, step), step
       except Exception as e:  # pylint: disable=broad-except
         raise CheckpointRestoreError(
             f'Checkpoint step {step} in {directory} does not restore ({_reason(e)})') from None
@@ -485,8 +524,6 @@ def _restore_read_only(workdir: str, step: int | None,
                       directory, reason, good)
     meta, arrays = restored
     return meta, arrays, good
-  finally:
-    manager.close()
 
 
 def restore_params_with_meta(workdir: str, step: int | None = None
