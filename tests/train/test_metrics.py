@@ -40,7 +40,8 @@ def test_train_metrics_remember_the_first_nonfinite_step():
   assert int(m.first_nonfinite_step) == 12
   logger = progress_lib.ProgressLogger(
       first_step=11, total_steps=20, every_steps=5, batch_size=4,
-      learning_rate=lambda s: 0.1, writer=None, last_good=lambda: 'step 10 in DIR')
+      learning_rate=lambda s: 0.1, writer=None,
+      last_good=lambda bad: f'The last good checkpoint is step {bad - 2} in DIR.')
   with pytest.raises(NonFiniteLossError, match=r'^Non-finite training loss or gradient at '
                      r'step 12; stopping\. The last good checkpoint is step 10 in DIR\.$'):
     logger.check_finite(13, m, m.compute())

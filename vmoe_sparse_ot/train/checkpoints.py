@@ -17,14 +17,15 @@ start. A checkpoint that fails to restore is damaged: the trainer moves it aside
 """
 from __future__ import annotations
 
-import gc
+import asyncio
+import contextlib
 import glob
 import logging as std_logging
 import os
 import shutil
 import sys
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Iterator, Sequence
 
 import jax
 import numpy as np
@@ -58,10 +59,31 @@ class _DropOrbaxErrors(std_logging.Filter):
     return not ('/orbax/' in record.pathname and record.levelno >= std_logging.ERROR)
 
 
-def _manager(workdir: str, *, max_to_keep: int | None = None, async_save: bool = True,
+class _NewestVerified:
+  """Orbax preservation policy: keeps the newest checkpoint known to be good.
+
+  The loss of step t is computed from the parameters saved at step t - 1, so
+  checkpoint s is verified good once the loss of step s + 1 is known finite, i.e.
+  when s < `finite_through()` (the last step whose loss was checked finite). The
+  newest checkpoint is never verified when it is written; without this policy
+  `max_to_keep` rotation would delete the one a diverged run must resume from.
+  """
+
+  def __init__(self, finite_through: Callable[[], int]):
+    self._finite_through = finite_through
+
+  def should_preserve(self, checkpoints: Sequence[Any], *, context: Any) -> list[bool]:
+    del context
+    through = self._finite_through()
+    verified = [info.step for info in checkpoints if info.step < through]
+    newest = max(verified, default=None)
+    return [info.step == newest for info in checkpoints]
+
+
+def _manager(workdir: str, *, preservation_policy: Any = None, async_save: bool = True,
              read_only: bool = False) -> ocp.CheckpointManager:
   options = ocp.CheckpointManagerOptions(
-      max_to_keep=max_to_keep, create=not read_only, read_only=read_only,
+      preservation_policy=preservation_policy, create=not read_only, read_only=read_only,
       enable_async_checkpointing=async_save, cleanup_tmp_directories=not read_only)
   handlers = {'params': ocp.StandardCheckpointHandler(),
               'state': ocp.StandardCheckpointHandler(), 'meta': ocp.JsonCheckpointHandler()}
@@ -177,8 +199,46 @@ def _read_meta(manager: ocp.CheckpointManager, step: int) -> dict[str, Any]:
   return meta
 
 
+class _DrainingEventLoop(asyncio.SelectorEventLoop):
+  """An event loop that lets its unfinished tasks complete before it closes.
+
+  Orbax runs each restore in a fresh loop and closes it as soon as the restore
+  coroutine returns. When one array of a damaged checkpoint fails to read,
+  `asyncio.gather` raises at once while tensorstore still reads the others; a
+  plain close strands those tasks, and their completion callbacks later hit the
+  closed loop ("RuntimeError: Event loop is closed", a traceback on stderr when
+  that happens while the interpreter exits). Draining them here ends every read
+  before the restore call returns.
+  """
+
+  def close(self) -> None:
+    if not self.is_running() and not self.is_closed():
+      pending = [task for task in asyncio.all_tasks(self) if not task.done()]
+      if pending:  # Reads of a damaged checkpoint end quickly; the bound is a safeguard.
+        self.run_until_complete(asyncio.wait(pending, timeout=_DRAIN_TIMEOUT_S))
+    super().close()
+
+
+_DRAIN_TIMEOUT_S = 60.0
+
+
+class _DrainingPolicy(asyncio.DefaultEventLoopPolicy):
+  _loop_factory = _DrainingEventLoop
+
+
+@contextlib.contextmanager
+def _draining_loops() -> Iterator[None]:
+  """Event loops created inside (Orbax makes one per restore) drain before closing."""
+  previous = asyncio.get_event_loop_policy()
+  asyncio.set_event_loop_policy(_DrainingPolicy())
+  try:
+    yield
+  finally:
+    asyncio.set_event_loop_policy(previous)
+
+
 class _DropAbandonedReads(std_logging.Filter):
-  """asyncio's "exception was never retrieved" for failed reads or writes under `paths`."""
+  """asyncio's "exception was never retrieved" for failed writes under `paths`."""
 
   def __init__(self):
     super().__init__()
@@ -208,8 +268,9 @@ def _quiet_closed_event_loop() -> None:
 
 
 def _quiet_abandoned_io(step_dir: str) -> None:
-  """A failed Orbax read or write under `step_dir` leaves futures that complain, with
-  tracebacks, when collected (often at exit); the failure was reported in one line."""
+  """A failed Orbax write under `step_dir` leaves futures that complain, with
+  tracebacks, when collected (often at exit); the failure was reported in one line.
+  (Failed reads leave none: see `_DrainingEventLoop`.)"""
   if _ABANDONED_READS not in std_logging.getLogger('asyncio').filters:
     std_logging.getLogger('asyncio').addFilter(_ABANDONED_READS)
   _ABANDONED_READS.paths.add(step_dir.rstrip('/') + '/')
@@ -233,10 +294,8 @@ def _newest_restorable(manager, directory: str, restore: Callable[[int], Any],
   CheckpointRestoreError when steps exist but none reads; (None, None, []) when
   there is none.
   """
-  try:
+  with _draining_loops():
     return _search(manager, directory, restore, check_meta)
-  finally:
-    gc.collect()  # Abandoned reads complain now, while their filter is in place.
 
 
 def _search(manager, directory, restore, check_meta):
@@ -249,7 +308,6 @@ def _search(manager, directory, restore, check_meta):
       meta, error = None, e
     if not _all_processes_ok(error is None):
       damaged.append((step, _reason(error) if error else 'failed on another process'))
-      _quiet_abandoned_io(os.path.join(directory, str(step)))
       continue
     if check_meta is not None:
       check_meta(meta)
@@ -259,7 +317,6 @@ def _search(manager, directory, restore, check_meta):
       restored, error = None, e
     if not _all_processes_ok(error is None):
       damaged.append((step, _reason(error) if error else 'failed on another process'))
-      _quiet_abandoned_io(os.path.join(directory, str(step)))
       continue
     return step, (meta, restored), damaged
   if damaged:
@@ -291,7 +348,11 @@ class Checkpointer:
 
   def __init__(self, workdir: str, *, keep: int = 2, async_save: bool = True):
     self.directory = checkpoint_dir(workdir)
-    self._options = dict(max_to_keep=keep, async_save=async_save)
+    # The newest `keep` steps, and the newest verified-good one even when older.
+    policy = ocp.checkpoint_managers.AnyPreservationPolicy([
+        ocp.checkpoint_managers.LatestN(keep),
+        _NewestVerified(lambda: self._finite_through)])
+    self._options = dict(preservation_policy=policy, async_save=async_save)
     self._workdir = workdir
     if jax.process_index() == 0 and os.path.isdir(self.directory):
       removed = remove_unfinished_saves(self.directory)
@@ -304,24 +365,52 @@ class Checkpointer:
     # Orbax's closed event loop, each printing a traceback.
     _quiet_closed_event_loop()
     self._manager = _manager(workdir, **self._options)
+    # A step is saved only once the losses through it were checked finite (see
+    # `save`), so every checkpoint older than the newest one on disk is verified.
+    self._finite_through = self._manager.latest_step() or 0
     self._pending_step: int | None = None
     self._write_failed_once = False
 
   def latest_step(self) -> int | None:
     return self._manager.latest_step()
 
-  def last_good(self) -> str:
-    """'step N in DIR', or 'none (no step was saved yet)' (after waiting for saves)."""
+  def last_good(self, first_bad_step: int) -> str:
+    """Where to resume when the loss of `first_bad_step` was the first non-finite one.
+
+    One or two sentences: the newest checkpoint whose next step's loss was finite
+    (a step <= first_bad_step - 2, since step t's loss comes from the parameters
+    saved at t - 1), the newer steps to move away so that a relaunch resumes from
+    it, and that the learning rate must change; or that none is known good.
+    Waits for a save in flight first.
+    """
     try:
       self.wait()
     except CheckpointWriteError:
       pass  # Reported by whoever waits next; the steps on disk are what counts here.
-    step = self._manager.latest_step()
-    return f'step {step} in {self.directory}' if step else 'none (no step was saved yet)'
+    steps = sorted(self._manager.all_steps())
+    good = max((s for s in steps if s <= first_bad_step - 2), default=None)
+    if good is None:
+      return (f'No checkpoint is known to be good (none precedes step {first_bad_step - 1}, '
+              'whose parameters gave the non-finite loss): restart from scratch in a fresh '
+              '--workdir with a lower learning rate (config.schedule.peak_value) or gradient '
+              'clipping (config.optimizer.gradient_clip_norm).')
+    later = [s for s in steps if s > good]
+    move = (f'move the later step(s) {", ".join(map(str, later))} out of that folder and '
+            if later else '')
+    return (f"The last good checkpoint is step {good} in {self.directory} (its next step's "
+            f'loss was finite); {move}relaunch with a lower learning rate '
+            '(config.schedule.peak_value, and --allow_schedule_change): the same one diverges '
+            'again.')
 
   def save(self, step: int, state: TrainState, meta: dict[str, Any]) -> None:
-    """Starts an async save of `state`; returns once device arrays are copied."""
+    """Starts an async save of `state`; returns once device arrays are copied.
+
+    Call it only once the losses of steps <= `step` are known finite (the trainer
+    checks first): that verifies the older checkpoints, and rotation keeps the
+    newest of them.
+    """
     self.wait()  # Reports a failure of the previous save before starting a new one.
+    self._finite_through = max(self._finite_through, step)
     rest = {'opt_state': state.opt_state, 'rng': state.rng, 'step': state.step}
     self._pending_step = step
     try:
@@ -396,31 +485,34 @@ class Checkpointer:
         std_logging.getLogger('absl').removeFilter(self._log_filter)
 
 
-def _read_only(workdir: str, step: int | None) -> ocp.CheckpointManager:
+@contextlib.contextmanager
+def _read_only(workdir: str, step: int | None) -> Iterator[ocp.CheckpointManager]:
+  """A read-only manager of `workdir`'s checkpoints, closed on leaving on every path."""
   directory = checkpoint_dir(workdir)
   if not os.path.isdir(directory):
     raise CheckpointRestoreError(f'No checkpoint directory {directory}')
   manager = _manager(workdir, read_only=True)
-  steps = manager.all_steps()
-  if not steps:
+  try:
+    steps = manager.all_steps()
+    if not steps:
+      raise CheckpointRestoreError(f'No checkpoint in {directory}')
+    if step is not None and step not in steps:
+      raise CheckpointRestoreError(f'No checkpoint for step {step} in {directory}; available '
+                                   f'steps: {sorted(steps)}')
+    yield manager
+  finally:
     manager.close()
-    raise CheckpointRestoreError(f'No checkpoint in {directory}')
-  if step is not None and step not in steps:
-    manager.close()
-    raise CheckpointRestoreError(f'No checkpoint for step {step} in {directory}; available '
-                                 f'steps: {sorted(steps)}')
-  return manager
 
 
 def _restore_read_only(workdir: str, step: int | None,
                        restore: Callable[[ocp.CheckpointManager, int], Any]):
   """(meta, restored, step): `step`, or the newest that restores (damaged ones skipped)."""
   directory = checkpoint_dir(workdir)
-  manager = _read_only(workdir, step)
-  try:
+  with _read_only(workdir, step) as manager:
     if step is not None:
       try:
-        return _read_meta(manager, step), restore(manager, step), step
+        with _draining_loops():
+          return _read_meta(manager, step), restore(manager, step), step
       except Exception as e:  # pylint: disable=broad-except
         raise CheckpointRestoreError(
             f'Checkpoint step {step} in {directory} does not restore ({_reason(e)})') from None
@@ -432,8 +524,6 @@ def _restore_read_only(workdir: str, step: int | None,
                       directory, reason, good)
     meta, arrays = restored
     return meta, arrays, good
-  finally:
-    manager.close()
 
 
 def restore_params_with_meta(workdir: str, step: int | None = None

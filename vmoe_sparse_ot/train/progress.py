@@ -35,12 +35,13 @@ class ProgressLogger:
   `log(step, metrics)` fetches the device-side `TrainMetrics`, raises
   NonFiniteLossError when a loss or gradient norm of the interval was NaN/Inf,
   writes the interval means (plus learning_rate, steps_per_sec, images_per_sec)
-  and prints one line on process 0.
+  and prints one line on process 0. `last_good(first_bad_step)` is the error's
+  advice on where to resume (`Checkpointer.last_good`).
   """
 
   def __init__(self, *, first_step: int, total_steps: int, every_steps: int,
                batch_size: int, learning_rate: Callable[[int], Any], writer,
-               last_good: Callable[[], str]):
+               last_good: Callable[[int], str]):
     self.first_step, self.total_steps = first_step, total_steps
     self.every_steps, self.batch_size = every_steps, batch_size
     self._learning_rate, self._writer, self._last_good = learning_rate, writer, last_good
@@ -74,7 +75,7 @@ class ProgressLogger:
     if bad or not all(map(_isfinite, (means.get('loss', 0.0), means.get('grad_norm', 0.0)))):
       raise NonFiniteLossError(
           f'Non-finite training loss or gradient at step {bad or step}; stopping. '
-          f'The last good checkpoint is {self._last_good()}.')
+          f'{self._last_good(bad or step)}')
 
   def log(self, step: int, metrics: TrainMetrics) -> None:
     fetched = jax.device_get(metrics)  # Waits for the device: the one sync per interval.

@@ -413,9 +413,9 @@ def _periodic_actions(config, writer, ckpt, meta, progress, run_eval, fewshot, r
       finite, bad = jax.device_get((all_finite(state), metrics.first_nonfinite_step))
       if not finite or bad:
         what = 'training loss or gradient' if bad else 'parameters or optimizer state'
-        raise NonFiniteLossError(
-            f'Non-finite {what} at step {int(bad) or step}; stopping. The last good '
-            f'checkpoint is {ckpt.last_good()}.')
+        # Non-finite parameters after `step` make the loss of step + 1 non-finite.
+        raise NonFiniteLossError(f'Non-finite {what} at step {int(bad) or step}; stopping. '
+                                 f'{ckpt.last_good(int(bad) or step + 1)}')
       ckpt.save(step, state, dict(meta, step=step))
 
   def evaluate_params(step, t, state, metrics):
