@@ -7,7 +7,11 @@ r"""Train a V-MoE from a config file.
 Several processes (one per host, or several on one machine for testing) each run
 the same command with --num_processes/--process_id and a shared
 --coordinator_address; CPU processes talk over gloo. Restarting the same command
-resumes from the latest checkpoint in --workdir.
+resumes from the latest checkpoint in --workdir. When a process dies, the others
+stop as soon as a collective fails (at once during training; otherwise within
+`HEARTBEAT_TIMEOUT_S`, when the coordination service declares it dead) with one
+line naming it and saying that relaunching all processes resumes from the last
+checkpoint.
 
 Before anything heavy (no model, no compilation) the job checks the config
 (`train.config_validation`), --workdir and data_dir, and that the datasets exist;
@@ -16,6 +20,7 @@ a mistake there is one line on stderr and exit status 2.
 from __future__ import annotations
 
 import os
+import sys
 
 from vmoe_sparse_ot import quiet_logs
 
@@ -24,13 +29,20 @@ quiet_logs.setup_environment()  # Before TensorFlow loads (via data).
 # pylint: disable=g-import-not-at-top,wrong-import-position
 from absl import app
 from absl import flags
-from absl import logging
 from ml_collections import config_flags
 
 from vmoe_sparse_ot.train import config as config_lib
 from vmoe_sparse_ot.train import config_cli
 
 PROG = 'python -m vmoe_sparse_ot.main'
+# Seconds without a heartbeat after which the coordination service declares a
+# process dead and fails the others (jax's default is 100). Heartbeats come from a
+# runtime thread every few seconds, also while a process compiles or evaluates.
+HEARTBEAT_TIMEOUT_S = 20
+# What a collective or the coordination client reports when a peer process died.
+_LOST_PEER_HINTS = ('Connection reset by peer', 'Connection closed by peer', 'Broken pipe',
+                    'Connection refused', 'Socket closed', 'heartbeat timeout',
+                    'stopped sending heartbeats')
 
 _CONFIG = config_flags.DEFINE_config_file(
     'config', None, 'Config file, optionally with an argument: path.py[:key=value,...].',
@@ -64,7 +76,54 @@ def initialize_distributed(coordinator_address: str | None, num_processes: int,
   # Only affects the CPU backend; accelerators use their own collectives.
   jax.config.update('jax_cpu_collectives_implementation', 'gloo')
   jax.distributed.initialize(coordinator_address=coordinator_address,
-                             num_processes=num_processes, process_id=process_id)
+                             num_processes=num_processes, process_id=process_id,
+                             heartbeat_timeout_seconds=HEARTBEAT_TIMEOUT_S)
+
+
+def lost_peer(error: BaseException) -> bool:
+  """Whether `error`, raised in a multi-process run, says another process died.
+
+  Collectives raise JaxRuntimeError; a checkpoint write that failed on one comes
+  back from tensorstore as a ValueError inside a CheckpointWriteError.
+  """
+  seen = error
+  while seen is not None:
+    if any(hint in str(seen) for hint in _LOST_PEER_HINTS):
+      return True
+    seen = seen.__cause__ or seen.__context__
+  return False
+
+
+def lost_peer_message(error: BaseException, workdir: str, process_index: int,
+                      process_count: int) -> str:
+  """The one line a surviving process prints: who was lost, and how to resume."""
+  from vmoe_sparse_ot.train import checkpoints  # Imports jax: not before it is needed.
+  lost = (f'process {1 - process_index}' if process_count == 2
+          else f'another of the {process_count} processes')
+  text = ' '.join(str(error).split()).replace('Error dispatching computation: ', '')
+  directory = checkpoints.checkpoint_dir(workdir)
+  steps = ([int(d) for d in os.listdir(directory) if d.isdigit()]
+           if os.path.isdir(directory) else [])
+  last = (f'the last checkpoint (step {max(steps)} in {directory})' if steps
+          else 'the start (no checkpoint was written yet)')
+  return (f'{PROG}: error: process {process_index} lost contact with {lost} ({text[:160]}); '
+          f'stopping. Relaunching all {process_count} processes with the same flags resumes '
+          f'from {last}.')
+
+
+def _exit_lost_peer(error: BaseException, workdir: str) -> None:
+  """Prints `lost_peer_message` and exits at once, with status 1.
+
+  A normal exit would run jax.distributed's exit handler, which waits at a
+  shutdown barrier for the dead process until the heartbeat timeout and then
+  aborts this one with a C++ fatal log of ~40 lines; the checkpoint manager and
+  the metric writers were already closed as the error propagated.
+  """
+  import jax
+  print(lost_peer_message(error, workdir, jax.process_index(), jax.process_count()),
+        file=sys.stderr, flush=True)
+  sys.stdout.flush()
+  os._exit(1)  # pylint: disable=protected-access
 
 
 def main(argv: list[str]) -> None:
@@ -88,8 +147,13 @@ def main(argv: list[str]) -> None:
   try:
     summary = trainer.train_and_evaluate(
         config, _WORKDIR.value, allow_schedule_change=_ALLOW_SCHEDULE_CHANGE.value)
-  except (trainer.TrainerError, ValueError) as e:
-    config_cli.fail(PROG, e, status=1, first_line_only=False)
+  except Exception as e:  # pylint: disable=broad-except
+    # First: a failed save or read can be the symptom of a dead peer too.
+    if _NUM_PROCESSES.value > 1 and lost_peer(e):
+      _exit_lost_peer(e, _WORKDIR.value)
+    if isinstance(e, (trainer.TrainerError, ValueError)):
+      config_cli.fail(PROG, e, status=1, first_line_only=False)
+    raise
   ev = summary['eval']
   import jax
   if jax.process_index() == 0:
