@@ -199,6 +199,9 @@ def _read_meta(manager: ocp.CheckpointManager, step: int) -> dict[str, Any]:
   return meta
 
 
+_DRAIN_TIMEOUT_S = 60.0
+
+
 class _DrainingEventLoop(asyncio.SelectorEventLoop):
   """An event loop that lets its unfinished tasks complete before it closes.
 
@@ -217,9 +220,6 @@ class _DrainingEventLoop(asyncio.SelectorEventLoop):
       if pending:  # Reads of a damaged checkpoint end quickly; the bound is a safeguard.
         self.run_until_complete(asyncio.wait(pending, timeout=_DRAIN_TIMEOUT_S))
     super().close()
-
-
-_DRAIN_TIMEOUT_S = 60.0
 
 
 class _DrainingPolicy(asyncio.DefaultEventLoopPolicy):
@@ -344,7 +344,11 @@ def remove_unfinished_saves(directory: str) -> list[str]:
 
 
 class Checkpointer:
-  """Periodic async saves of a TrainState (keep the last `keep`) and fault-tolerant resume."""
+  """Periodic async saves of a TrainState and fault-tolerant resume.
+
+  Rotation keeps the last `keep` steps and the newest verified-good one (see
+  `_NewestVerified`), which `last_good` names after a divergence.
+  """
 
   def __init__(self, workdir: str, *, keep: int = 2, async_save: bool = True):
     self.directory = checkpoint_dir(workdir)
