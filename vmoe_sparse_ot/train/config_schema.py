@@ -37,6 +37,10 @@ def base_config() -> ml_collections.ConfigDict:
       # Global batch sizes (over all processes); each process reads its share.
       'batch_size': 64,
       'eval_batch_size': 256,
+      # Gradient accumulation: each step's batch is split into this many
+      # microbatches whose gradients are averaged before the one update (the
+      # same update, the activation memory of batch_size / microsteps).
+      'microsteps': 1,
       'train_steps': 1000,
       'optimizer': {
           # 'adam' / 'adamw': Adam with decoupled weight decay (AdamW), the decay

@@ -239,6 +239,10 @@ def validate(config: Mapping[str, Any]) -> None:
   for key in ('batch_size', 'eval_batch_size', 'train_steps', 'log_every_steps'):
     _int(config, key, 1)
   _int(config, 'eval_every_steps', 0)
+  _int(config, 'microsteps', 1)
+  if config['batch_size'] % config['microsteps']:
+    _fail('microsteps', config['microsteps'],
+          f"must divide config.batch_size={config['batch_size']}")
   _int(config, 'seed')
   _int(config, 'checkpoint.every_steps', 1)
   _int(config, 'checkpoint.keep', 1)
@@ -296,6 +300,12 @@ def validate_for_devices(config: Mapping[str, Any], num_devices: int,
     if value % num_devices or value % num_processes:
       _fail(key, value, f'must be a multiple of the number of devices ({num_devices}) and '
             f'of processes ({num_processes})')
+  microbatch = config['batch_size'] // config['microsteps']
+  if microbatch % num_devices or microbatch % num_processes:
+    _fail('microsteps', config['microsteps'],
+          f"leaves microbatches of {microbatch} examples (config.batch_size / microsteps), "
+          f'not a multiple of the number of devices ({num_devices}) and of processes '
+          f'({num_processes})')
   expert, data = config['mesh']['expert'], config['mesh']['data']
   if expert > 0 and num_devices % expert:
     _fail('mesh.expert', expert, f'must divide the number of devices ({num_devices}) or be -1')

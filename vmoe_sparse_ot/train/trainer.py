@@ -43,6 +43,7 @@ from vmoe_sparse_ot.train import checkpoints
 from vmoe_sparse_ot.train import config as config_lib
 from vmoe_sparse_ot.train import lock as lock_lib
 from vmoe_sparse_ot.train import metrics as metrics_lib
+from vmoe_sparse_ot.train import microsteps as microsteps_lib
 from vmoe_sparse_ot.train import optimizer as optimizer_lib
 from vmoe_sparse_ot.train import partitioning
 from vmoe_sparse_ot.train import progress as progress_lib
@@ -121,12 +122,16 @@ def cross_entropy(logits: jax.Array, labels: jax.Array, label_smoothing: float =
   return optax.softmax_cross_entropy(logits, targets)
 
 
-def make_step(model, tx: optax.GradientTransformation, label_smoothing: float = 0.0):
-  """(TrainState, batch) -> (TrainState one step later, {metric name: scalar})."""
+def make_step(model, tx: optax.GradientTransformation, label_smoothing: float = 0.0,
+              microsteps: int = 1):
+  """(TrainState, batch) -> (TrainState one step later, {metric name: scalar}).
 
-  def step_fn(state: TrainState, batch):
-    step = state.step + 1
-    dropout_key, gating_key = jax.random.split(jax.random.fold_in(state.key, step))
+  With `microsteps` > 1 the gradient is accumulated over that many microbatches
+  (`vmoe_sparse_ot.train.microsteps`); the metrics are their means.
+  """
+
+  def grads_and_values(params, batch, key):
+    dropout_key, gating_key = jax.random.split(key)
 
     def loss_fn(params):
       logits, aux = model.apply({'params': params}, batch['image'], train=True,
@@ -134,15 +139,21 @@ def make_step(model, tx: optax.GradientTransformation, label_smoothing: float = 
       ce = cross_entropy(logits, batch['label'], label_smoothing).mean()
       return ce + aux['auxiliary_loss'], (ce, logits, aux)
 
-    (loss, (ce, logits, aux)), grads = jax.value_and_grad(loss_fn, has_aux=True)(
-        state.params)
-    updates, opt_state = tx.update(grads, state.opt_state, state.params)
+    (loss, (ce, logits, aux)), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
     values = {
         'loss': loss, 'cross_entropy': ce, 'auxiliary_loss': aux['auxiliary_loss'],
         'accuracy': jnp.mean(jnp.argmax(logits, -1) == batch['label']),
-        'grad_norm': optax.tree.norm(grads),
         **_flatten_routing(aux.get('routing', {})),
     }
+    return grads, values
+
+  def step_fn(state: TrainState, batch):
+    step = state.step + 1
+    grads, values = microsteps_lib.accumulate(
+        grads_and_values, state.params, batch, jax.random.fold_in(state.key, step),
+        microsteps)
+    updates, opt_state = tx.update(grads, state.opt_state, state.params)
+    values['grad_norm'] = optax.tree.norm(grads)
     new_state = state.replace(params=optax.apply_updates(state.params, updates),
                               opt_state=opt_state, step=step)
     return new_state, values
@@ -150,9 +161,10 @@ def make_step(model, tx: optax.GradientTransformation, label_smoothing: float = 
   return step_fn
 
 
-def make_train_step(model, tx: optax.GradientTransformation, label_smoothing: float = 0.0):
+def make_train_step(model, tx: optax.GradientTransformation, label_smoothing: float = 0.0,
+                    microsteps: int = 1):
   """(TrainState, batch, TrainMetrics) -> (TrainState, TrainMetrics with this step merged)."""
-  step_fn = make_step(model, tx, label_smoothing)
+  step_fn = make_step(model, tx, label_smoothing, microsteps)
 
   def train_step(state: TrainState, batch, metrics: metrics_lib.TrainMetrics):
     new_state, values = step_fn(state, batch)
@@ -345,12 +357,12 @@ def _train_loop(config, workdir, model, mesh, tx, schedule, ckpt, state, start_s
     if start_step < train_steps:
       first_batch = next(batches)
       batches = itertools.chain([first_batch], batches)
-      smoothing = float(config.label_smoothing)
-      names = sorted(jax.eval_shape(make_step(model, tx, smoothing), state, first_batch)[1])
+      step_args = (model, tx, float(config.label_smoothing), int(config.microsteps))
+      names = sorted(jax.eval_shape(make_step(*step_args), state, first_batch)[1])
       empty_metrics = jax.jit(
           lambda: metrics_lib.TrainMetrics.empty(names, int(config.log_every_steps)),
           out_shardings=replicated)
-      train_step = jax.jit(make_train_step(model, tx, smoothing),
+      train_step = jax.jit(make_train_step(*step_args),
                            in_shardings=(state_sharding, batch_sharding, replicated),
                            out_shardings=(state_sharding, replicated), donate_argnums=(0, 2))
       progress = progress_lib.ProgressLogger(
