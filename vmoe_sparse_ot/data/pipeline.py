@@ -252,7 +252,7 @@ def make_dataset(name: str, split: str, *, batch_size: int, image_size: int,
       seed = tf.stack([tf.constant(shuffle_seed, tf.int64), i])
       return finish(preprocess({**ex, pp_lib.SEED_KEY: seed}))
 
-    ds = ds.map(train_map, num_parallel_calls=tf.data.AUTOTUNE)
+    ds = ds.map(_no_autograph(train_map), num_parallel_calls=tf.data.AUTOTUNE)
     ds = ds.batch(batch_size, drop_remainder=True)
   else:
     num_batches = math.ceil(num / global_batch)
@@ -260,7 +260,8 @@ def make_dataset(name: str, split: str, *, batch_size: int, image_size: int,
     def eval_map(_, ex):
       return {**finish(preprocess(ex)), 'mask': tf.constant(True)}
 
-    ds = ds.enumerate().filter(mine).map(eval_map, num_parallel_calls=tf.data.AUTOTUNE)
+    ds = ds.enumerate().filter(mine).map(_no_autograph(eval_map),
+                                         num_parallel_calls=tf.data.AUTOTUNE)
     # This process's real examples are a prefix of its share of the padded stream,
     # so padding at its end keeps every process at `num_batches` batches.
     padding = tf.data.Dataset.from_tensors(
@@ -270,6 +271,12 @@ def make_dataset(name: str, split: str, *, batch_size: int, image_size: int,
     if num_batches * global_batch * image_size**2 * channels * 4 < _CACHE_MAX_BYTES:
       ds = ds.cache()
   return ds.prefetch(tf.data.AUTOTUNE)
+
+
+def _no_autograph(fn):
+  # The pp ops are graph code already (tf.cond, tf.switch_case); autograph's rewrite
+  # of them only costs time (seconds for RandAugment's branches).
+  return tf.autograph.experimental.do_not_convert(fn)
 
 
 def _fixed_shape(key: str, spec: tf.TensorSpec, pp: str) -> tuple[int, ...]:

@@ -60,15 +60,16 @@ def parse(pp: str) -> tuple[OpCall, ...]:
     raise PPError(f'{pp!r}: must be a string of ops such as "decode|value_range(-1, 1)"')
   if not pp.strip():
     return ()
+  source = pp.strip()
   try:
-    tree = ast.parse(pp.strip(), mode='eval')
+    tree = ast.parse(source, mode='eval')
   except SyntaxError as e:
     where = f' at column {e.offset}' if e.offset else ''
     raise PPError(f'not a pp string ({e.msg}{where}): ops are written '
                   'name(arg, keyword=value) and separated by "|"') from None
   calls = []
   for term in _terms(tree.body):
-    text = ast.unparse(term)
+    text = ast.get_source_segment(source, term) or ast.unparse(term)  # As written.
     if isinstance(term, ast.Name):
       calls.append(OpCall(term.id, (), {}, text))
       continue
