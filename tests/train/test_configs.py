@@ -302,6 +302,9 @@ def test_finetune_config_is_the_reference_recipe():
   assert m.encoder.moe.group_size == 8 * (24 * 24 + 1) and m.representation_size is None
   assert m.encoder.moe.router.capacity_factor == 1.5 and m.num_classes == 1000
   assert config.dataset.image_size == 384 and config.batch_size == 1024
+  assert config.dataset.pp_train == (
+      'decode_jpeg_and_inception_crop(384)|flip_lr|value_range(-1, 1)')
+  assert config.dataset.pp_eval == 'decode|resize(384)|value_range(-1, 1)'
   assert config.train_steps == 10_000 and config.initialization.path == '/ckpt/vmoe_b16'
   o, s = config.optimizer, config.schedule
   assert (o.name, o.momentum, o.gradient_clip_norm, o.weight_decay) == ('sgd', 0.9, 10.0, 0.0)
@@ -325,6 +328,9 @@ def test_finetune_config_one_step_dry_run_from_a_reference_checkpoint(tmp_path, 
     m.encoder.num_layers, m.encoder.num_heads, m.encoder.mlp_dim = 2, 2, 64
     m.encoder.moe.num_experts, m.encoder.moe.group_size = 4, 8
     config.dataset.image_size = image_size
+    config.dataset.pp_train = (f'decode_jpeg_and_inception_crop({image_size})|flip_lr|'
+                               'value_range(-1, 1)')  # PNG digits: decoded, then cropped.
+    config.dataset.pp_eval = f'decode|resize({image_size})|value_range(-1, 1)'
     return config
 
   upstream = shrink(load('vmoe_b16_ft_imagenet.py'), 16, 21)
