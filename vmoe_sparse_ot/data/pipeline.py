@@ -10,8 +10,10 @@ batches, and a restarted run resumes at batch `t` by skipping `t*P*b` still-enco
 examples of the seeded stream before any decoding or augmentation. The price is
 that every process reads (not decodes) the whole record stream.
 
-Training streams are shuffled with a fixed seed, repeated and augmented with
-stateless per-example seeds `(shuffle_seed, i)`, so they are deterministic.
+Each example is preprocessed by a pp string (`data.pp`, docs/PREPROCESSING.md)
+from {'image': encoded image, 'label': int64}. Training streams are shuffled with a
+fixed seed, repeated and augmented with stateless per-example seeds
+`(shuffle_seed, i)`, so they are deterministic.
 Evaluation streams are a single pass, padded with zero images to whole global
 batches, with `'mask'` False on padding: every example is counted exactly once.
 """

@@ -15,6 +15,7 @@ traced by tf.data.
 from __future__ import annotations
 
 import ast
+import inspect
 from typing import Any, Callable, NamedTuple
 
 from vmoe_sparse_ot.data import pp_general  # noqa: F401  (registers its ops)
@@ -91,7 +92,6 @@ def _build_op(call: OpCall, training: bool) -> Callable[[Example], Example]:
   if spec.random and not training:
     raise PPError(f'op {call.text!r} is random: evaluation preprocessing must be '
                   'deterministic (random ops belong in pp_train)')
-  import inspect  # pylint: disable=g-import-not-at-top
   try:
     inspect.signature(spec.builder).bind(*call.args, **call.kwargs)
   except TypeError as e:
