@@ -12,8 +12,9 @@ ILSVRC2012 val / test after fine-tuning):
 - initialized from the released checkpoint: its 21,843-class head is replaced by
   a zero-initialized 1000-class one, and the 14 x 14 position embedding is
   resized to 24 x 24 (both by `initialization`'s defaults; the log says so);
-- training data `train[:99%]` with inception crop and flip; evaluation on
-  `validation`.
+- training data `train[:99%]`, preprocessed as the reference does:
+  `decode_jpeg_and_inception_crop(384)|flip_lr|value_range(-1, 1)` (crops of 5-100%
+  of the area); evaluation on `validation`, `decode|resize(384)|value_range(-1, 1)`.
 
   --config=configs/vmoe_b16_ft_imagenet.py:init=/ckpts/vmoe_b16_imagenet21k_randaug_strong,data_dir=/data/tfds
 
@@ -21,9 +22,9 @@ ILSVRC2012 val / test after fine-tuning):
 yourself: nothing is fetched at run time), a workdir of this project or an .npz.
 Other arguments: router= (default topk, the released model's), steps=.
 
-Differences from the reference recipe: evaluation preprocessing is this
-project's resize-and-central-crop rather than a plain resize to 384, and
-the data is read from one TFDS dataset (imagenet2012) under data_dir.
+Differences from the reference recipe: the data is read from one TFDS dataset
+(imagenet2012) under data_dir, and the loss reads the integer labels (the
+reference one-hot encodes them; the same softmax cross-entropy).
 Needs accelerators; on CPU it builds and passes a one-step dry run with shrunken
 sizes (tests/train/test_configs.py).
 """
@@ -32,6 +33,12 @@ import ml_collections
 from vmoe_sparse_ot.train import config as config_lib
 
 IMAGE_SIZE, PATCH, BATCH_SIZE = 384, 16, 1024
+
+
+def pp_strings(image_size: int) -> tuple[str, str]:
+  """The reference's training and evaluation preprocessing at `image_size`."""
+  return (f'decode_jpeg_and_inception_crop({image_size})|flip_lr|value_range(-1, 1)',
+          f'decode|resize({image_size})|value_range(-1, 1)')
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
@@ -49,7 +56,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   m.encoder.moe.router.capacity_factor = 1.5
   d = config.dataset
   d.name, d.train_split, d.eval_split = 'imagenet2012', 'train[:99%]', 'validation'
-  d.image_size, d.channels, d.augment = IMAGE_SIZE, 3, 'inception_crop_flip'
+  d.image_size, d.channels = IMAGE_SIZE, 3
+  d.pp_train, d.pp_eval = pp_strings(IMAGE_SIZE)
   d.shuffle_buffer, d.data_dir = 50_000, args.data_dir or None
   config.initialization.path = args.init or None
   config.batch_size = config.eval_batch_size = BATCH_SIZE

@@ -25,7 +25,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config.dataset.eval_split = 'test'
   config.dataset.image_size = 28
   config.dataset.channels = 1
-  config.dataset.augment = 'none'
+  # No augmentation: the images as stored, values to [-1, 1] (docs/PREPROCESSING.md).
+  config.dataset.pp_train = 'decode(channels=1)|value_range(-1, 1)'
+  config.dataset.pp_eval = 'decode(channels=1)|value_range(-1, 1)'
   config.batch_size = 128
   config.eval_batch_size = 500
   config.train_steps = args.steps

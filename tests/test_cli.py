@@ -64,6 +64,10 @@ USER_ERRORS = [
                              '--config.model.num_classes=5'],
      "config.model.num_classes=5: must be >= 10, the number of classes of "
      "config.dataset.name='embedded_mnist'"),
+    ('vmoe_sparse_ot.main', [f'--config={TINY}', '--workdir={tmp}/w',
+                             '--config.dataset.pp_train=decode|resize(28, methd=1)'],
+     "config.dataset.pp_train='decode|resize(28, methd=1)': op 'resize(28, methd=1)': got "
+     "an unexpected keyword argument 'methd'; accepts resize(size, method='bilinear', "),
     ('vmoe_sparse_ot.main', [f'--config={TINY}'], 'flag --workdir is required'),
     ('vmoe_sparse_ot.fewshot', [f'--config={TINY}', '--workdir={tmp}/w',
                                 '--config.fewshot.shot=(1,)'],

@@ -268,7 +268,9 @@ def routing_figure(workdir: str, path: str, *, num_images: int = 4, dataset: str
   ds = data.make_dataset(dataset, split, batch_size=num_images, image_size=image_size,
                          channels=channels, training=False, data_dir=data_dir,
                          process_index=0, process_count=1,
-                         augment=run_dataset.get('augment'))
+                         augment=run_dataset.get('augment'),
+                         pp=(run_dataset.get('pp_eval')
+                             if dataset == run_dataset.get('name') else None))
   batch = next(ds.as_numpy_iterator())
   images = batch['image'][:num_images]
   choices = expert_choices(model, params, images, model_config.classifier)

@@ -85,10 +85,62 @@ def test_augmentation_resize_and_channels_on_digits():
       'sklearn_digits', 'test') == 1797
 
 
+DIGITS = dict(batch_size=8, process_index=0, process_count=1)
+
+
+def test_pp_strings_drive_the_pipeline_and_eval_pads_every_entry():
+  onehot = "onehot(10, key='label', key_result='labels', on=0.91, off=0.01)"
+  train = next(data.make_dataset(
+      'sklearn_digits', 'train', image_size=8, channels=1, training=True,
+      pp=f'decode(channels=1)|random_crop(6)|resize(8)|flip_lr|value_range(-1, 1)|{onehot}',
+      **DIGITS).as_numpy_iterator())
+  assert train['image'].shape == (8, 8, 8, 1) and train['image'].dtype == np.float32
+  assert train['labels'].shape == (8, 10) and train['label'].dtype == np.int32
+  np.testing.assert_allclose(train['labels'].sum(-1), 1.0, rtol=1e-6)
+  np.testing.assert_array_equal(train['labels'].argmax(-1), train['label'])
+  assert set(train) == {'image', 'label', 'labels'}  # The seed entry is gone.
+  # 'test[:12]' in batches of 8: the second batch holds 4 padding rows of zeros.
+  batches = list(data.make_dataset(
+      'sklearn_digits', 'test[:12]', image_size=16, channels=3, training=False,
+      pp=f'decode|resize(16)|value_range(-1, 1)|{onehot}', **DIGITS).as_numpy_iterator())
+  assert [b['mask'].sum() for b in batches] == [8, 4]
+  assert batches[0]['image'].shape == (8, 16, 16, 3)
+  assert (batches[1]['labels'][4:] == 0).all() and (batches[1]['image'][4:] == 0).all()
+
+
+def test_augment_modes_are_pp_strings():
+  assert data.pipeline.legacy_pp('none', image_size=28, channels=1, training=True,
+                                 stored_shape=(28, 28, 1)) == (
+                                     'decode(channels=1)|value_range(-1, 1)')
+  assert data.pipeline.legacy_pp('inception_crop_flip', image_size=224, channels=3,
+                                 training=False) == (
+      "decode(channels=3)|resize_small(256, method='bilinear', antialias=True)|"
+      'central_crop(224)|value_range(-1, 1)')
+  train = data.pipeline.legacy_pp('inception_crop_flip', image_size=224, channels=3,
+                                  training=True)
+  assert train.startswith('decode(channels=3)|inception_crop(224, area_min=8, ')
+  assert train.endswith('|flip_lr|value_range(-1, 1)')
+  # The tiny MNIST config's strings are the 'none' mode's.
+  from vmoe_sparse_ot.train import config_files  # pylint: disable=g-import-not-at-top
+  config = config_files.load_config_file('configs/vmoe_tiny_mnist.py')
+  assert config.dataset.pp_train == config.dataset.pp_eval == (
+      'decode(channels=1)|value_range(-1, 1)') and config.dataset.augment is None
+
+
 def test_bad_arguments_fail_clearly():
   with pytest.raises(ValueError, match='augment'):
     data.make_dataset('sklearn_digits', 'train', batch_size=8, image_size=8, channels=1,
                       training=True, augment='mixup', process_index=0, process_count=1)
+  with pytest.raises(ValueError, match=r"^augment='none' and pp='decode': give one"):
+    data.make_dataset('sklearn_digits', 'train', image_size=8, channels=1, training=True,
+                      augment='none', pp='decode', **DIGITS)
+  with pytest.raises(ValueError, match=r"^pp='decode\|flip_lr': op 'flip_lr' is random"):
+    data.make_dataset('sklearn_digits', 'test', image_size=8, channels=1, training=False,
+                      pp='decode|flip_lr', **DIGITS)
+  with pytest.raises(ValueError, match=r"gives 'image' float32 of shape \(6, 6, 1\); the "
+                     r'model reads float32 \(8, 8, 1\)'):
+    data.make_dataset('sklearn_digits', 'test', image_size=8, channels=1, training=False,
+                      pp='decode(channels=1)|central_crop(6)|value_range(-1, 1)', **DIGITS)
   with pytest.raises(ValueError, match='neither embedded'):
     data.make_dataset('no_such_dataset_xyz', 'train', batch_size=8, image_size=8, channels=1,
                       training=True, process_index=0, process_count=1)

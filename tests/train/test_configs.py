@@ -172,6 +172,31 @@ BAD_CONFIGS = [
      "['none', 'inception_crop_flip'] or None"),
     ('dataset.name', '', "config.dataset.name='': must be a dataset name (an embedded or "
      'TFDS dataset)'),
+    ('dataset.pp_train', 'decode|flipp', "config.dataset.pp_train='decode|flipp': unknown op "
+     "'flipp'; ops: central_crop, copy, decode, decode_jpeg_and_inception_crop, drop, flip_lr, "
+     'inception_crop, keep, onehot, randaug, random_crop, resize, resize_small, value_range'),
+    ('dataset.pp_train', 'decode|resize(0)', "config.dataset.pp_train='decode|resize(0)': op "
+     "'resize(0)': size=0 must be a positive integer or a pair (height, width); accepts "
+     "resize(size, method='bilinear', antialias=False, key='image', key_result=None)"),
+    ('dataset.pp_train', 'decode|randaug(2, magnitud=9)',
+     "config.dataset.pp_train='decode|randaug(2, magnitud=9)': op 'randaug(2, magnitud=9)': "
+     "got an unexpected keyword argument 'magnitud'; accepts randaug(num_layers=2, "
+     'magnitude=10, translate_const=100, cutout_const=40, key=\'image\', key_result=None)'),
+    ('dataset.pp_train', 'decode|onehot(10, key="label", of=0.1)',
+     "config.dataset.pp_train='decode|onehot(10, key=\"label\", of=0.1)': op "
+     "'onehot(10, key=\"label\", of=0.1)': got an unexpected keyword argument 'of'; accepts "
+     "onehot(depth, key='labels', key_result=None, multi=True, on=1.0, off=0.0)"),
+    ('dataset.pp_eval', 'decode|flip_lr|value_range(-1, 1)',
+     "config.dataset.pp_eval='decode|flip_lr|value_range(-1, 1)': op 'flip_lr' is random: "
+     'evaluation preprocessing must be deterministic (random ops belong in pp_train)'),
+    ('dataset.pp_eval', 'decode|resize(28', "config.dataset.pp_eval='decode|resize(28': not "
+     "a pp string ('(' was never closed at column 14): ops are written name(arg, "
+     'keyword=value) and separated by "|"'),
+    ('dataset.pp_eval', '', "config.dataset.pp_eval='': must be a pp string such as "
+     '"decode|resize(224)|value_range(-1, 1)" or None'),
+    ('dataset.augment', 'none', "config.dataset.pp_train='decode(channels=1)|value_range(-1, "
+     "1)' and config.dataset.augment='none' are both set: augment is the older spelling of "
+     'the pp strings; set it to None'),
     ('mesh.expert', 3, 'config.mesh.expert=3 must divide config.model.encoder.moe.num_experts=8'),
     ('mesh.data', 0, 'config.mesh.data=0: must be a positive integer or -1 (as many as fit)'),
     ('fewshot.shots', (0, 5), 'config.fewshot.shots=(0, 5): must be one or more integers >= 1'),
@@ -188,6 +213,27 @@ def test_each_bad_value_gives_one_line_naming_the_key(key, value, message):
   with pytest.raises(config_lib.ConfigError) as info:
     config_lib.validate(config)
   assert str(info.value) == message
+
+
+def test_pp_strings_are_traced_against_the_model_input_before_training():
+  config = load('vmoe_tiny_mnist.py')
+  config_lib.check_datasets(config)  # The defaults fit.
+  config.unlock()
+  for key, value, message in [
+      ('pp_train', 'decode(channels=1)|central_crop(21)|value_range(-1, 1)',
+       "config.dataset.pp_train: pp 'decode(channels=1)|central_crop(21)|value_range(-1, 1)' "
+       "gives 'image' float32 of shape (21, 21, 1); the model reads float32 (28, 28, 1)"),
+      ('pp_train', 'decode(channels=1)', "gives 'image' uint8 of shape (None, None, 1)"),
+      ('pp_eval', "decode(channels=1)|value_range(-1, 1)|keep('image')",
+       "config.dataset.pp_eval: pp \"decode(channels=1)|value_range(-1, 1)|keep('image')\" "
+       "leaves no integer 'label' (entries: image); the trainer reads it"),
+  ]:
+    config.dataset[key] = value
+    with pytest.raises(config_lib.ConfigError) as info:
+      config_lib.check_datasets(config)
+    assert str(info.value).startswith('config.dataset.pp_') and message in str(info.value)
+    assert '\n' not in str(info.value)
+    config.dataset[key] = 'decode(channels=1)|value_range(-1, 1)'
 
 
 def test_unknown_keys_are_named_in_every_section():
@@ -256,6 +302,9 @@ def test_finetune_config_is_the_reference_recipe():
   assert m.encoder.moe.group_size == 8 * (24 * 24 + 1) and m.representation_size is None
   assert m.encoder.moe.router.capacity_factor == 1.5 and m.num_classes == 1000
   assert config.dataset.image_size == 384 and config.batch_size == 1024
+  assert config.dataset.pp_train == (
+      'decode_jpeg_and_inception_crop(384)|flip_lr|value_range(-1, 1)')
+  assert config.dataset.pp_eval == 'decode|resize(384)|value_range(-1, 1)'
   assert config.train_steps == 10_000 and config.initialization.path == '/ckpt/vmoe_b16'
   o, s = config.optimizer, config.schedule
   assert (o.name, o.momentum, o.gradient_clip_norm, o.weight_decay) == ('sgd', 0.9, 10.0, 0.0)
@@ -279,6 +328,9 @@ def test_finetune_config_one_step_dry_run_from_a_reference_checkpoint(tmp_path, 
     m.encoder.num_layers, m.encoder.num_heads, m.encoder.mlp_dim = 2, 2, 64
     m.encoder.moe.num_experts, m.encoder.moe.group_size = 4, 8
     config.dataset.image_size = image_size
+    config.dataset.pp_train = (f'decode_jpeg_and_inception_crop({image_size})|flip_lr|'
+                               'value_range(-1, 1)')  # PNG digits: decoded, then cropped.
+    config.dataset.pp_eval = f'decode|resize({image_size})|value_range(-1, 1)'
     return config
 
   upstream = shrink(load('vmoe_b16_ft_imagenet.py'), 16, 21)

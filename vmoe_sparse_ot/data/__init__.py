@@ -1,7 +1,8 @@
 """Input pipelines (TFDS + tf.data) and embedded offline datasets.
 
 Public API (docs/ARCHITECTURE.md): `make_dataset`, `num_classes`; also
-`num_examples`, `check_dataset` (exists, with these splits?), `to_global`
+`num_examples`, `check_dataset` (exists, with these splits?), `check_pp` (does a
+pp string give the model's input?), `to_global`
 (per-process batch -> global jax.Array), `get_builder` and `default_data_dir`.
 
 Attributes load on first use (PEP 562), so `python -m vmoe_sparse_ot.data --help`
@@ -17,6 +18,7 @@ quiet_logs.setup_environment()
 _ATTRIBUTES = {
     'default_data_dir': 'vmoe_sparse_ot.data.embedded',
     'check_dataset': 'vmoe_sparse_ot.data.pipeline',
+    'check_pp': 'vmoe_sparse_ot.data.pipeline',
     'get_builder': 'vmoe_sparse_ot.data.pipeline',
     'make_dataset': 'vmoe_sparse_ot.data.pipeline',
     'num_classes': 'vmoe_sparse_ot.data.pipeline',

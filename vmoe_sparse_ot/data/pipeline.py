@@ -10,8 +10,10 @@ batches, and a restarted run resumes at batch `t` by skipping `t*P*b` still-enco
 examples of the seeded stream before any decoding or augmentation. The price is
 that every process reads (not decodes) the whole record stream.
 
-Training streams are shuffled with a fixed seed, repeated and augmented with
-stateless per-example seeds `(shuffle_seed, i)`, so they are deterministic.
+Each example is preprocessed by a pp string (`data.pp`, docs/PREPROCESSING.md)
+from {'image': encoded image, 'label': int64}. Training streams are shuffled with a
+fixed seed, repeated and augmented with stateless per-example seeds
+`(shuffle_seed, i)`, so they are deterministic.
 Evaluation streams are a single pass, padded with zero images to whole global
 batches, with `'mask'` False on padding: every example is counted exactly once.
 """
@@ -25,6 +27,7 @@ import tensorflow as tf
 import tensorflow_datasets as tfds
 
 from vmoe_sparse_ot.data import embedded
+from vmoe_sparse_ot.data import pp as pp_lib
 
 AUGMENTATIONS = ('none', 'inception_crop_flip')
 # Small datasets are cached in memory (encoded for training, preprocessed for eval).
@@ -98,60 +101,83 @@ def _process_defaults(process_index, process_count) -> tuple[int, int]:
   return process_index, process_count
 
 
-def _to_channels(image: tf.Tensor, channels: int) -> tf.Tensor:
-  have = image.shape[-1]
-  if have == channels:
-    return image
-  if have == 1 and channels == 3:
-    return tf.image.grayscale_to_rgb(image)
-  if have == 3 and channels == 1:
-    return tf.image.rgb_to_grayscale(image)
-  raise ValueError(f'cannot convert {have} image channels to channels={channels}')
+def legacy_pp(augment: str, *, image_size: int, channels: int, training: bool,
+              stored_shape: tuple[int | None, ...] | None = None) -> str:
+  """The pp string that an `augment` mode stands for (`augment` predates pp strings).
 
-
-def _inception_crop(image: tf.Tensor, seed: tf.Tensor) -> tf.Tensor:
-  begin, size, _ = tf.image.stateless_sample_distorted_bounding_box(
-      tf.shape(image), tf.zeros([0, 0, 4], tf.float32), seed=seed,
-      area_range=(0.08, 1.0), aspect_ratio_range=(3 / 4, 4 / 3),
-      min_object_covered=0.0, use_image_if_no_bounding_boxes=True)
-  return tf.slice(image, begin, size)
-
-
-def _resize_small_central_crop(image: tf.Tensor, image_size: int) -> tf.Tensor:
-  # Eval for natural images: shorter side to image_size * 256 / 224, central crop.
+  'none': decode, resize to image_size (skipped when the stored images already have
+  that size), values to [-1, 1]. 'inception_crop_flip': in training a random resized
+  crop (8-100% of the area, aspect ratio 3/4-4/3) and a random flip; in evaluation
+  the shorter side to image_size * 256 / 224, then the central image_size square.
+  """
+  if augment not in AUGMENTATIONS:
+    raise ValueError(f'augment={augment!r}; valid: {AUGMENTATIONS}')
+  decode = f'decode(channels={channels})'
+  if augment == 'none':
+    same = stored_shape is not None and tuple(stored_shape[:2]) == (image_size, image_size)
+    resize = '' if same else f'|resize({image_size}, antialias=True)'
+    return f'{decode}{resize}|value_range(-1, 1)'
+  if training:
+    return (f'{decode}|inception_crop({image_size}, area_min=8, ratio_min=0.75, '
+            'ratio_max=1.3333333333333333, antialias=True)|flip_lr|value_range(-1, 1)')
   small = int(round(image_size * 256 / 224))
-  shape = tf.cast(tf.shape(image)[:2], tf.float32)
-  scale = small / tf.reduce_min(shape)
-  new = tf.cast(tf.round(shape * scale), tf.int32)
-  image = tf.image.resize(image, new, antialias=True)
-  top = (new[0] - image_size) // 2
-  left = (new[1] - image_size) // 2
-  return image[top:top + image_size, left:left + image_size]
+  return (f"{decode}|resize_small({small}, method='bilinear', antialias=True)|"
+          f'central_crop({image_size})|value_range(-1, 1)')
 
 
-def _preprocess(image: tf.Tensor, *, image_size: int, channels: int, augment: str,
-                training: bool, seed: tf.Tensor | None) -> tf.Tensor:
-  """uint8 (H, W, C0) -> float32 (image_size, image_size, channels) in [-1, 1]."""
-  image = _to_channels(image, channels)
-  if augment == 'inception_crop_flip':
-    if training:
-      crop_seed, flip_seed = tf.unstack(tf.random.experimental.stateless_split(seed, 2))
-      image = _inception_crop(image, crop_seed)
-      image = tf.image.resize(image, (image_size, image_size), antialias=True)
-      image = tf.image.stateless_random_flip_left_right(image, flip_seed)
-    else:
-      image = _resize_small_central_crop(image, image_size)
-  elif image.shape[0] != image_size or image.shape[1] != image_size:
-    image = tf.image.resize(image, (image_size, image_size), antialias=True)
-  image = tf.ensure_shape(tf.cast(image, tf.float32), (image_size, image_size, channels))
-  return image * (2.0 / 255.0) - 1.0
+def _finish(example: dict[str, Any], *, image_size: int, channels: int,
+            pp: str) -> dict[str, Any]:
+  """The pp output as the model reads it: 'image' float32 (S, S, C), 'label' int32.
+
+  Raises ValueError (while tf.data traces the pp function, so before any
+  example is read) for an output the model cannot take.
+  """
+  example = {k: v for k, v in example.items() if k != pp_lib.SEED_KEY}
+  want = (image_size, image_size, channels)
+  image = example.get('image')
+  if image is None:
+    raise ValueError(f'pp {pp!r} leaves no entry \'image\' (entries: '
+                     f'{", ".join(sorted(example))})')
+  if image.dtype != tf.float32 or not image.shape.is_compatible_with(want):
+    raise ValueError(f'pp {pp!r} gives \'image\' {image.dtype.name} of shape '
+                     f'{tuple(image.shape)}; the model reads float32 {want} '
+                     '(config.dataset.image_size, channels): end with a resize or crop to '
+                     'that size and value_range')
+  example['image'] = tf.ensure_shape(image, want)
+  if 'label' in example:
+    example['label'] = tf.cast(example['label'], tf.int32)
+  return example
+
+
+def check_pp(pp: str, *, training: bool, image_size: int, channels: int) -> None:
+  """Builds and traces `pp` on an encoded image and an integer label, without data.
+
+  Raises ValueError (one line) when it does not build or its output is not
+  'image' float32 (image_size, image_size, channels) with an integer 'label'
+  (the trainer's loss reads integer labels).
+  """
+  preprocess = pp_lib.build(pp, training=training)
+  spec = {'image': tf.TensorSpec([], tf.string), 'label': tf.TensorSpec([], tf.int64)}
+  if training:
+    spec[pp_lib.SEED_KEY] = tf.TensorSpec([2], tf.int64)
+
+  def run(example):
+    return _finish(preprocess(example), image_size=image_size, channels=channels, pp=pp)
+
+  out = tf.function(run, autograph=False).get_concrete_function(spec).structured_outputs
+  label = out.get('label')
+  if label is None or label.shape.rank != 0:
+    raise ValueError(f'pp {pp!r} leaves no integer \'label\' (entries: '
+                     f'{", ".join(sorted(out))}); the trainer reads it (an onehot op '
+                     "may write its result elsewhere: key_result='labels')")
 
 
 def make_dataset(name: str, split: str, *, batch_size: int, image_size: int,
                  channels: int, training: bool, data_dir: str | None = None,
                  shuffle_seed: int = 0, shuffle_buffer: int = 10_000,
                  process_index: int | None = None, process_count: int | None = None,
-                 start_step: int = 0, augment: str | None = None) -> tf.data.Dataset:
+                 start_step: int = 0, augment: str | None = None,
+                 pp: str | None = None) -> tf.data.Dataset:
   """Batched examples of `name`/`split` for this process.
 
   Args:
@@ -168,19 +194,24 @@ def make_dataset(name: str, split: str, *, batch_size: int, image_size: int,
     shuffle_buffer: examples in the shuffle buffer.
     process_index, process_count: p and P; default from JAX.
     start_step: training only: skip this many global batches (resume position).
-    augment: 'none' or 'inception_crop_flip' (random resized crop and flip in training,
-      resize + central crop in eval); None picks 'none' for the embedded digit
+    augment: the older spelling of `pp` (see `legacy_pp`): 'none' or
+      'inception_crop_flip'; None (with pp None) picks 'none' for the embedded digit
       datasets and 'inception_crop_flip' otherwise.
+    pp: a preprocessing string (docs/PREPROCESSING.md) applied to each example
+      {'image': encoded image string, 'label': int64}; random ops only in training.
+      Its output must hold 'image' float32 (image_size, image_size, channels).
 
   Returns:
-    A tf.data.Dataset of dicts 'image' float32 (b, image_size, image_size, channels)
-    in [-1, 1], 'label' int32 (b,), and for evaluation 'mask' bool (b,).
+    A tf.data.Dataset of dicts: the pp output batched, 'image' float32
+    (b, image_size, image_size, channels), 'label' int32 (b,) when the pp output
+    keeps it, and for evaluation 'mask' bool (b,).
   """
   if batch_size <= 0:
     raise ValueError(f'batch_size={batch_size} must be positive')
-  if augment is None:
-    augment = 'none' if name in embedded.BUILDERS else 'inception_crop_flip'
-  if augment not in AUGMENTATIONS:
+  if augment is not None and pp is not None:
+    raise ValueError(f'augment={augment!r} and pp={pp!r}: give one (augment is the older '
+                     'spelling of a pp string)')
+  if augment is not None and augment not in AUGMENTATIONS:
     raise ValueError(f'augment={augment!r}; valid: {AUGMENTATIONS}')
   if start_step and not training:
     raise ValueError('start_step applies to training streams only')
@@ -190,8 +221,17 @@ def make_dataset(name: str, split: str, *, batch_size: int, image_size: int,
   image_feature = builder.info.features['image']
   num = builder.info.splits[split].num_examples
   global_batch = batch_size * process_count
-  preprocess_kwargs = dict(image_size=image_size, channels=channels, augment=augment,
-                           training=training)
+  if pp is None:
+    augment = augment or ('none' if name in embedded.BUILDERS else 'inception_crop_flip')
+    pp = legacy_pp(augment, image_size=image_size, channels=channels, training=training,
+                   stored_shape=image_feature.shape)
+  try:
+    preprocess = pp_lib.build(pp, training=training)
+  except ValueError as e:
+    raise ValueError(f'pp={pp!r}: {e}') from None
+
+  def finish(example):
+    return _finish(example, image_size=image_size, channels=channels, pp=pp)
 
   ds = builder.as_dataset(
       split, shuffle_files=training, decoders={'image': tfds.decode.SkipDecoding()},
@@ -204,10 +244,6 @@ def make_dataset(name: str, split: str, *, batch_size: int, image_size: int,
   def mine(i, _):
     return (i // batch_size) % process_count == process_index
 
-  def decode(ex):
-    image = tf.cast(image_feature.decode_example(ex['image']), tf.uint8)
-    return tf.ensure_shape(image, image_feature.shape)
-
   if training:
     if builder.info.dataset_size and builder.info.dataset_size < _CACHE_MAX_BYTES:
       ds = ds.cache()
@@ -216,29 +252,41 @@ def make_dataset(name: str, split: str, *, batch_size: int, image_size: int,
 
     def train_map(i, ex):
       seed = tf.stack([tf.constant(shuffle_seed, tf.int64), i])
-      image = _preprocess(decode(ex), seed=seed, **preprocess_kwargs)
-      return {'image': image, 'label': tf.cast(ex['label'], tf.int32)}
+      return finish(preprocess({**ex, pp_lib.SEED_KEY: seed}))
 
-    ds = ds.map(train_map, num_parallel_calls=tf.data.AUTOTUNE)
+    ds = ds.map(_no_autograph(train_map), num_parallel_calls=tf.data.AUTOTUNE)
     ds = ds.batch(batch_size, drop_remainder=True)
   else:
     num_batches = math.ceil(num / global_batch)
 
     def eval_map(_, ex):
-      image = _preprocess(decode(ex), seed=None, **preprocess_kwargs)
-      return {'image': image, 'label': tf.cast(ex['label'], tf.int32),
-              'mask': tf.constant(True)}
+      return {**finish(preprocess(ex)), 'mask': tf.constant(True)}
 
-    ds = ds.enumerate().filter(mine).map(eval_map, num_parallel_calls=tf.data.AUTOTUNE)
+    ds = ds.enumerate().filter(mine).map(_no_autograph(eval_map),
+                                         num_parallel_calls=tf.data.AUTOTUNE)
     # This process's real examples are a prefix of its share of the padded stream,
     # so padding at its end keeps every process at `num_batches` batches.
-    padding = tf.data.Dataset.from_tensors({
-        'image': tf.zeros((image_size, image_size, channels), tf.float32),
-        'label': tf.constant(0, tf.int32), 'mask': tf.constant(False)}).repeat()
+    padding = tf.data.Dataset.from_tensors(
+        {k: tf.zeros(_fixed_shape(k, v, pp), v.dtype) for k, v in ds.element_spec.items()}
+        | {'mask': tf.constant(False)}).repeat()
     ds = ds.concatenate(padding).take(num_batches * batch_size).batch(batch_size)
     if num_batches * global_batch * image_size**2 * channels * 4 < _CACHE_MAX_BYTES:
       ds = ds.cache()
   return ds.prefetch(tf.data.AUTOTUNE)
+
+
+def _no_autograph(fn):
+  # The pp ops are graph code already (tf.cond, tf.switch_case); autograph's rewrite
+  # of them only costs time (seconds for RandAugment's branches).
+  return tf.autograph.experimental.do_not_convert(fn)
+
+
+def _fixed_shape(key: str, spec: tf.TensorSpec, pp: str) -> tuple[int, ...]:
+  # Evaluation batches are padded with zeros, which needs every entry's shape.
+  if not spec.shape.is_fully_defined():
+    raise ValueError(f'pp {pp!r} gives entry {key!r} of varying shape {tuple(spec.shape)}; '
+                     'evaluation needs fixed shapes (drop it with keep(...))')
+  return tuple(spec.shape)
 
 
 def to_global(batch: dict[str, np.ndarray], sharding: Any) -> dict[str, Any]:

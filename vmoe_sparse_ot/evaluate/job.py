@@ -28,7 +28,8 @@ the checkpoint's (a differing key is refused with both values, as few-shot does)
 Where the other settings come from, first match wins: the flags; --config; the
 run's W/config.json (written by the trainer); the checkpoint (dataset name). So
 by default it is the run's evaluation set: `dataset.name`, `dataset.eval_split`,
-`dataset.data_dir`, `dataset.augment` (kept only for the run's dataset) and
+`dataset.data_dir`, `dataset.pp_eval` or `dataset.augment` (kept only for the
+run's dataset) and
 `eval_batch_size`. The image size and channels are the model's, read from its
 parameter shapes. NAME defaults to DATASET-SPLIT plus tags of the routing flags
 and the step when --step is given, e.g. `embedded_mnist-test-cf0.5-bpr` or
@@ -105,6 +106,7 @@ class Request:
   image_shape: tuple[int, int, int]
   batch_size: int                   # global
   name: str
+  pp: str | None = None             # the run's pp_eval, for the run's dataset
 
   @property
   def path(self) -> str:
@@ -222,7 +224,8 @@ def prepare(workdir: str, step: int | None = None, *, dataset: str | None = None
       workdir=os.path.abspath(workdir), step=int(found), meta=meta, model_config=model_config,
       overrides=overrides, dataset=dataset, split=split, data_dir=data_dir,
       augment=run_data.get('augment') if same else None, image_shape=image_shape,
-      batch_size=batch_size, name=name or default_name(dataset, split, overrides, step))
+      batch_size=batch_size, name=name or default_name(dataset, split, overrides, step),
+      pp=run_data.get('pp_eval') if same else None)
 
 
 def _first_line(e: BaseException) -> str:
@@ -283,7 +286,7 @@ def run(request: Request, *, devices: Sequence[Any] | None = None) -> dict[str, 
   dataset = data.make_dataset(
       request.dataset, request.split, batch_size=request.batch_size // jax.process_count(),
       image_size=height, channels=channels, training=False, data_dir=request.data_dir,
-      augment=request.augment)
+      augment=request.augment, pp=request.pp)
   totals = None
   with jax.set_mesh(mesh):
     for batch in trainer.prefetch_to_mesh(dataset.as_numpy_iterator(), batch_sharding):

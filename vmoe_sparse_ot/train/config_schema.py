@@ -31,7 +31,17 @@ def base_config() -> ml_collections.ConfigDict:
           'channels': 1,
           'data_dir': ml_collections.FieldReference(None, field_type=str),
           'shuffle_buffer': 10_000,
-          # 'none' or 'inception_crop_flip'; None: by dataset (none for digits).
+          # Preprocessing strings (docs/PREPROCESSING.md), e.g.
+          # 'decode_jpeg_and_inception_crop(224)|flip_lr|value_range(-1, 1)' for
+          # training and 'decode|resize(384)|value_range(-1, 1)' for evaluation
+          # (deterministic: no random ops). Each maps {'image': encoded string,
+          # 'label': int} to 'image' float32 (image_size, image_size, channels)
+          # and keeps the integer 'label' the loss reads. None: from `augment`.
+          'pp_train': ml_collections.FieldReference(None, field_type=str),
+          'pp_eval': ml_collections.FieldReference(None, field_type=str),
+          # The older spelling of both pp strings: 'none' or 'inception_crop_flip'
+          # (see data.pipeline.legacy_pp); None: by dataset (none for digits).
+          # Set either augment or the pp strings.
           'augment': ml_collections.FieldReference(None, field_type=str),
       },
       # Global batch sizes (over all processes); each process reads its share.

@@ -166,6 +166,30 @@ def _validate_model(config) -> None:
       _number(config, f'{where}.{key}', low=0)
 
 
+def _validate_pp(config) -> None:
+  """The pp strings parse, name known ops with valid arguments; eval's is deterministic.
+
+  Pure Python (no TensorFlow): the ops' output is checked in `check_datasets`.
+  """
+  from vmoe_sparse_ot.data import pp as pp_lib  # pylint: disable=g-import-not-at-top
+  dataset = config['dataset']
+  for key, training in (('pp_train', True), ('pp_eval', False)):
+    value = dataset[key]
+    if value is None:
+      continue
+    if not isinstance(value, str) or not value.strip():
+      _fail(f'dataset.{key}', value, 'must be a pp string such as '
+            '"decode|resize(224)|value_range(-1, 1)" or None')
+    if dataset['augment'] is not None:
+      raise ConfigError(f"config.dataset.{key}={value!r} and config.dataset.augment="
+                        f"{dataset['augment']!r} are both set: augment is the older spelling "
+                        'of the pp strings; set it to None')
+    try:
+      pp_lib.build(value, training=training)
+    except ValueError as e:
+      _fail(f'dataset.{key}', value, str(e))
+
+
 def _validate_initialization(config) -> None:
   init = config['initialization']
   path = init['path']
@@ -234,6 +258,7 @@ def validate(config: Mapping[str, Any]) -> None:
   _choice(config, 'dataset.channels', (1, 3))
   _int(config, 'dataset.shuffle_buffer', 1)
   _choice(config, 'dataset.augment', AUGMENTATIONS, optional=True)
+  _validate_pp(config)
   _validate_model(config)
   # Steps and batches.
   for key in ('batch_size', 'eval_batch_size', 'train_steps', 'log_every_steps'):
@@ -336,8 +361,9 @@ def check_datasets(config: Mapping[str, Any], *, training: bool = True,
                    fewshot: bool | None = None) -> None:
   """Checks that the config's datasets exist with their splits; cheap, before any model.
 
-  `training`: the training and evaluation dataset (`config.dataset`), and that its
-  labels fit `config.model.num_classes`. `fewshot`: every `config.fewshot.datasets`
+  `training`: the training and evaluation dataset (`config.dataset`), that its pp
+  strings give the model's input (traced, no data read) and that its labels fit
+  `config.model.num_classes`. `fewshot`: every `config.fewshot.datasets`
   entry (default: when periodic few-shot is on). Raises FileNotFoundError (not
   prepared: names the dataset, the data_dir and how to prepare it) or ValueError
   (unknown name or split, too few classes), each one line.
@@ -351,6 +377,13 @@ def check_datasets(config: Mapping[str, Any], *, training: bool = True,
                                        data_dir)
     except (OSError, ValueError) as e:
       raise _same_kind(e, f'config.dataset: {_first_line(e)}') from None
+    for key, is_training in (('pp_train', True), ('pp_eval', False)):
+      if ds[key] is not None:
+        try:
+          data.check_pp(ds[key], training=is_training, image_size=ds['image_size'],
+                        channels=ds['channels'])
+        except ValueError as e:
+          raise ConfigError(f'config.dataset.{key}: {_first_line(e)}') from None
     model_classes = config['model']['num_classes']
     if num_classes > model_classes:
       raise ConfigError(

@@ -91,7 +91,8 @@ def _dataset(config, split: str, batch_size: int, training: bool, start_step: in
       ds.name, split, batch_size=batch_size, image_size=ds.image_size, channels=ds.channels,
       training=training, data_dir=ds.data_dir, shuffle_seed=config.seed,
       shuffle_buffer=ds.shuffle_buffer, process_index=jax.process_index(),
-      process_count=jax.process_count(), start_step=start_step, augment=ds.augment)
+      process_count=jax.process_count(), start_step=start_step, augment=ds.augment,
+      pp=ds.pp_train if training else ds.pp_eval)
 
 
 def prefetch_to_mesh(batches: Iterator[dict[str, np.ndarray]], sharding,
