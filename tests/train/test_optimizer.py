@@ -81,3 +81,94 @@ def test_expert_params_split_over_expert_axis_and_state_on_mesh():
     partitioning.make_mesh({'data': -1, 'expert': 3})
   assert dict(partitioning.make_mesh({'data': -1, 'expert': -1}, num_experts=4).shape) == {
       'data': 2, 'expert': 4}
+
+
+def _cfg(**kw):
+  cfg = dict(config_lib.base_config().optimizer)
+  cfg.update(kw)
+  return cfg
+
+
+def test_adafactor_first_update_against_the_factored_formula():
+  rng = np.random.default_rng(0)
+  g = rng.normal(size=(64, 48)).astype(np.float32)   # Factored (both dims >= 32).
+  b = rng.normal(size=(48,)).astype(np.float32)       # Too small: full second moment.
+  params = {'w': jnp.zeros((64, 48)), 'b': jnp.zeros((48,))}
+  tx = opt.make_optimizer(_cfg(name='adafactor', momentum=0.9),
+                          optax.constant_schedule(0.5), params)
+  updates, state = tx.update({'w': jnp.asarray(g), 'b': jnp.asarray(b)}, tx.init(params),
+                             params)
+  # Step 1: decay min(1 - 1^-0.8, b2) = 0, so the moments are this step's.
+  eps = 1e-30
+  v_row, v_col = (g ** 2 + eps).mean(1), (g ** 2 + eps).mean(0)
+  scaled = g / np.sqrt(np.outer(v_row, v_col) / v_row.mean())
+  np.testing.assert_allclose(updates['w'], -0.5 * 0.1 * scaled, rtol=1e-5)
+  # Unfactored: g / sqrt(g^2) = sign(g); then momentum 0.9 without debiasing.
+  np.testing.assert_allclose(updates['b'], -0.5 * 0.1 * np.sign(b), rtol=1e-5)
+  factored = next(s for s in jax.tree.leaves(state, is_leaf=lambda s: hasattr(s, 'v_row'))
+                  if hasattr(s, 'v_row'))
+  assert {factored.v_row['w'].shape, factored.v_col['w'].shape} == {(64,), (48,)}
+  assert factored.v['w'].shape == (1,) and factored.v['b'].shape == (48,)
+
+
+def test_mu_dtype_keeps_the_first_moment_in_bfloat16():
+  params = {'w': jnp.ones((4, 3))}
+  for name, field in (('adam', 'mu'), ('sgd', 'trace'), ('adafactor', 'ema')):
+    tx = opt.make_optimizer(_cfg(name=name, mu_dtype='bfloat16'),
+                            optax.constant_schedule(0.1), params)
+    state = tx.init(params)
+    moments = [s for s in jax.tree.leaves(state, is_leaf=lambda s: hasattr(s, field))
+               if hasattr(s, field)]
+    assert moments and getattr(moments[0], field)['w'].dtype == jnp.bfloat16, name
+    updates, _ = tx.update({'w': jnp.full((4, 3), 0.5)}, state, params)
+    new = optax.apply_updates(params, updates)
+    assert new['w'].dtype == jnp.float32 and np.isfinite(new['w']).all()
+    assert float(new['w'][0, 0]) < 1.0, name
+
+
+def test_adafactor_state_follows_the_expert_split_on_eight_devices():
+  # Expert kernels (E, D, H) keep E in their factored rows and columns, which are
+  # split over 'expert' like the kernel; the (1,) placeholders are replicated.
+  params = {'experts': {'wi_kernel': jnp.ones((4, 32, 128))}, 'dense': jnp.ones((128,))}
+  mesh = partitioning.make_mesh({'data': -1, 'expert': 2}, num_experts=4)
+  shardings = partitioning.param_shardings(mesh, params, [('experts', P('expert'))])
+  tx = opt.make_optimizer(_cfg(name='adafactor', mu_dtype='bfloat16'),
+                          optax.constant_schedule(1e-2), params)
+  opt_shardings = partitioning.opt_state_shardings(tx, jax.eval_shape(tx.init, params),
+                                                   shardings, mesh)
+  params = jax.device_put(params, shardings)
+  state = jax.jit(tx.init, out_shardings=opt_shardings)(params)
+  factored = next(s for s in jax.tree.leaves(state, is_leaf=lambda s: hasattr(s, 'v_row'))
+                  if hasattr(s, 'v_row'))
+  for stat in (factored.v_row, factored.v_col):  # (4, 32) and (4, 128) of (4, 32, 128).
+    assert stat['experts']['wi_kernel'].sharding.spec == P('expert')
+  assert factored.v['experts']['wi_kernel'].sharding.spec == P()  # The (1,) placeholder.
+  update = jax.jit(tx.update, out_shardings=(shardings, opt_shardings))
+  grads = jax.tree.map(lambda x: 0.1 * x, params)
+  for _ in range(3):
+    updates, state = update(grads, state, params)
+    params = optax.apply_updates(params, updates)
+  assert params['experts']['wi_kernel'].sharding.spec == P('expert')
+  assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(params))
+
+
+def test_adafactor_with_bfloat16_momentum_trains_a_few_steps():
+  from tests.train.helpers import small_config  # pylint: disable=g-import-not-at-top
+  from vmoe_sparse_ot.train import state as state_lib  # pylint: disable=g-import-not-at-top
+  from vmoe_sparse_ot.train import trainer  # pylint: disable=g-import-not-at-top
+  config = small_config(model__name='vit', optimizer__name='adafactor',
+                        optimizer__mu_dtype='bfloat16')
+  model = nn.build_model(config.model)
+  params = model.init({'params': jax.random.key(0)}, jnp.zeros((1, 28, 28, 1)),
+                      train=False)['params']
+  tx = opt.make_optimizer(config.optimizer, optax.constant_schedule(3e-3), params)
+  state = state_lib.create(params, tx, jax.random.key(1))
+  rng = np.random.default_rng(0)
+  batch = {'image': rng.uniform(size=(16, 28, 28, 1)).astype(np.float32),
+           'label': rng.integers(0, 10, size=16)}
+  step = jax.jit(trainer.make_step(model, tx))
+  losses = []
+  for _ in range(4):
+    state, values = step(state, batch)
+    losses.append(float(values['loss']))
+  assert np.isfinite(losses).all() and losses[-1] < losses[0]

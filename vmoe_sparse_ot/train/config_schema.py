@@ -11,7 +11,7 @@ import ml_collections
 from vmoe_sparse_ot.evaluate.config import default_fewshot_config
 from vmoe_sparse_ot.nn.config import default_model_config
 
-OPTIMIZERS = ('adam', 'adamw', 'sgd')
+OPTIMIZERS = ('adam', 'adamw', 'sgd', 'adafactor')
 AUGMENTATIONS = ('none', 'inception_crop_flip')
 SCHEDULES = ('warmup_linear_decay', 'warmup_cosine_decay', 'warmup_constant')
 MESH_AXES = ('data', 'expert')
@@ -54,12 +54,17 @@ def base_config() -> ml_collections.ConfigDict:
       'train_steps': 1000,
       'optimizer': {
           # 'adam' / 'adamw': Adam with decoupled weight decay (AdamW), the decay
-          # scaled by the learning rate schedule as in V-MoE; 'sgd': momentum SGD.
+          # scaled by the learning rate schedule as in V-MoE; 'sgd': momentum SGD;
+          # 'adafactor': factored second moments (decay 1 - t^-0.8 capped at b2)
+          # and an average of the updates with `momentum`.
           'name': 'adam',
           'b1': 0.9,
           'b2': 0.999,
           'eps': 1e-8,
           'momentum': 0.9,
+          # dtype of Adam's first moment / the momentum ('bfloat16' halves it);
+          # None: the parameters' dtype.
+          'mu_dtype': ml_collections.FieldReference(None, field_type=str),
           'weight_decay': 0.0,
           # Parameters whose '/'-joined path matches get weight decay.
           'weight_decay_regex': r'(^|/)[^/]*kernel$',

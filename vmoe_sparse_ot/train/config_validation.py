@@ -277,6 +277,7 @@ def validate(config: Mapping[str, Any]) -> None:
   for key in ('b1', 'b2', 'momentum'):
     _number(config, f'optimizer.{key}', low=0, high=1, high_open=True)
   _number(config, 'optimizer.eps', low=0, low_open=True)
+  _choice(config, 'optimizer.mu_dtype', ('bfloat16', 'float32'), optional=True)
   _number(config, 'optimizer.weight_decay', low=0)
   _number(config, 'optimizer.gradient_clip_norm', low=0, low_open=True, optional=True)
   regex = config['optimizer']['weight_decay_regex']

@@ -45,23 +45,31 @@ def path_mask(params: Any, regex: str) -> Any:
 
 def make_optimizer(optimizer: Mapping[str, Any], schedule: optax.Schedule,
                    params: Any) -> optax.GradientTransformation:
-  """Gradient clipping (optional), then Adam/AdamW or SGD with decoupled weight decay.
+  """Gradient clipping (optional), then Adam/AdamW, SGD or Adafactor, with decoupled
+  weight decay.
 
   Parameters matching `freeze` (a regex, or None) are not updated.
 
   Weight decay is decoupled from the adaptive moments and scaled by the learning
   rate (AdamW; V-MoE's "Adam, weight decay 0.1"), applied to the parameters
-  matching `weight_decay_regex` (kernels by default).
+  matching `weight_decay_regex` (kernels by default). `mu_dtype` (None: the
+  parameters' dtype) stores Adam's first moment, SGD's and Adafactor's momentum
+  in that dtype, e.g. 'bfloat16' to halve their memory.
   """
   name = optimizer['name']
   wd = float(optimizer['weight_decay'])
+  mu_dtype = optimizer.get('mu_dtype')
   if name in ('adam', 'adamw'):
     core = [optax.scale_by_adam(b1=float(optimizer['b1']), b2=float(optimizer['b2']),
-                                eps=float(optimizer['eps']))]
+                                eps=float(optimizer['eps']), mu_dtype=mu_dtype)]
   elif name == 'sgd':
-    core = [optax.trace(decay=float(optimizer['momentum']))]
+    core = [optax.trace(decay=float(optimizer['momentum']), accumulator_dtype=mu_dtype)]
+  elif name == 'adafactor':
+    core = adafactor(momentum=float(optimizer['momentum']), b2_cap=float(optimizer['b2']),
+                     mu_dtype=mu_dtype)
   else:
-    raise ValueError(f"optimizer.name must be one of 'adam', 'adamw', 'sgd'; got {name!r}")
+    raise ValueError(f"optimizer.name must be one of 'adam', 'adamw', 'sgd', 'adafactor'; "
+                     f"got {name!r}")
   chain = []
   clip = optimizer.get('gradient_clip_norm')
   if clip is not None:
@@ -80,6 +88,28 @@ def make_optimizer(optimizer: Mapping[str, Any], schedule: optax.Schedule,
   # checkpoints are those of a run without freezing.
   zero = _zero_where(path_mask(params, freeze))
   return optax.chain(zero, *chain, zero)
+
+
+def adafactor(momentum: float = 0.9, b2_cap: float = 0.999, decay_exponent: float = 0.8,
+              min_dim_size_to_factor: int = 32, eps: float = 1e-30,
+              mu_dtype: Any = None) -> list[optax.GradientTransformation]:
+  """Adafactor as large ViTs are trained with it: factored second moments, momentum.
+
+  The second moment of a matrix (the two largest dimensions of at least
+  `min_dim_size_to_factor`) is kept as its row and column means, so its memory
+  is O(rows + cols) instead of O(rows x cols). Its decay at step t is
+  1 - (t + 1)^-0.8, capped at `b2_cap`. The scaled update is then averaged with
+  momentum (an exponential moving average kept in `mu_dtype`); momentum 0 skips it.
+  """
+  def decay_rate(step, exponent):
+    return jax.numpy.minimum(1.0 - (step + 1.0) ** -exponent, b2_cap)
+
+  chain = [optax.scale_by_factored_rms(
+      decay_rate=decay_exponent, min_dim_size_to_factor=min_dim_size_to_factor,
+      epsilon=eps, decay_rate_fn=decay_rate)]
+  if momentum:
+    chain.append(optax.ema(momentum, debias=False, accumulator_dtype=mu_dtype))
+  return chain
 
 
 def _zero_where(mask: Any) -> optax.GradientTransformation:

@@ -88,9 +88,29 @@ def opt_state_shardings(tx: optax.GradientTransformation, abstract_state: Any,
   in_shardings rejects it.
   """
   replicated = NamedSharding(mesh, P())
+
+  def follow(leaf, sharding):
+    # A statistic shaped unlike its parameter (Adafactor's factored rows and
+    # columns keep the leading expert axis; its (1,) placeholders do not) is
+    # split as the parameter only where each split dimension still divides.
+    return sharding if _fits(leaf.shape, sharding.spec, mesh) else replicated
+
   return optax.tree_map_params(
-      tx, lambda _, sharding: sharding, abstract_state, params_shardings,
+      tx, follow, abstract_state, params_shardings,
       transform_non_params=lambda _: replicated)
+
+
+def _fits(shape: tuple[int, ...], spec: P, mesh: Mesh) -> bool:
+  if len(spec) > len(shape):
+    return False
+  for dim, axes in zip(shape, spec):
+    names = () if axes is None else ((axes,) if isinstance(axes, str) else tuple(axes))
+    size = 1
+    for name in names:
+      size *= mesh.shape[name]
+    if dim % size:
+      return False
+  return True
 
 
 def batch_sharding(mesh: Mesh) -> NamedSharding:

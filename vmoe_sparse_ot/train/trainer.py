@@ -69,10 +69,10 @@ def run_meta(config: ml_collections.ConfigDict, abstract_params: Any) -> dict[st
       'data': {'name': config.dataset.name, 'split': config.dataset.train_split,
                'batch_size': int(config.batch_size), 'seed': int(config.seed),
                'shuffle_buffer': int(config.dataset.shuffle_buffer)},
-      # Without freezing, the record is what it was before `freeze` existed, so
-      # older workdirs still resume.
+      # Keys added later are left out at their defaults, so the record is what
+      # it was before they existed and older workdirs still resume.
       'optimizer': {k: v for k, v in _json(config.optimizer.to_dict()).items()
-                    if not (k == 'freeze' and v is None)},
+                    if not (k in ('freeze', 'mu_dtype') and v is None)},
       'schedule': _json(config.schedule.to_dict()),
       'train_steps': int(config.train_steps),
   }
