@@ -36,10 +36,6 @@ from vmoe_sparse_ot.ot.projections import (
     projection_sparse_nonneg,
     projection_sparse_simplex,
     simplex_threshold,
-    threshold_top_k_mask,
-    top_k,
-    top_k_mask,
-    uses_radix,
 )
 from vmoe_sparse_ot.ot.regularizers import (
     NegEntropy,
@@ -47,6 +43,7 @@ from vmoe_sparse_ot.ot.regularizers import (
     SparsityConstrained,
     SquaredL2,
 )
+from vmoe_sparse_ot.ot.selection import threshold_top_k_mask, top_k, top_k_mask, uses_radix
 from vmoe_sparse_ot.ot.sinkhorn import SinkhornResult, sinkhorn
 from vmoe_sparse_ot.ot.solvers import (
     LBFGS,
