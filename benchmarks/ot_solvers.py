@@ -285,7 +285,7 @@ def kernels(args):
   bind: the radix path's plain-simplex test skips the selection), and the grid
   problems at the iterate after 150 L-BFGS iterations (near the optimum, where
   k binds on some columns and the selection runs)."""
-  from vmoe_sparse_ot.ot import objectives, projections
+  from vmoe_sparse_ot.ot import objectives, selection
   rng = np.random.default_rng(0)
   print(f"{'setting':<10}{'m x n':<12}{'dtype':<9}{'k':>5}{'passes ms':>11}{'radix ms':>10}"
         f"{'passes/radix':>14}{'auto':>8}")
@@ -306,14 +306,14 @@ def kernels(args):
   for setting, a, b, C, k, gamma, alpha in cases:
     (m, n), dt = C.shape, C.dtype
     fns = {}
-    saved = projections._RADIX_MIN_K, projections._RADIX_MIN_K_MINOR
+    saved = selection._RADIX_MIN_K, selection._RADIX_MIN_K_MINOR
     for name, thr in (("passes", 10 ** 9), ("radix", 1)):
-      projections._RADIX_MIN_K = projections._RADIX_MIN_K_MINOR = {4: thr, 8: thr}
+      selection._RADIX_MIN_K = selection._RADIX_MIN_K_MINOR = {4: thr, 8: thr}
       reg = ot.SparsityConstrained(k=k, gamma=gamma)
       # C.T passed in, as `solve` does (transposed once, outside its loop).
       fns[name] = jax.jit(lambda al, a, b, C, C_t, reg=reg: objectives.semi_dual_value_and_grad(
           al, a, b, C, reg, C_t)[:2]).lower(alpha, a, b, C, C.T).compile()
-    projections._RADIX_MIN_K, projections._RADIX_MIN_K_MINOR = saved
+    selection._RADIX_MIN_K, selection._RADIX_MIN_K_MINOR = saved
     times = {name: [] for name in fns}
     C_t = C.T
     for _ in range(args.repeats * 3):

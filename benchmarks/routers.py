@@ -16,6 +16,10 @@ E = 32, K = 2, C = 28, k = 16, G = 16 at batch 128):
     python benchmarks/routers.py --router-only --image 224 --patch 32 --group_size 400 \
         --experts 32 --capacity_factor 1.05 --k 16
 
+Router names may carry a sparse_ot implementation, to compare them in one run:
+
+    python benchmarks/routers.py --router-only --routers topk,sparse_ot:fast,sparse_ot:candidates ...
+
 Targets (issue 3): sparse_ot <= 1.10x topk; topk MoE <= 1.25x dense ViT.
 """
 import argparse
@@ -55,9 +59,14 @@ def make_config(args, name: str, router: str = "topk", mlp_dim=None):
 
 
 def set_router_options(router_cfg, args, name: str) -> None:
+  """`name` is a router's name, or "sparse_ot:IMPLEMENTATION" (e.g.
+  "sparse_ot:candidates") to time one of sparse_ot's implementations."""
+  name, _, implementation = name.partition(":")
   router_cfg.name = name
   router_cfg.capacity_factor = args.capacity_factor
   router_cfg.sparse_ot.k = args.k
+  if implementation:
+    router_cfg.sparse_ot.implementation = implementation
 
 
 def make_step(model, tx):
@@ -82,7 +91,7 @@ def make_router_step(name: str, groups: int, args):
   cfg = default_router_config()
   set_router_options(cfg, args, name)
   parsed = vrouters.parse_router_options(cfg)
-  router = vrouters.get_router(name)
+  router = vrouters.get_router(cfg.name)
   s, e = args.group_size, args.experts
   capacity = router.capacity(parsed.options, s, e)
   token_mask = jnp.ones((groups, s), bool)
@@ -128,11 +137,38 @@ def router_only(args, clock):
   print(f"\nrouter only (forward + backward): G={groups}, S={args.group_size}, "
         f"E={args.experts}, capacity_factor={args.capacity_factor}, sparse_ot k={args.k}, "
         f"{jax.devices()[0].platform}, threads={args.threads or 'default'}, clock={args.clock}")
-  print(f"{'router':<14}{'best ms':>10}{'median ms':>12}{'best vs topk':>14}")
+  print(f"{'router':<22}{'best ms':>10}{'median ms':>12}{'best vs topk':>14}")
   for name, v in times.items():
     ratio = f"{min(v) / min(times['topk']):>13.2f}x" if "topk" in times else ""
-    print(f"{name:<14}{1e3 * min(v):>10.2f}{1e3 * statistics.median(v):>12.2f}{ratio}")
+    print(f"{name:<22}{1e3 * min(v):>10.2f}{1e3 * statistics.median(v):>12.2f}{ratio}")
   return times
+
+
+def agreement(args, seeds=(0, 1)):
+  """Pairs dispatched by both / by either, each sparse_ot implementation in
+  --routers against implementation='reference' (Adam from zero through
+  jax.vmap(ot.solve)), on N(0, 1) logits of the router-only shapes."""
+  from vmoe_sparse_ot.nn.routers import sparse_ot
+  tokens = (args.image // args.patch) ** 2 + 1
+  groups = args.batch * tokens // args.group_size
+  names = [n for n in args.routers.split(",") if n.startswith("sparse_ot")]
+  mask = jnp.ones((groups, args.group_size), bool)
+
+  def dispatched(implementation, logits):
+    cfg = default_router_config()
+    set_router_options(cfg, args, f"sparse_ot:{implementation}")
+    opts = vrouters.parse_router_options(cfg).options
+    capacity = sparse_ot.capacity(opts, args.group_size, args.experts)
+    return jax.jit(lambda x: sparse_ot.plans(x, mask, opts, capacity) > 0)(logits)
+
+  print(f"\ndispatched pairs agreeing with implementation='reference' (both / either):")
+  for seed in seeds:
+    logits = jax.random.normal(jax.random.key(seed), (groups, args.group_size, args.experts))
+    ref = dispatched("reference", logits)
+    for name in names:
+      got = dispatched(name.partition(":")[2] or "fast", logits)
+      both, either = jnp.sum(got & ref), jnp.sum(got | ref)
+      print(f"  seed {seed} {name:<22}{float(both / either):.4f}")
 
 
 def main(argv=None):
@@ -161,10 +197,15 @@ def main(argv=None):
   p.add_argument("--json", default=None, help="also write the results here")
   p.add_argument("--router-only", action="store_true",
                  help="time each router alone (forward + backward), not the model")
+  p.add_argument("--agreement", action="store_true",
+                 help="with --router-only: also each sparse_ot implementation's dispatched "
+                      "pairs against implementation='reference'")
   args = p.parse_args(argv)
   clock = time.perf_counter if args.clock == "wall" else time.process_time
   if args.router_only:
     times = router_only(args, clock)
+    if args.agreement:
+      agreement(args)
     if args.json:
       with open(args.json, "w") as f:
         json.dump({"args": vars(args), "rounds_s": times}, f, indent=2)

@@ -293,6 +293,24 @@ def test_sparse_ot_k_sets_the_buffer_size():
   assert sparse_ot.capacity(cfg("sparse_ot", k=16, form="token_choice").options, 400, 32) == 28
 
 
+def test_sparse_ot_candidates_gradients_flow():
+  """implementation='candidates' (the candidate-row Adam; its plans against the
+  full path: tests/ot/test_candidates.py): at most k tokens per expert, and
+  finite gradients through the gates."""
+  g, s, e, c = 2, 32, 4, 6
+  logits = jax.random.normal(jax.random.key(5), (g, s, e))
+  mask = jnp.ones((g, s), bool)
+  config = cfg("sparse_ot", k=c, implementation="candidates")
+
+  def loss(x):
+    r = routers.route(x, mask, config, capacity=c, train=False)
+    return jnp.sum(r.combine_weight), r
+
+  (_, r), grad = jax.value_and_grad(loss, has_aux=True)(logits)
+  assert np.asarray(r.valid).sum(axis=-1).max() <= c and np.asarray(r.valid).any()
+  assert bool(jnp.all(jnp.isfinite(grad))) and float(jnp.abs(grad).sum()) > 0
+
+
 @pytest.mark.parametrize("solver,steps", [("adam", 50), ("lbfgs", 300)])
 def test_sparse_ot_plan_columns_sparse_marginals_and_support(solver, steps):
   _need("solve")

@@ -44,10 +44,10 @@ def supports(m, k):
 
 def force_kernel(monkeypatch, kernel: str):
   """Makes every top-k selection use `kernel` ("radix" or "passes"), along any axis."""
-  from vmoe_sparse_ot.ot import projections
+  from vmoe_sparse_ot.ot import selection
   threshold = 1 if kernel == "radix" else 10 ** 9
   for table in ("_RADIX_MIN_K", "_RADIX_MIN_K_MINOR"):
-    monkeypatch.setattr(projections, table, {4: threshold, 8: threshold})
+    monkeypatch.setattr(selection, table, {4: threshold, 8: threshold})
 
 
 def spy(monkeypatch, module, name: str) -> list:

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 from tests.ot.helpers import force_kernel
 from vmoe_sparse_ot import ot
 from vmoe_sparse_ot.ot import batched as sos
-from vmoe_sparse_ot.ot import projections
+from vmoe_sparse_ot.ot import selection
 
 sparse_semi_dual_adam = ot.batched_semi_dual_adam
 
@@ -76,7 +76,7 @@ def test_matches_vmapped_ot_solve_with_ties_in_float64(gamma):
 
 def test_distinct_top_values():
   u = jnp.asarray([[3., 1.], [5., 1.], [3., 1.], [-1., 1.], [4., 0.]])
-  got = jax.jit(projections.distinct_top_values, static_argnums=1)(u, 4)
+  got = jax.jit(selection.distinct_top_values, static_argnums=1)(u, 4)
   np.testing.assert_array_equal(got, [[5., 1.], [4., 0.], [3., -np.inf], [-1., -np.inf]])
 
 
@@ -86,7 +86,7 @@ def test_no_tie_and_tie_paths_agree_on_distinct_values():
   u = jnp.asarray(rng.normal(size=(12, 30)).astype(np.float32))
   b = jnp.asarray(rng.uniform(0.1, 3.0, size=(1, 30)).astype(np.float32))
   k = 5
-  values = projections.distinct_top_values(u, k)
+  values = selection.distinct_top_values(u, k)
   counts = jnp.broadcast_to(jnp.arange(1, k + 1, dtype=u.dtype)[:, None], values.shape)
   no_ties = sos._top_k_stats(u, k, b)                    # the sorted-prefix branch
   # (Equal up to rounding: XLA may turn the division by a constant r into a product.)
@@ -103,7 +103,7 @@ def test_large_k_radix_path_matches_vmapped_ot_solve_in_float64(k, monkeypatch):
   with jax.enable_x64(True):
     if k == 20:
       force_kernel(monkeypatch, "radix")
-    assert projections.uses_radix(k, 80, jnp.float64)
+    assert selection.uses_radix(k, 80, jnp.float64)
     rng = np.random.default_rng(3)
     C = jnp.asarray(rng.integers(0, 6, size=(2, 80, 3)) / 6.0)      # ties too
     a = jnp.ones((2, 80))

@@ -1,4 +1,5 @@
-"""Projections, conjugates and the k-support norm against brute force."""
+"""Projections, conjugates and the k-support norm against brute force (the top-k
+selection itself: test_selection.py)."""
 import itertools
 
 import jax
@@ -8,7 +9,7 @@ import pytest
 
 from tests.ot.helpers import force_kernel, supports
 from vmoe_sparse_ot import ot
-from vmoe_sparse_ot.ot import projections
+from vmoe_sparse_ot.ot import projections, selection
 
 
 def np_proj_simplex(v, b):
@@ -146,95 +147,6 @@ def test_k_at_least_m_is_squared_l2():
   np.testing.assert_allclose(np.asarray(p), expect, atol=1e-12)
 
 
-def test_top_k_mask_matches_lax_top_k_with_ties_and_batches():
-  x = jnp.asarray([[3.0, 1.0, 3.0, 2.0, 3.0], [0.0, 0.0, 0.0, 0.0, 1.0]])
-  mask, vals = ot.top_k_mask(x, 2, axis=-1)
-  np.testing.assert_array_equal(np.asarray(mask), [[1, 0, 1, 0, 0], [1, 0, 0, 0, 1]])
-  np.testing.assert_array_equal(np.asarray(vals), [[3, 3], [1, 0]])
-  rng = np.random.RandomState(2)
-  x = jnp.asarray(rng.randint(0, 4, size=(3, 4, 9)).astype(np.float64))
-  for k in (1, 3, 9):
-    mask, vals = ot.top_k_mask(x, k, axis=-1)
-    v_ref, i_ref = jax.lax.top_k(x, k)
-    ref = np.zeros(x.shape, bool)
-    np.put_along_axis(ref, np.asarray(i_ref), True, axis=-1)
-    np.testing.assert_array_equal(np.asarray(mask), ref)
-    np.testing.assert_array_equal(np.asarray(vals), np.asarray(v_ref))
-  # axis=0 on a matrix equals the transposed axis=-1.
-  m0, _ = ot.top_k_mask(x[0], 2, axis=0)
-  m1, _ = ot.top_k_mask(x[0].T, 2, axis=-1)
-  np.testing.assert_array_equal(np.asarray(m0), np.asarray(m1).T)
-
-
-def _check_top_k_against_lax(x):
-  for k in (1, 3, x.shape[-1]):
-    vals, idx = projections.top_k(x, k, axis=-1)
-    v_ref, i_ref = jax.lax.top_k(x, k)
-    np.testing.assert_array_equal(np.asarray(idx), np.asarray(i_ref))
-    np.testing.assert_array_equal(np.asarray(vals), np.asarray(v_ref))
-    assert vals.dtype == x.dtype and idx.dtype == jnp.int32
-  # axis=0 on a matrix equals the transposed axis=-1.
-  v0, i0 = projections.top_k(x[0], 2, axis=0)
-  v1, i1 = projections.top_k(x[0].T, 2, axis=-1)
-  np.testing.assert_array_equal(np.asarray(i0), np.asarray(i1).T)
-  np.testing.assert_array_equal(np.asarray(v0), np.asarray(v1).T)
-
-
-@pytest.mark.parametrize("dtype", [np.float64, np.float32])
-def test_top_k_values_and_indices_match_lax_top_k_with_ties(dtype):
-  """Packed 64-bit keys (x64 on): float64 and float32 inputs."""
-  rng = np.random.RandomState(2)
-  _check_top_k_against_lax(jnp.asarray(rng.randint(0, 4, size=(3, 4, 9)).astype(dtype)))
-  # Exact values are read back even where float64 keys round them (m = 1000:
-  # 10 index bits replace mantissa bits), and distinct values stay in order.
-  x = jnp.asarray(rng.randn(2, 1000).astype(dtype))
-  vals, idx = projections.top_k(x, 7, axis=-1)
-  v_ref, i_ref = jax.lax.top_k(x, 7)
-  np.testing.assert_array_equal(np.asarray(vals), np.asarray(v_ref))
-  np.testing.assert_array_equal(np.asarray(idx), np.asarray(i_ref))
-
-
-@pytest.mark.parametrize("dtype", [np.float64, np.float32])
-@pytest.mark.parametrize("m", [161, 1000, 1003])
-def test_blocked_top_k_matches_lax_top_k(dtype, m):
-  """Long slices take the blocked passes (block maxima, recursively, then the
-  k best blocks): many ties, the top entries crowded into one block or spread
-  one per block, a length that is not a multiple of the block, both axes."""
-  rng = np.random.RandomState(m)
-  ties = rng.randint(0, 4, size=(2, m))                          # ties at every k
-  crowded = np.zeros(m)
-  crowded[m // 2: m // 2 + 8] = np.arange(8, 0, -1)              # top 8 in two blocks
-  spread = rng.randn(m)
-  spread[::projections._BLOCK] += 10.0                           # one large entry per block
-  x = jnp.asarray(np.stack([*ties, crowded, spread, -np.abs(spread)]).astype(dtype))
-  for k in (1, 2, 5):
-    assert m >= projections._BLOCK_MIN_ROWS_PER_K * k * projections._BLOCK  # blocked
-    vals, idx = projections.top_k(x, k, axis=-1)
-    v_ref, i_ref = jax.lax.top_k(x, k)
-    np.testing.assert_array_equal(np.asarray(idx), np.asarray(i_ref), err_msg=f"k={k}")
-    np.testing.assert_array_equal(np.asarray(vals), np.asarray(v_ref), err_msg=f"k={k}")
-    mask, _ = projections.top_k_mask(x.T, k, axis=0)
-    ref = np.zeros(x.shape, bool)
-    np.put_along_axis(ref, np.asarray(i_ref), True, axis=-1)
-    np.testing.assert_array_equal(np.asarray(mask), ref.T, err_msg=f"k={k}")
-
-
-@pytest.mark.float32
-def test_top_k_without_x64_matches_lax_top_k_with_ties():
-  """Two reductions per entry (no 64-bit keys)."""
-  rng = np.random.RandomState(2)
-  _check_top_k_against_lax(jnp.asarray(rng.randint(0, 4, size=(3, 4, 9)).astype(np.float32)))
-
-
-def test_densify_places_values_at_indices():
-  vals = jnp.asarray([[1.5, -2.0], [0.0, 4.0]])          # k = 2 along axis 0, n = 2
-  idx = jnp.asarray([[3, 0], [1, 2]], jnp.int32)
-  out = projections.densify(vals, idx, 5, axis=0)
-  expect = np.zeros((5, 2))
-  expect[3, 0], expect[1, 0], expect[0, 1], expect[2, 1] = 1.5, 0.0, -2.0, 4.0
-  np.testing.assert_array_equal(np.asarray(out), expect)
-
-
 @pytest.mark.parametrize("k", [1, 2, 4])
 def test_compact_sparse_simplex_equals_the_dense_projection(k):
   """sparse_simplex_topk's k entries, densified, are the top-k sparsemax; its
@@ -243,7 +155,7 @@ def test_compact_sparse_simplex_equals_the_dense_projection(k):
   x = rng.randn(9, 5)
   b = rng.rand(5) + 0.2
   sp = projections.sparse_simplex_topk(jnp.asarray(x), k, jnp.asarray(b), axis=0)
-  dense = np.asarray(projections.densify(sp.values, sp.indices, 9, axis=0))
+  dense = np.asarray(selection.densify(sp.values, sp.indices, 9, axis=0))
   for j in range(5):
     _, t_ref = brute_sparse_simplex(x[:, j], k, b[j])
     np.testing.assert_allclose(dense[:, j], t_ref, atol=1e-12)

@@ -1,4 +1,5 @@
-"""Top-k selection by radix (cost independent of k) against lax.top_k and brute force."""
+"""Top-k selection (`ot.selection`): the passes and radix kernels against lax.top_k and
+brute force."""
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -6,7 +7,7 @@ import pytest
 
 from tests.ot.helpers import force_kernel, problem
 from vmoe_sparse_ot import ot
-from vmoe_sparse_ot.ot import optim, projections
+from vmoe_sparse_ot.ot import optim, selection
 
 
 def brute_mask(x, k, axis):
@@ -37,7 +38,7 @@ def _inputs(dtype, seed=0):
   return [ties, smooth, special]
 
 
-_sel = jax.jit(projections.threshold_top_k_mask, static_argnums=(1, 2))
+_sel = jax.jit(selection.threshold_top_k_mask, static_argnums=(1, 2))
 
 
 def _check(dtype):
@@ -71,28 +72,28 @@ def test_radix_mask_matches_lax_top_k_and_brute_force_without_x64():
 def test_kth_largest_key_is_the_kth_sorted_value(dtype):
   rng = np.random.default_rng(1)
   x = jnp.asarray(rng.standard_normal((50, 6)) * 10.0 ** rng.integers(-30, 30, (50, 6)), dtype)
-  keys = projections._order_keys(x)
+  keys = selection._order_keys(x)
   # The keys sort like the values.
   order_k = np.argsort(np.asarray(keys), axis=0, kind="stable")
   order_x = np.argsort(np.asarray(x), axis=0, kind="stable")
   np.testing.assert_array_equal(order_k, order_x)
   xs = -np.sort(-np.asarray(x), axis=0)
   for k in (1, 13, 50):
-    kth = projections.kth_largest_key(keys, k, 0)
+    kth = selection.kth_largest_key(keys, k, 0)
     np.testing.assert_array_equal(
-        np.asarray(kth)[0], np.asarray(projections._order_keys(jnp.asarray(xs[k - 1]))))
+        np.asarray(kth)[0], np.asarray(selection._order_keys(jnp.asarray(xs[k - 1]))))
 
 
 def test_kernel_choice_and_top_k_mask_dispatch():
-  assert not projections.uses_radix(5, 1000, jnp.float64)
-  assert projections.uses_radix(575, 5000, jnp.float64)
-  assert projections.uses_radix(100, 10000, jnp.float32)
-  assert not projections.uses_radix(1000, 1000, jnp.float32)       # k >= m: no selection
+  assert not selection.uses_radix(5, 1000, jnp.float64)
+  assert selection.uses_radix(575, 5000, jnp.float64)
+  assert selection.uses_radix(100, 10000, jnp.float32)
+  assert not selection.uses_radix(1000, 1000, jnp.float32)       # k >= m: no selection
   # Along the minor axis (base-4 variadic passes) the radix kernel starts earlier.
-  assert projections.uses_radix(32, 1000, jnp.float64, minor_axis=True)
-  assert not projections.uses_radix(32, 1000, jnp.float64)
-  assert projections.uses_radix(16, 1000, jnp.float32, minor_axis=True)
-  assert not projections.uses_radix(16, 1000, jnp.float64, minor_axis=True)
+  assert selection.uses_radix(32, 1000, jnp.float64, minor_axis=True)
+  assert not selection.uses_radix(32, 1000, jnp.float64)
+  assert selection.uses_radix(16, 1000, jnp.float32, minor_axis=True)
+  assert not selection.uses_radix(16, 1000, jnp.float64, minor_axis=True)
   rng = np.random.default_rng(2)
   x = jnp.asarray(rng.integers(0, 50, size=(300, 5)).astype(np.float64))
   mask, values = ot.top_k_mask(x, 120, axis=0)                      # the radix kernel
@@ -105,7 +106,7 @@ def test_kernel_choice_and_top_k_mask_dispatch():
 def test_compile_does_not_unroll_k():
   """The radix kernel's program is the same size whatever k is."""
   x = jnp.zeros((3000, 4))
-  sizes = [jax.jit(lambda x: projections.threshold_top_k_mask(x, k, 0)).lower(x).as_text()
+  sizes = [jax.jit(lambda x: selection.threshold_top_k_mask(x, k, 0)).lower(x).as_text()
            .count("\n") for k in (100, 2900)]
   assert sizes[0] == sizes[1]
 
@@ -120,7 +121,7 @@ def test_large_k_solve_equals_the_passes_kernel(formulation, monkeypatch):
   reg = ot.SparsityConstrained(k=k, gamma=2.0)
   kw = dict(formulation=formulation, tol=1e-9, max_iter=2000)
   force_kernel(monkeypatch, "radix")
-  assert projections.uses_radix(k, m, jnp.float64)
+  assert selection.uses_radix(k, m, jnp.float64)
   radix = ot.solve(a, b, C, reg, **kw)
   nnz = (np.asarray(radix.plan) > 0).sum(0)
   assert nnz.max() == k                                              # binding
@@ -137,7 +138,7 @@ def test_mnist_clustering_size_solves():
   rng = np.random.default_rng(4)
   C = jnp.asarray(rng.random((m, n)), jnp.float32)
   a, b = jnp.full((m,), 1 / m, jnp.float32), jnp.full((n,), 1 / n, jnp.float32)
-  assert projections.uses_radix(k, m, jnp.float32)
+  assert selection.uses_radix(k, m, jnp.float32)
   # gamma large enough for k to bind (the L2 plan would spread wider).
   res = ot.solve(a, b, C, ot.SparsityConstrained(k=k, gamma=1e4), max_iter=20, tol=0.0,
                  trace=True)
@@ -173,9 +174,9 @@ def test_early_exit_mixes_separated_near_tied_and_tied_columns(dtype):
   got = np.asarray(_sel(xj, k, 0))
   np.testing.assert_array_equal(got, brute_mask(x, k, 0))
   np.testing.assert_array_equal(got, lax_mask(xj, k, 0))
-  keys = projections._order_keys(xj)
-  t, count = projections._select_key(keys, k, 0, early_exit=True)
-  kth = projections.kth_largest_key(keys, k, 0)
+  keys = selection._order_keys(xj)
+  t, count = selection._select_key(keys, k, 0, early_exit=True)
+  kth = selection.kth_largest_key(keys, k, 0)
   assert np.all(np.asarray(t) <= np.asarray(kth))              # a lower bound ...
   exact = np.asarray(count)[0] == k                            # ... exact where count = k
   np.testing.assert_array_equal(exact, [True, True, False, False])
@@ -215,3 +216,92 @@ def test_vmapped_large_k_solves_with_binding_columns_equal_single_solves():
     single = np.asarray(ot.solve(a, b, Cs[i], reg, max_iter=50, tol=0.0, init=zero).plan)
     assert (np.count_nonzero(single, axis=0) == 40).all()          # k binds everywhere
     np.testing.assert_allclose(np.asarray(batched[i]), single, atol=1e-12)
+
+
+def test_top_k_mask_matches_lax_top_k_with_ties_and_batches():
+  x = jnp.asarray([[3.0, 1.0, 3.0, 2.0, 3.0], [0.0, 0.0, 0.0, 0.0, 1.0]])
+  mask, vals = ot.top_k_mask(x, 2, axis=-1)
+  np.testing.assert_array_equal(np.asarray(mask), [[1, 0, 1, 0, 0], [1, 0, 0, 0, 1]])
+  np.testing.assert_array_equal(np.asarray(vals), [[3, 3], [1, 0]])
+  rng = np.random.RandomState(2)
+  x = jnp.asarray(rng.randint(0, 4, size=(3, 4, 9)).astype(np.float64))
+  for k in (1, 3, 9):
+    mask, vals = ot.top_k_mask(x, k, axis=-1)
+    v_ref, i_ref = jax.lax.top_k(x, k)
+    ref = np.zeros(x.shape, bool)
+    np.put_along_axis(ref, np.asarray(i_ref), True, axis=-1)
+    np.testing.assert_array_equal(np.asarray(mask), ref)
+    np.testing.assert_array_equal(np.asarray(vals), np.asarray(v_ref))
+  # axis=0 on a matrix equals the transposed axis=-1.
+  m0, _ = ot.top_k_mask(x[0], 2, axis=0)
+  m1, _ = ot.top_k_mask(x[0].T, 2, axis=-1)
+  np.testing.assert_array_equal(np.asarray(m0), np.asarray(m1).T)
+
+
+def _check_top_k_against_lax(x):
+  for k in (1, 3, x.shape[-1]):
+    vals, idx = selection.top_k(x, k, axis=-1)
+    v_ref, i_ref = jax.lax.top_k(x, k)
+    np.testing.assert_array_equal(np.asarray(idx), np.asarray(i_ref))
+    np.testing.assert_array_equal(np.asarray(vals), np.asarray(v_ref))
+    assert vals.dtype == x.dtype and idx.dtype == jnp.int32
+  # axis=0 on a matrix equals the transposed axis=-1.
+  v0, i0 = selection.top_k(x[0], 2, axis=0)
+  v1, i1 = selection.top_k(x[0].T, 2, axis=-1)
+  np.testing.assert_array_equal(np.asarray(i0), np.asarray(i1).T)
+  np.testing.assert_array_equal(np.asarray(v0), np.asarray(v1).T)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_top_k_values_and_indices_match_lax_top_k_with_ties(dtype):
+  """Packed 64-bit keys (x64 on): float64 and float32 inputs."""
+  rng = np.random.RandomState(2)
+  _check_top_k_against_lax(jnp.asarray(rng.randint(0, 4, size=(3, 4, 9)).astype(dtype)))
+  # Exact values are read back even where float64 keys round them (m = 1000:
+  # 10 index bits replace mantissa bits), and distinct values stay in order.
+  x = jnp.asarray(rng.randn(2, 1000).astype(dtype))
+  vals, idx = selection.top_k(x, 7, axis=-1)
+  v_ref, i_ref = jax.lax.top_k(x, 7)
+  np.testing.assert_array_equal(np.asarray(vals), np.asarray(v_ref))
+  np.testing.assert_array_equal(np.asarray(idx), np.asarray(i_ref))
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("m", [161, 1000, 1003])
+def test_blocked_top_k_matches_lax_top_k(dtype, m):
+  """Long slices take the blocked passes (block maxima, recursively, then the
+  k best blocks): many ties, the top entries crowded into one block or spread
+  one per block, a length that is not a multiple of the block, both axes."""
+  rng = np.random.RandomState(m)
+  ties = rng.randint(0, 4, size=(2, m))                          # ties at every k
+  crowded = np.zeros(m)
+  crowded[m // 2: m // 2 + 8] = np.arange(8, 0, -1)              # top 8 in two blocks
+  spread = rng.randn(m)
+  spread[::selection._BLOCK] += 10.0                           # one large entry per block
+  x = jnp.asarray(np.stack([*ties, crowded, spread, -np.abs(spread)]).astype(dtype))
+  for k in (1, 2, 5):
+    assert m >= selection._BLOCK_MIN_ROWS_PER_K * k * selection._BLOCK  # blocked
+    vals, idx = selection.top_k(x, k, axis=-1)
+    v_ref, i_ref = jax.lax.top_k(x, k)
+    np.testing.assert_array_equal(np.asarray(idx), np.asarray(i_ref), err_msg=f"k={k}")
+    np.testing.assert_array_equal(np.asarray(vals), np.asarray(v_ref), err_msg=f"k={k}")
+    mask, _ = selection.top_k_mask(x.T, k, axis=0)
+    ref = np.zeros(x.shape, bool)
+    np.put_along_axis(ref, np.asarray(i_ref), True, axis=-1)
+    np.testing.assert_array_equal(np.asarray(mask), ref.T, err_msg=f"k={k}")
+
+
+@pytest.mark.float32
+def test_top_k_without_x64_matches_lax_top_k_with_ties():
+  """Two reductions per entry (no 64-bit keys)."""
+  rng = np.random.RandomState(2)
+  _check_top_k_against_lax(jnp.asarray(rng.randint(0, 4, size=(3, 4, 9)).astype(np.float32)))
+
+
+def test_densify_places_values_at_indices():
+  vals = jnp.asarray([[1.5, -2.0], [0.0, 4.0]])          # k = 2 along axis 0, n = 2
+  idx = jnp.asarray([[3, 0], [1, 2]], jnp.int32)
+  out = selection.densify(vals, idx, 5, axis=0)
+  expect = np.zeros((5, 2))
+  expect[3, 0], expect[1, 0], expect[0, 1], expect[2, 1] = 1.5, 0.0, -2.0, 4.0
+  np.testing.assert_array_equal(np.asarray(out), expect)

@@ -7,7 +7,8 @@ L-BFGS or Adam; `solve_interior_point`, a barrier method on the primal for the
 problems whose optimum is a kink of the semi-dual (k binds; `solve` switches to it
 itself where L-BFGS stops there); the squared-L2 and entropic baselines and
 log-domain Sinkhorn; and `batched_semi_dual_adam`, many small semi-duals at once
-(the MoE router's solver).
+(the MoE router's solver), and `batched_semi_dual_adam_candidates`, the same
+iterates with each step's selection on a few candidate rows per column.
 
     from vmoe_sparse_ot import ot
     res = ot.solve(a, b, C, ot.SparsityConstrained(k=2, gamma=1.0))
@@ -17,6 +18,7 @@ Everything runs under `jax.jit` and `jax.vmap` (the switch to the interior point
 only eagerly); see docs/ARCHITECTURE.md.
 """
 from vmoe_sparse_ot.ot.batched import batched_semi_dual_adam
+from vmoe_sparse_ot.ot.candidates import batched_semi_dual_adam_candidates
 from vmoe_sparse_ot.ot.interior_point import solve_interior_point
 from vmoe_sparse_ot.ot.ksupport import squared_k_support_norm
 from vmoe_sparse_ot.ot.objectives import (
@@ -36,10 +38,6 @@ from vmoe_sparse_ot.ot.projections import (
     projection_sparse_nonneg,
     projection_sparse_simplex,
     simplex_threshold,
-    threshold_top_k_mask,
-    top_k,
-    top_k_mask,
-    uses_radix,
 )
 from vmoe_sparse_ot.ot.regularizers import (
     NegEntropy,
@@ -47,6 +45,7 @@ from vmoe_sparse_ot.ot.regularizers import (
     SparsityConstrained,
     SquaredL2,
 )
+from vmoe_sparse_ot.ot.selection import threshold_top_k_mask, top_k, top_k_mask, uses_radix
 from vmoe_sparse_ot.ot.sinkhorn import SinkhornResult, sinkhorn
 from vmoe_sparse_ot.ot.solvers import (
     LBFGS,
@@ -73,6 +72,7 @@ __all__ = [
     "SparsityConstrained",
     "SquaredL2",
     "batched_semi_dual_adam",
+    "batched_semi_dual_adam_candidates",
     "c_transform_start",
     "dual_objective",
     "dual_value_and_grad",

@@ -15,10 +15,10 @@ runs inside every training step. What XLA's CPU backend rewards here:
 - one (m, N) array u per Adam step, N = n * G columns (expert-major), carried by
   the loop so that it is built once and the passes below read a plain buffer;
 - for small k, the k largest distinct values of each column from
-  `projections.distinct_top_values` (tree-of-maxima passes); the threshold in
+  `selection.distinct_top_values` (tree-of-maxima passes); the threshold in
   closed form from those sorted values (`projections._threshold_from_sorted`),
   and with ties (equal values in one column, common in float32) from counts of
-  the entries >= each value; for large k (`projections.uses_radix`), the radix
+  the entries >= each value; for large k (`selection.uses_radix`), the radix
   selection and the closed-form threshold of the columns where k binds, as in
   `solve` (`projections.sparse_simplex_threshold`);
 - small per-column results cross a `lax.cond` or loop boundary before a
@@ -37,6 +37,7 @@ from jax import lax
 
 from vmoe_sparse_ot.ot import optim
 from vmoe_sparse_ot.ot import projections
+from vmoe_sparse_ot.ot import selection
 
 Array = jax.Array
 
@@ -69,8 +70,8 @@ def _stats(values: Array, counts: Array, k: int, b: Array) -> Array:
 
 def _top_k_stats(u: Array, k: int, b: Array) -> Array:
   """(4, N) [tau, kth, above, tie] of each column of u (m, N); b (1, N) the masses."""
-  values = projections.distinct_top_values(u, k)
-  no_ties = jnp.all(projections.count_at_least(u, values[-1:]) == k)
+  values = selection.distinct_top_values(u, k)
+  no_ties = jnp.all(selection.count_at_least(u, values[-1:]) == k)
 
   def sorted_rule(u, values):
     tau = projections._threshold_from_sorted(values, b, axis=0)
@@ -78,7 +79,7 @@ def _top_k_stats(u: Array, k: int, b: Array) -> Array:
     return jnp.concatenate([tau, values[k - 1:k], zeros + (k - 1), zeros])
 
   return lax.cond(no_ties, sorted_rule,
-                  lambda u, values: _stats(values, projections.count_at_least(u, values), k, b),
+                  lambda u, values: _stats(values, selection.count_at_least(u, values), k, b),
                   u, values)
 
 
@@ -93,7 +94,7 @@ def _members_with_ties(u: Array, k: int, stats: Array) -> Array:
 def _sparse_projection(u: Array, k: int, b: Array, reduce) -> Array:
   """reduce(t) for t (m, N), the top-k sparse simplex projection of u's columns."""
   m = u.shape[0]
-  if k >= m or projections.uses_radix(k, m, u.dtype):
+  if k >= m or selection.uses_radix(k, m, u.dtype):
     tau, mask = projections.sparse_simplex_threshold(u, k, b, axis=0)
     active = u > tau if mask is None else mask & (u > tau)
     return reduce(jnp.where(active, u - tau, 0))

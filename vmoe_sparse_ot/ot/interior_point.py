@@ -55,10 +55,10 @@ from jax import lax
 
 from vmoe_sparse_ot.ot import objectives
 from vmoe_sparse_ot.ot import optim
-from vmoe_sparse_ot.ot import solvers
+from vmoe_sparse_ot.ot import results
 from vmoe_sparse_ot.ot import validation
 from vmoe_sparse_ot.ot.regularizers import SparsityConstrained
-from vmoe_sparse_ot.ot.solvers import OTResult
+from vmoe_sparse_ot.ot.results import OTResult
 
 Array = jax.Array
 
@@ -315,7 +315,7 @@ def _barrier(a, b, C, gamma, support: _Support, *, k, max_newton, rtol, full):
   dtype = C.dtype
   valid = support.valid
   mass = jnp.sum(a)
-  b = solvers._matched(b, a)
+  b = results.matched_mass(b, a)
   Ce = jnp.take_along_axis(C, support.cols, axis=1)
   T0, L0 = _start(a, b, k, support, n, full)
   entries = jnp.sum(valid)
@@ -362,7 +362,7 @@ def _upper_bound(plan, a, b, C, gamma, support: _Support, *, k: int):
   """An upper bound on the optimum: P_Psi at the (m, D) plan made a coupling
   of a and b (`_feasible`: at the smallest mu the Newton solves drift off the
   marginals, a 100 x 100 plan to 5e-7 below the optimum without it)."""
-  b = solvers._matched(b, a)
+  b = results.matched_mass(b, a)
   coupling = _feasible(_dense(plan, support, C.shape[1]), a, b)
   return objectives.primal_objective(coupling, C, SparsityConstrained(k, gamma))
 
@@ -399,7 +399,7 @@ def _sparsest_coupling(plan, a, b, C, gamma, support: _Support, full: bool, k: i
   """(coupling, P_Psi of it) from the barrier's (m, D) plan whose coupling
   `_feasible` has P_Psi = bound: the first of `_SPARSE`'s sparse couplings
   within bound, else that one itself (every entry positive)."""
-  b = solvers._matched(b, a)
+  b = results.matched_mass(b, a)
   for threshold in _SPARSE:
     Y, ok, value = _sparse_coupling(plan, a, b, C, gamma, support, threshold, k=k, full=full)
     # Rounding allowance: where it drops only mu-sized entries the sparse
@@ -529,7 +529,7 @@ def solve_interior_point(a, b, C, regularizer: SparsityConstrained, *,
   rtol = validation.check_pos_float("rtol", rtol)
   validation.check_problem(a, b, C)
   regularizer.validate()
-  solvers.check_k_sparse_feasible(a, C, regularizer, infeasible)
+  results.check_k_sparse_feasible(a, C, regularizer, infeasible)
   C = jnp.asarray(C)
   m, n = C.shape
   if regularizer.k >= m:
@@ -575,7 +575,7 @@ def solve_positive(a, b, C, reg: SparsityConstrained, *, max_newton: int = 500,
   kept = max(1, min(int(centered), _KEPT))
   # Read on the host (eager indexing and arithmetic would each compile).
   alphas, plans = np.asarray(alphas), np.asarray(plans)
-  scored = [solvers.semi_dual_at(alphas[i], a, b, C, reg) for i in range(kept)]
+  scored = [results.semi_dual_at(alphas[i], a, b, C, reg) for i in range(kept)]
   best = max(range(len(scored)), key=lambda i: float(scored[i][0]))
   value, plan, beta, _ = scored[best]
   primal, bound_plan = _best_upper_bound(
@@ -593,7 +593,7 @@ def solve_positive(a, b, C, reg: SparsityConstrained, *, max_newton: int = 500,
   converged = bool(done) and gap <= _GAP_RTOL * abs(float(value))
   status = optim.CONVERGED if converged else optim.STALLED if bool(done) else optim.MAX_ITER
   grad_norm = np.max(np.abs(np.asarray(a) - np.asarray(plan).sum(1)))
-  row, col, feasible = solvers._host_marginal_errors(plan, a, b)
+  row, col, feasible = results.host_plan_errors(plan, a, b)
   nnz = None if coupling is None else jnp.asarray(
       np.count_nonzero(np.asarray(coupling), axis=0), jnp.int32)
   return OTResult(plan=plan, value=value, alpha=jnp.asarray(alphas[best]), beta=beta,

@@ -12,7 +12,7 @@ from typing import Tuple
 import jax
 import jax.numpy as jnp
 
-from vmoe_sparse_ot.ot import projections
+from vmoe_sparse_ot.ot import selection
 from vmoe_sparse_ot.ot.regularizers import Regularizer, SparsityConstrained
 
 Array = jax.Array
@@ -43,7 +43,7 @@ def semi_dual_value_and_grad(alpha: Array, a: Array, b: Array, C: Array,
     # caller uses it (inside the solvers' loops it is dead code).
     vals, sp, _ = reg.conj_simplex_sparse(alpha[:, None] - C, b, axis=0)
     row_sums = jnp.zeros_like(alpha).at[sp.indices].add(sp.values)
-    T = projections.densify(sp.values, sp.indices, m, axis=0)
+    T = selection.densify(sp.values, sp.indices, m, axis=0)
   else:
     C_t = C.T if C_t is None else C_t
     vals, T_t, _ = reg.conj_simplex(alpha[None, :] - C_t, b, axis=1)
@@ -70,7 +70,7 @@ def dual_value_and_grad(alpha: Array, beta: Array, a: Array, b: Array, C: Array,
     # Compact columns, as in semi_dual_value_and_grad.
     vals, p, idx = reg.conj_plus_sparse(alpha[:, None] + beta[None, :] - C, axis=0)
     row_sums, col_sums = jnp.zeros_like(alpha).at[idx].add(p), jnp.sum(p, axis=0)
-    T = projections.densify(p, idx, m, axis=0)
+    T = selection.densify(p, idx, m, axis=0)
   else:
     vals, T = reg.conj_plus(alpha[:, None] + beta[None, :] - C, axis=0)
     row_sums, col_sums = jnp.sum(T, axis=1), jnp.sum(T, axis=0)

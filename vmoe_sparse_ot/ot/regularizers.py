@@ -23,6 +23,7 @@ from jax.scipy.special import logsumexp, xlogy
 
 from vmoe_sparse_ot.ot import ksupport
 from vmoe_sparse_ot.ot import projections
+from vmoe_sparse_ot.ot import selection
 
 Array = jax.Array
 
@@ -197,7 +198,7 @@ class SparsityConstrained(Regularizer):
     minor_axis: whether the columns lie along the array's contiguous axis (the
     semi-dual's dense (n, m) layout), where the radix kernel wins earlier.
     """
-    return self.k < m and not projections.uses_radix(self.k, m, dtype, minor_axis)
+    return self.k < m and not selection.uses_radix(self.k, m, dtype, minor_axis)
 
   def conj_plus(self, s, axis=0):
     """1/(2 gamma) sum_{i<=k} [s_[i]]_+^2; gradient [topk(s)]_+ / gamma."""
@@ -206,11 +207,11 @@ class SparsityConstrained(Regularizer):
     if self.k >= m:
       return SquaredL2(self.gamma).conj_plus(s, axis)
     if not self.compact(m, s.dtype, axis == s.ndim - 1):
-      mask = projections.threshold_top_k_mask(s, self.k, axis)
+      mask = selection.threshold_top_k_mask(s, self.k, axis)
       p = jnp.where(mask, jnp.maximum(s, 0), 0) / self.gamma
       return 0.5 * self.gamma * jnp.sum(p * p, axis=axis), p
     val, p, idx = self.conj_plus_sparse(s, axis)
-    return val, projections.densify(p, idx, m, axis)
+    return val, selection.densify(p, idx, m, axis)
 
   def conj_plus_sparse(self, s, axis=0):
     """`conj_plus` with the maximiser in compact form (requires k < m; any k,
@@ -219,7 +220,7 @@ class SparsityConstrained(Regularizer):
     Returns (value, p, indices): the maximiser's k candidate entries
     p = [top-k(s)]_+ / gamma and their int32 positions along `axis`.
     """
-    values, idx = projections.top_k(s, self.k, axis)
+    values, idx = selection.top_k(s, self.k, axis)
     p = jnp.maximum(values, 0) / self.gamma
     return 0.5 * self.gamma * jnp.sum(p * p, axis=axis), p, idx
 
@@ -236,7 +237,7 @@ class SparsityConstrained(Regularizer):
       val = _simplex_value(t, tau, bb, self.gamma, axis)
       return val, t, self.gamma * jnp.squeeze(tau, axis)
     val, sp, dval_db = self.conj_simplex_sparse(s, b, axis)
-    return val, projections.densify(sp.values, sp.indices, m, axis), dval_db
+    return val, selection.densify(sp.values, sp.indices, m, axis), dval_db
 
   def conj_simplex_sparse(self, s, b, axis=0):
     """`conj_simplex` with the maximiser in compact form (requires k < m; any
@@ -251,7 +252,7 @@ class SparsityConstrained(Regularizer):
     bb = _bexpand(b, s, axis)
     if self.k == 1:
       # Proposition 4 (limit cases): b max(s) - gamma/2 b^2, the mass on the first argmax.
-      smax, idx = projections.top_k(s, 1, axis)
+      smax, idx = selection.top_k(s, 1, axis)
       val = jnp.squeeze(bb * smax - 0.5 * self.gamma * bb * bb, axis)
       sp = projections.SparseSimplex(jnp.broadcast_to(bb, smax.shape).astype(s.dtype), idx,
                                      smax / self.gamma - bb, (bb > 0).astype(s.dtype),
