@@ -132,13 +132,35 @@ def test_expert_params_regex_matches_exactly_the_expert_weights():
   assert re.search(vnn.EXPERT_PARAMS_REGEX, "params/" + next(iter(matched)))
 
 
+def _reference_layers(where: str, n: int, num_layers: int) -> tuple:
+  """The reference V-MoE configs' placement: 'Every n' or 'Last n' (of the odd blocks)."""
+  if where == "every":
+    return tuple(range(n - 1, num_layers, n))
+  return tuple(range(1, num_layers, 2))[-n:]
+
+
 def test_parse_moe_layers():
   assert parse_moe_layers("every_2", 6) == (1, 3, 5)
-  assert parse_moe_layers("last_2", 6) == (4, 5)
+  # last_N: the last N of the every-2 positions, not the last N blocks.
+  assert parse_moe_layers("last_2", 12) == (9, 11)
+  assert parse_moe_layers("last_2", 8) == (5, 7)          # V-MoE-S: 8 blocks
+  assert parse_moe_layers("last_5", 24) == (15, 17, 19, 21, 23)
+  assert parse_moe_layers("last_2", 6) == (3, 5)
+  assert parse_moe_layers("every_3", 12) == (2, 5, 8, 11)
+  assert parse_moe_layers("every_1", 3) == (0, 1, 2)
+  for where, n, num_layers in [("last", 1, 12), ("last", 2, 12), ("last", 5, 24),
+                               ("last", 4, 8), ("every", 2, 12), ("every", 2, 8),
+                               ("every", 4, 32)]:
+    assert parse_moe_layers(f"{where}_{n}", num_layers) == \
+        _reference_layers(where, n, num_layers)
   assert parse_moe_layers("0, 2", 6) == (0, 2)
   assert parse_moe_layers([3, 1], 6) == (1, 3)
-  with pytest.raises(ValueError, match="every_2"):
+  with pytest.raises(ValueError, match="every_N"):
     parse_moe_layers("odd", 6)
+  with pytest.raises(ValueError, match="every_N"):
+    parse_moe_layers("last_0", 6)
+  with pytest.raises(ValueError, match=r"last_4'.*3 every-2 blocks \(1, 3, 5\)"):
+    parse_moe_layers("last_4", 6)
   with pytest.raises(ValueError, match=r"\[7\]"):
     parse_moe_layers("1,7", 6)
 

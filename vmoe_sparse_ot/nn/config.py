@@ -75,8 +75,10 @@ def default_model_config() -> ml_collections.ConfigDict:
           'dropout_rate': 0.0,
           'attention_dropout_rate': 0.0,
           'moe': {
-              # 'every_2' (blocks 1, 3, 5, ...), 'last_N' (e.g. 'last_2'), or a
-              # comma-separated explicit list of block indices such as '1,3'.
+              # As the reference V-MoE places them: 'every_N' (blocks N-1, 2N-1,
+              # ...; 'every_2': 1, 3, 5, ...), 'last_N' (the last N of the every-2
+              # blocks: 12 blocks, 'last_2' -> 9, 11), or a comma-separated explicit
+              # list of block indices such as '1,3'.
               'layers': 'every_2',
               'num_experts': 8,
               # S: tokens per routing group.
