@@ -2,6 +2,7 @@
 import pytest
 
 from vmoe_sparse_ot import nn
+from vmoe_sparse_ot.nn.config import variant_sizes
 from vmoe_sparse_ot.train import config as config_lib
 from tests.train.helpers import ROOT, TINY
 
@@ -27,6 +28,12 @@ def test_paper_configs_match_the_paper(name, patch):
   m = config.model
   assert m.patch_size == (patch, patch) and m.hidden_size == 768
   assert m.encoder.num_layers == 12 and m.encoder.mlp_dim == 3072
+  # The V-MoE-B sizes (as model.variant='V-MoE-B/P' sets them), pre-logits of size D.
+  sizes = variant_sizes(f'V-MoE-B/{patch}')
+  assert (m.hidden_size, m.encoder.num_layers, m.encoder.num_heads, m.encoder.mlp_dim,
+          m.patch_size, m.representation_size) == tuple(
+              sizes[k] for k in ('hidden_size', 'num_layers', 'num_heads', 'mlp_dim',
+                                 'patch_size', 'representation_size'))
   assert m.encoder.moe.layers == 'every_2' and m.encoder.moe.num_experts == 32
   router = m.encoder.moe.router
   assert router.name == 'sparse_ot' and router.num_selected_experts == 2
@@ -157,7 +164,13 @@ BAD_CONFIGS = [
     ('model.encoder.attention_dropout_rate', -0.1,
      'config.model.encoder.attention_dropout_rate=-0.1: must be in [0, 1)'),
     ('model.variant', 'X/16', "config.model.variant='X/16': must be SIZE/PATCH with SIZE in "
-     "['Ti', 'S', 'B', 'L', 'H'] (e.g. \"B/32\") or None"),
+     "['Ti', 'S', 'B', 'L', 'H'] (e.g. \"B/32\"), V-MoE-SIZE/PATCH with SIZE in "
+     "['S', 'B', 'L', 'H'] (e.g. \"V-MoE-S/32\") or None"),
+    ('model.variant', 'V-MoE-Ti/16', "config.model.variant='V-MoE-Ti/16': must be SIZE/PATCH "
+     "with SIZE in ['Ti', 'S', 'B', 'L', 'H'] (e.g. \"B/32\"), V-MoE-SIZE/PATCH with SIZE in "
+     "['S', 'B', 'L', 'H'] (e.g. \"V-MoE-S/32\") or None"),
+    ('model.representation_size', -1,
+     'config.model.representation_size=-1: must be an integer >= 0 or None'),
     ('model.classifier', 'cls', "config.model.classifier='cls': must be one of "
      "['token', 'gap']"),
     ('log_every_steps', 0, 'config.log_every_steps=0: must be an integer >= 1'),
