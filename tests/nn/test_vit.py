@@ -248,6 +248,7 @@ def test_vmoe_variants_have_the_reference_sizes_and_parameter_counts():
   assert (model.hidden_size, model.num_layers, model.mlp_dim, model.num_heads,
           model.patch_size, model.representation_size) == (512, 8, 2048, 8, (32, 32), 512)
   assert model.moe_layers == (5, 7)
+  assert model.moe["split_rngs"] is False                 # experts initialized alike
   want = _reference_param_count(512, 8, 2048, 32, 224, 1000, 8, 2, 512)
   assert want == 56_999_400
   assert _param_count(cfg, 224) == want

@@ -26,7 +26,7 @@ _MODEL_KEYS = ("name", "variant", "num_classes", "patch_size", "hidden_size", "c
 _ENCODER_KEYS = ("num_layers", "num_heads", "mlp_dim", "dropout_rate",
                  "attention_dropout_rate", "moe")
 _MOE_KEYS = ("layers", "num_experts", "group_size", "dispatcher", "routed_tokens_dtype",
-             "router")
+             "split_rngs", "router")
 _CLASSIFIERS = ("token", "gap")
 
 
@@ -80,8 +80,11 @@ def build_model(model_config: Mapping[str, Any]) -> nn.Module:
       raise ValueError("model.encoder.moe.num_experts and group_size must be >= 1, got "
                        f"{num_experts} and {group_size}")
     moe_layers = parse_moe_layers(moe_cfg.get("layers", "every_2"), num_layers)
+    split_rngs = moe_cfg.get("split_rngs", False)
+    if not isinstance(split_rngs, bool):
+      raise ValueError(f"model.encoder.moe.split_rngs must be True or False, got {split_rngs!r}")
     moe = dict(num_experts=num_experts, group_size=group_size, dispatcher=dispatcher,
-               routed_tokens_dtype=dtype,
+               routed_tokens_dtype=dtype, split_rngs=split_rngs,
                router=parse_router_options(moe_cfg["router"]))
   return VisionTransformer(
       num_classes=int(cfg["num_classes"]),

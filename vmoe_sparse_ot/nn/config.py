@@ -125,6 +125,10 @@ def default_model_config() -> ml_collections.ConfigDict:
               # combines their outputs (data and weights): None (the tokens'
               # own), 'float32' or 'bfloat16' (as V-MoE's einsum dispatcher).
               'routed_tokens_dtype': ml_collections.FieldReference(None, field_type=str),
+              # As the reference V-MoE's option: False initializes every expert
+              # alike (one draw, repeated) and shares dropout masks across experts;
+              # True draws each expert's parameters and dropout independently.
+              'split_rngs': False,
               'router': default_router_config(),
           },
       },

@@ -148,6 +148,9 @@ def _validate_model(config) -> None:
     return
   _int(config, 'model.encoder.moe.num_experts', 1)
   _int(config, 'model.encoder.moe.group_size', 1)
+  if not isinstance(config['model']['encoder']['moe'].get('split_rngs', False), bool):
+    _fail('model.encoder.moe.split_rngs', config['model']['encoder']['moe']['split_rngs'],
+          'must be True or False')
   router = config['model']['encoder']['moe']['router']
   num_experts = config['model']['encoder']['moe']['num_experts']
   group_size = config['model']['encoder']['moe']['group_size']

@@ -45,6 +45,9 @@ def route(logits: Array, token_mask: Array, opts: ExpertChoiceOptions, capacity:
   return base.finish(gates, token_index, valid, token_mask, base.zero_loss())
 
 
+def needs_rng(opts: ExpertChoiceOptions, train: bool) -> bool:
+  return train and base.gate_noise_std(opts.noise_std, 1) > 0
+
+
 ROUTER = base.Router(name="expert_choice", options=ExpertChoiceOptions, route=route,
-                     capacity=capacity,
-                     needs_rng=lambda opts, train: train and base.gate_noise_std(opts.noise_std, 1) > 0)
+                     capacity=capacity, needs_rng=needs_rng)
