@@ -50,7 +50,7 @@ VIT_SIZES = {
     'L': (1024, 24, 16, 4096),
     'H': (1280, 32, 16, 5120),
 }
-# The same of the V-MoE sizes (Riquelme et al. 2021, as the reference V-MoE configs
+# The same for the V-MoE sizes (Riquelme et al. 2021, as the reference V-MoE configs
 # set them). Only S differs from ViT's: the V-MoE S has 8 blocks of D 512.
 VMOE_SIZES = {
     'S': (512, 8, 8, 2048),
