@@ -283,12 +283,8 @@ def routing_figure(workdir: str, path: str, *, num_images: int = 4, dataset: str
 
 def _capacity(model_config: dict[str, Any]) -> int | None:
   try:
-    from vmoe_sparse_ot.nn.routing import compute_capacity
-    moe = model_config['encoder']['moe']
-    router = moe['router']
-    return compute_capacity(int(moe['group_size']), int(moe['num_experts']),
-                            int(router.get('num_selected_experts', 1)),
-                            float(router.get('capacity_factor', 1.0)), router.get('capacity'))
+    from vmoe_sparse_ot.evaluate.overrides import capacity  # The router's own rule.
+    return capacity(model_config)
   except Exception:  # pylint: disable=broad-except  (a picture without the line is fine)
     return None
 

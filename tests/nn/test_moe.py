@@ -4,7 +4,7 @@ import pytest
 import jax
 import jax.numpy as jnp
 
-from vmoe_sparse_ot.nn.moe import MoeLayer
+from vmoe_sparse_ot.nn.moe import Experts, MoeLayer
 from vmoe_sparse_ot.nn.routers import ROUTERS, RouterConfig
 from vmoe_sparse_ot.nn.routing import compute_capacity
 
@@ -59,8 +59,10 @@ def naive_moe_topk(x, p, e, k, group_size, capacity):
 @pytest.mark.parametrize("dispatcher", ["indices"])   # einsum == indices: test_dispatch.py
 def test_moe_layer_matches_naive_per_token_loop(dispatcher):
   e, k, s = 4, 2, 8
+  # split_rngs: distinct experts, so that a token sent to the wrong one shows.
   layer = MoeLayer(num_experts=e, mlp_dim=12, group_size=s, dispatcher=dispatcher,
-                   router=cfg("topk", num_selected_experts=k, capacity_factor=0.75))
+                   router=cfg("topk", num_selected_experts=k, capacity_factor=0.75),
+                   split_rngs=True)
   x = jax.random.normal(jax.random.key(0), (3, 7, 6))   # 21 tokens -> 3 groups, 3 padding
   params = jax.tree.map(np.asarray, _init(layer, x))
   # A larger router scale makes the preferences (and so the capacity drops) sharp.
@@ -84,7 +86,8 @@ def test_moe_layer_matches_naive_per_token_loop(dispatcher):
 def test_soft_moe_layer_matches_naive_loop():
   """y[t] = sum_{e,c} W[t,e,c] Expert_e(sum_t' D[t',e,c] x[t']) per group, padding masked."""
   e, s = 3, 8
-  layer = MoeLayer(num_experts=e, mlp_dim=12, group_size=s, router=cfg("soft_moe", capacity=2))
+  layer = MoeLayer(num_experts=e, mlp_dim=12, group_size=s, router=cfg("soft_moe", capacity=2),
+                   split_rngs=True)
   x = jax.random.normal(jax.random.key(0), (3, 7, 6))   # 21 tokens -> 3 groups, 3 padding
   params = jax.tree.map(np.asarray, _init(layer, x))
   assert params["router"]["mu"].shape == (6, e, 2) and params["router"]["scale"].shape == ()
@@ -120,7 +123,7 @@ def test_dispatchers_agree_and_capacity_holds(router):
   x = jax.random.normal(jax.random.key(2), (4, 10, 8))
   opts = cfg(router, num_selected_experts=2, capacity_factor=1.0)
   layers = {name: MoeLayer(num_experts=4, mlp_dim=16, group_size=16, dispatcher=name,
-                           router=opts) for name in ("indices", "einsum")}
+                           router=opts, split_rngs=True) for name in ("indices", "einsum")}
   params = _init(layers["indices"], x)       # the parameters do not depend on it
 
   def f(p, name):
@@ -135,3 +138,31 @@ def test_dispatchers_agree_and_capacity_holds(router):
   np.testing.assert_allclose(y1, y2, rtol=1e-5, atol=1e-6)
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6), g1, g2)
   assert m1["tokens_per_expert_max"] <= compute_capacity(16, 4, 2, 1.0) == 8
+
+
+def test_experts_initialized_alike_by_default_as_the_reference():
+  """split_rngs=False (the reference's default): one draw repeated for every expert."""
+  e, d, h = 4, 16, 32
+  x = jnp.ones((e, 3, d))
+  # One compilation for both, and 'rbg' keys: threefry draws take seconds to compile on CPU.
+  alike, split = jax.jit(lambda k: tuple(Experts(e, h, split_rngs=split_rngs).init(
+      k, x, train=False)["params"] for split_rngs in (False, True)))(
+          jax.random.key(0, impl="rbg"))
+  bound = np.sqrt(6 / (d + h))                     # Xavier uniform of one (D, H) kernel
+  for name, shape in (("wi_kernel", (e, d, h)), ("wi_bias", (e, h)),
+                      ("wo_kernel", (e, h, d)), ("wo_bias", (e, d))):
+    a, b = np.asarray(alike[name]), np.asarray(split[name])
+    assert a.shape == b.shape == shape
+    assert all(np.array_equal(a[0], a[i]) for i in range(1, e)), name
+    assert not any(np.array_equal(b[0], b[i]) for i in range(1, e)), name
+    assert len(np.unique(a[0])) == a[0].size          # one draw, not a constant
+  for p in (alike, split):
+    assert np.abs(np.asarray(p["wi_kernel"])).max() <= bound
+    assert np.abs(np.asarray(p["wi_kernel"])).max() > 0.9 * bound
+  # Dropout: one mask for all experts' buffers when the rngs are not split.
+  shared, own = jax.jit(lambda p: tuple(
+      Experts(e, h, dropout_rate=0.5, split_rngs=split_rngs).apply(
+          {"params": p}, x, train=True, rngs={"dropout": jax.random.key(1, impl="rbg")})
+      for split_rngs in (False, True)))(alike)
+  assert all(np.array_equal(shared[0], shared[i]) for i in range(1, e))
+  assert not np.array_equal(own[0], own[1])

@@ -1,5 +1,6 @@
 """Each router's assignments on small hand-made logits; the registry and option parsing."""
 import dataclasses
+import math
 
 import numpy as np
 import pytest
@@ -117,7 +118,7 @@ def test_topk_capacity_first_choices_first_and_batch_priority():
 
 
 def test_topk_noise_only_in_training():
-  opts = cfg("topk", num_selected_experts=1, noise_std=10.0)
+  opts = cfg("topk", num_selected_experts=1, noise_std=30.0)   # std 30 / E = 10
   logits = jnp.asarray(LOGITS)
   a = routers.route(logits, ALL, opts, 4, train=False, rng=jax.random.key(0))
   b = routers.route(logits, ALL, opts, 4, train=False, rng=jax.random.key(1))
@@ -125,6 +126,65 @@ def test_topk_noise_only_in_training():
   picks = [_slots(routers.route(logits, ALL, opts, 4, train=True, rng=jax.random.key(i)))
            for i in range(5)]
   assert any(p != _slots(a) for p in picks)
+
+
+@pytest.mark.parametrize("router, noise_std", [("topk", 1.0), ("expert_choice", 2.0)])
+def test_gate_noise_std_is_noise_std_over_e(router, noise_std):
+  """The reference's formula: logits + (noise_std / E) * N(0, 1), over many draws.
+
+  With zero logits, every token sent to all E experts (TopK with K = E, or
+  expert choice with C = S) and C = S, the combine weights are the noisy
+  softmax itself; its log, centered over the experts, is the noise minus its
+  mean over the E experts, of variance (noise_std / E)^2 (E - 1) / E.
+  """
+  s, e = 2048, 4                        # 8192 draws
+  opts = cfg(router, num_selected_experts=e, noise_std=noise_std)
+  gates = jax.jit(lambda x: rt.expert_weights(routers.route(
+      x, jnp.ones((1, s), bool), opts, capacity=s, train=True, rng=jax.random.key(0)), s))(
+          jnp.zeros((1, s, e)))                 # jit: one compile, cheaper than eager ops
+  log_gates = np.log(np.asarray(gates))                                # (1, S, E)
+  centered = log_gates - log_gates.mean(-1, keepdims=True)
+  want = (noise_std / e) ** 2 * (e - 1) / e         # 1.0: (1/4)^2 * 3/4 = 0.046875
+  np.testing.assert_allclose(np.mean(centered ** 2), want, rtol=0.06)
+  # Read as the std itself (noise_std=1.0 -> std 1) the variance would be E^2 larger.
+  assert np.mean(centered ** 2) < 2 * want < noise_std ** 2 * (e - 1) / e
+  assert routers.ROUTERS[router].needs_rng(opts.options, True)
+  assert not routers.ROUTERS[router].needs_rng(cfg(router, noise_std=0.0).options, True)
+  assert not routers.ROUTERS[router].needs_rng(opts.options, False)
+
+
+def test_noise_std_defaults_to_the_references_one_over_e():
+  for name in ("topk", "expert_choice"):
+    assert routers.ROUTERS[name].options().noise_std == 1.0
+  assert default_router_config().noise_std == 1.0
+  # A ported config's noise_std=1.0 and the default both mean std 1/E; None too
+  # (configs saved before the key had a number).
+  from vmoe_sparse_ot.nn.routers import base
+  assert base.gate_noise_std(1.0, 8) == base.gate_noise_std(None, 8) == 0.125
+  assert base.gate_noise_std(2.0, 32) == 1 / 16
+
+
+@pytest.mark.parametrize("s, e, cf, want", [
+    (400, 32, 1.05, 16),    # the paper's B/32 groups: ceil(13.125) = 14 -> 16
+    (64, 8, 1.0, 8),        # the tiny config's groups: 8, already a multiple of 4
+    (50, 4, 0.5, 8),        # ceil(6.25) = 7 -> 8
+    (1576, 8, 1.0, 200),    # B/16 groups: 197 -> 200
+    (10, 4, 1.0, 4),        # ceil(2.5) = 3 -> 4
+    (10, 2, 2.0, 10),       # 10 -> 12, capped at S (the reference would fail in top_k)
+])
+def test_expert_choice_capacity_is_the_references_compute_capacity(s, e, cf, want):
+  """C = ceil(S * capacity_factor / E), rounded up to a multiple of 4; K plays no part."""
+  capacity = routers.ROUTERS["expert_choice"].capacity
+  by_hand = min(s, 4 * math.ceil(math.ceil(s * cf / e) / 4))
+  assert capacity(cfg("expert_choice", capacity_factor=cf).options, s, e) == by_hand == want
+  for k in (1, 2, 4):
+    assert capacity(cfg("expert_choice", capacity_factor=cf, num_selected_experts=k).options,
+                    s, e) == want
+  # TopK counts S * K tokens (also the reference's rule for token choice).
+  topk_c = routers.ROUTERS["topk"].capacity(
+      cfg("topk", capacity_factor=cf, num_selected_experts=2).options, s, e)
+  assert topk_c == min(s, 4 * math.ceil(math.ceil(s * 2 * cf / e) / 4))
+  assert capacity(cfg("expert_choice", capacity=3).options, s, e) == 3
 
 
 def test_expert_choice_takes_top_c_tokens_per_expert():

@@ -132,13 +132,35 @@ def test_expert_params_regex_matches_exactly_the_expert_weights():
   assert re.search(vnn.EXPERT_PARAMS_REGEX, "params/" + next(iter(matched)))
 
 
+def _reference_layers(where: str, n: int, num_layers: int) -> tuple:
+  """The reference V-MoE configs' placement: 'Every n' or 'Last n' (of the odd blocks)."""
+  if where == "every":
+    return tuple(range(n - 1, num_layers, n))
+  return tuple(range(1, num_layers, 2))[-n:]
+
+
 def test_parse_moe_layers():
   assert parse_moe_layers("every_2", 6) == (1, 3, 5)
-  assert parse_moe_layers("last_2", 6) == (4, 5)
+  # last_N: the last N of the every-2 positions, not the last N blocks.
+  assert parse_moe_layers("last_2", 12) == (9, 11)
+  assert parse_moe_layers("last_2", 8) == (5, 7)          # V-MoE-S: 8 blocks
+  assert parse_moe_layers("last_5", 24) == (15, 17, 19, 21, 23)
+  assert parse_moe_layers("last_2", 6) == (3, 5)
+  assert parse_moe_layers("every_3", 12) == (2, 5, 8, 11)
+  assert parse_moe_layers("every_1", 3) == (0, 1, 2)
+  for where, n, num_layers in [("last", 1, 12), ("last", 2, 12), ("last", 5, 24),
+                               ("last", 4, 8), ("every", 2, 12), ("every", 2, 8),
+                               ("every", 4, 32)]:
+    assert parse_moe_layers(f"{where}_{n}", num_layers) == \
+        _reference_layers(where, n, num_layers)
   assert parse_moe_layers("0, 2", 6) == (0, 2)
   assert parse_moe_layers([3, 1], 6) == (1, 3)
-  with pytest.raises(ValueError, match="every_2"):
+  with pytest.raises(ValueError, match="every_N"):
     parse_moe_layers("odd", 6)
+  with pytest.raises(ValueError, match="every_N"):
+    parse_moe_layers("last_0", 6)
+  with pytest.raises(ValueError, match=r"last_4'.*3 every-2 blocks \(1, 3, 5\)"):
+    parse_moe_layers("last_4", 6)
   with pytest.raises(ValueError, match=r"\[7\]"):
     parse_moe_layers("1,7", 6)
 
@@ -180,6 +202,67 @@ def test_variant_sets_vit_sizes_and_patch():
   assert (model.hidden_size, model.num_layers, model.num_heads, model.mlp_dim,
           model.patch_size) == (384, 12, 6, 1536, (16, 16))
   assert model.moe_layers == (1, 3, 5, 7, 9, 11)          # every_2
+  assert model.representation_size is None
   cfg.variant = "Q/16"
-  with pytest.raises(ValueError, match="'Ti', 'S', 'B', 'L', 'H'"):
+  with pytest.raises(ValueError, match="'Ti', 'S', 'B', 'L', 'H'.*V-MoE-SIZE/PATCH"):
     vnn.build_model(cfg)
+
+
+def _reference_param_count(d, num_layers, mlp, patch, image, classes, experts, moe_layers,
+                           representation_size):
+  """Parameters of the reference V-MoE, layer by layer (kernels and biases)."""
+  tokens = (image // patch) ** 2 + 1
+  dense = lambda n_in, n_out: n_in * n_out + n_out
+  embedding = patch * patch * 3 * d + d
+  cls_and_position = d + tokens * d
+  norms = 2 * 2 * d                                  # two LayerNorms, scale and bias
+  attention = 4 * dense(d, d)                        # query, key, value, out
+  mlp_block = dense(d, mlp) + dense(mlp, d)
+  router = d * experts                               # the gate has no bias
+  blocks = num_layers * (norms + attention) + (num_layers - moe_layers) * mlp_block \
+      + moe_layers * (experts * mlp_block + router)
+  pre_logits = dense(d, representation_size) if representation_size else 0
+  head = dense(representation_size or d, classes)
+  return embedding + cls_and_position + blocks + 2 * d + pre_logits + head
+
+
+def _param_count(cfg, image):
+  model = vnn.build_model(cfg)
+  shapes = jax.eval_shape(lambda k: model.init({"params": k}, jnp.zeros((1, image, image, 3)),
+                                               train=False), jax.random.key(0))
+  return sum(int(np.prod(x.shape)) for x in jax.tree.leaves(shapes))
+
+
+def _vmoe_config(variant, experts, layers, group_size):
+  cfg = vnn.config.default_model_config()
+  cfg.variant, cfg.num_classes = variant, 1000
+  cfg.encoder.moe.num_experts, cfg.encoder.moe.layers = experts, layers
+  cfg.encoder.moe.group_size = group_size
+  return cfg
+
+
+def test_vmoe_variants_have_the_reference_sizes_and_parameter_counts():
+  # The reference's vmoe_s32_last2 (ILSVRC2012) config: V-MoE-S/32, E = 8, Last 2.
+  cfg = _vmoe_config("V-MoE-S/32", 8, "last_2", 8 * 50)
+  model = vnn.build_model(cfg)
+  assert (model.hidden_size, model.num_layers, model.mlp_dim, model.num_heads,
+          model.patch_size, model.representation_size) == (512, 8, 2048, 8, (32, 32), 512)
+  assert model.moe_layers == (5, 7)
+  assert model.moe["split_rngs"] is False                 # experts initialized alike
+  want = _reference_param_count(512, 8, 2048, 32, 224, 1000, 8, 2, 512)
+  assert want == 56_999_400
+  assert _param_count(cfg, 224) == want
+  # V-MoE-B/32, E = 32, Every 2 (the paper's B/32): as ViT-B, plus pre-logits of size D.
+  cfg = _vmoe_config("V-MoE-B/32", 32, "every_2", 8 * 50)
+  model = vnn.build_model(cfg)
+  assert (model.hidden_size, model.num_layers, model.mlp_dim, model.num_heads,
+          model.representation_size, model.moe_layers) == (768, 12, 3072, 12, 768,
+                                                           (1, 3, 5, 7, 9, 11))
+  want = _reference_param_count(768, 12, 3072, 32, 224, 1000, 32, 6, 768)
+  assert want == 967_334_632
+  assert _param_count(cfg, 224) == want
+  # A representation size that is set wins; 0 drops the layer.
+  cfg.representation_size = 0
+  assert vnn.build_model(cfg).representation_size is None
+  cfg.representation_size = 256
+  assert vnn.build_model(cfg).representation_size == 256

@@ -2,6 +2,8 @@
 import pytest
 
 from vmoe_sparse_ot import nn
+from vmoe_sparse_ot.evaluate import overrides
+from vmoe_sparse_ot.nn.config import variant_sizes
 from vmoe_sparse_ot.train import config as config_lib
 from tests.train.helpers import ROOT, TINY
 
@@ -19,6 +21,14 @@ def test_tiny_config_defaults_and_router_short_form():
   assert load('vmoe_tiny_mnist.py', 'router=topk,steps=7').train_steps == 7
   config_lib.validate(config)
   assert config.fewshot.datasets  # Few-shot keys come from default_fewshot_config().
+  # As its README numbers were measured: independent expert init; every router's C is
+  # 16 (expert choice counts C from S/E, so its factor is K = 2), expert choice noiseless.
+  assert config.model.encoder.moe.split_rngs is True
+  for router in ('topk', 'sbase', 'expert_choice'):
+    model = load('vmoe_tiny_mnist.py', f'router={router}').model
+    assert overrides.capacity(model) == 16
+  router = load('vmoe_tiny_mnist.py', 'router=expert_choice').model.encoder.moe.router
+  assert (router.capacity_factor, router.noise_std) == (2.0, 0.0)
 
 
 @pytest.mark.parametrize('name,patch', [('vmoe_b32.py', 32), ('vmoe_b16.py', 16)])
@@ -27,6 +37,12 @@ def test_paper_configs_match_the_paper(name, patch):
   m = config.model
   assert m.patch_size == (patch, patch) and m.hidden_size == 768
   assert m.encoder.num_layers == 12 and m.encoder.mlp_dim == 3072
+  # The V-MoE-B sizes (as model.variant='V-MoE-B/P' sets them), pre-logits of size D.
+  sizes = variant_sizes(f'V-MoE-B/{patch}')
+  assert (m.hidden_size, m.encoder.num_layers, m.encoder.num_heads, m.encoder.mlp_dim,
+          m.patch_size, m.representation_size) == tuple(
+              sizes[k] for k in ('hidden_size', 'num_layers', 'num_heads', 'mlp_dim',
+                                 'patch_size', 'representation_size'))
   assert m.encoder.moe.layers == 'every_2' and m.encoder.moe.num_experts == 32
   router = m.encoder.moe.router
   assert router.name == 'sparse_ot' and router.num_selected_experts == 2
@@ -34,6 +50,8 @@ def test_paper_configs_match_the_paper(name, patch):
   assert m.encoder.moe.group_size == 8 * ((224 // patch) ** 2 + 1)
   assert router.capacity is None and router.capacity_factor == 1.05
   assert router.sparse_ot.k == 16
+  # The reference's defaults: experts initialized alike, gate noise 1/E (noise_std 1).
+  assert m.encoder.moe.split_rngs is False and router.noise_std == 1.0
   assert (m.encoder.moe.dispatcher, m.encoder.moe.routed_tokens_dtype) == ('einsum', 'bfloat16')
   assert router.sparse_ot.form == 'expert_choice'
   assert (router.sparse_ot.solver, router.sparse_ot.num_steps,
@@ -146,6 +164,8 @@ BAD_CONFIGS = [
      'config.model.encoder.moe.num_experts=0: must be an integer >= 1'),
     ('model.encoder.moe.group_size', 0,
      'config.model.encoder.moe.group_size=0: must be an integer >= 1'),
+    ('model.encoder.moe.split_rngs', None,
+     'config.model.encoder.moe.split_rngs=None: must be True or False'),
     ('dataset.image_size', 30, 'config.dataset.image_size=30 must be divisible by '
      'config.model.patch_size=(7, 7)'),
     ('model.encoder.num_heads', 3, 'config.model.hidden_size=64 must be divisible by '
@@ -157,7 +177,13 @@ BAD_CONFIGS = [
     ('model.encoder.attention_dropout_rate', -0.1,
      'config.model.encoder.attention_dropout_rate=-0.1: must be in [0, 1)'),
     ('model.variant', 'X/16', "config.model.variant='X/16': must be SIZE/PATCH with SIZE in "
-     "['Ti', 'S', 'B', 'L', 'H'] (e.g. \"B/32\") or None"),
+     "['Ti', 'S', 'B', 'L', 'H'] (e.g. \"B/32\"), V-MoE-SIZE/PATCH with SIZE in "
+     "['S', 'B', 'L', 'H'] (e.g. \"V-MoE-S/32\") or None"),
+    ('model.variant', 'V-MoE-Ti/16', "config.model.variant='V-MoE-Ti/16': must be SIZE/PATCH "
+     "with SIZE in ['Ti', 'S', 'B', 'L', 'H'] (e.g. \"B/32\"), V-MoE-SIZE/PATCH with SIZE in "
+     "['S', 'B', 'L', 'H'] (e.g. \"V-MoE-S/32\") or None"),
+    ('model.representation_size', -1,
+     'config.model.representation_size=-1: must be an integer >= 0 or None'),
     ('model.classifier', 'cls', "config.model.classifier='cls': must be one of "
      "['token', 'gap']"),
     ('log_every_steps', 0, 'config.log_every_steps=0: must be an integer >= 1'),

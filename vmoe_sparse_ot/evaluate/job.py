@@ -19,6 +19,7 @@ Routing is changed with flags only (`evaluate.overrides`, shared with
                             checkpoint: their router layer is the same Dense(E))
   --num_selected_experts=K  experts per token
   --capacity_factor=F       C = ceil(S * K * F / E) rounded up to a multiple of 4
+                            (expert_choice: ceil(S * F / E), without K)
   --capacity=C              C as is (capped at S); give this or --capacity_factor
   --[no]batch_priority      token-choice routers: the tokens with the largest top
                             gate claim buffer slots first
@@ -383,7 +384,8 @@ def _define_flags(fv: flags.FlagValues) -> dict[str, Any]:
       'num_selected_experts': flags.DEFINE_integer('num_selected_experts', None,
                                                    'K, experts per token.', flag_values=fv),
       'capacity_factor': flags.DEFINE_float('capacity_factor', None, 'Capacity factor F: '
-                                            'C = ceil(S*K*F/E) rounded up to a multiple of 4.',
+                                            'C = ceil(S*K*F/E) rounded up to a multiple of 4 '
+                                            '(expert_choice: ceil(S*F/E)).',
                                             flag_values=fv),
       'capacity': flags.DEFINE_integer('capacity', None, 'C, buffer slots per expert and group.',
                                        flag_values=fv),

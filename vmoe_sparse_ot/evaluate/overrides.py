@@ -7,8 +7,8 @@ changing a few keys of `model.encoder.moe.router` before the model is built:
   router                the router's name (e.g. 'sparse_ot' on a TopK-trained model)
   num_selected_experts  K, experts per token (also enters C)
   capacity_factor       C = ceil(S * K * capacity_factor / E), rounded up to a multiple
-                        of 4 (the router's own rule); replaces a fixed `capacity` of the
-                        checkpoint's config
+                        of 4 (the router's own rule: expert_choice counts S, not S * K,
+                        tokens); replaces a fixed `capacity` of the checkpoint's config
   capacity              C as is (capped at S)
   batch_priority        token-choice routers: tokens with larger top gates claim slots first
 

@@ -26,21 +26,12 @@ _MODEL_KEYS = ("name", "variant", "num_classes", "patch_size", "hidden_size", "c
 _ENCODER_KEYS = ("num_layers", "num_heads", "mlp_dim", "dropout_rate",
                  "attention_dropout_rate", "moe")
 _MOE_KEYS = ("layers", "num_experts", "group_size", "dispatcher", "routed_tokens_dtype",
-             "router")
+             "split_rngs", "router")
 _CLASSIFIERS = ("token", "gap")
 
 
 def _pair(x) -> tuple:
   return (int(x), int(x)) if isinstance(x, int) else tuple(int(v) for v in x)
-
-
-def parse_variant(variant: str) -> tuple:
-  """'B/16' -> (hidden_size, num_layers, num_heads, mlp_dim, (16, 16))."""
-  size, _, patch = str(variant).partition("/")
-  if size not in config.VIT_SIZES or not patch.isdigit() or int(patch) < 1:
-    raise ValueError(f"model.variant must be SIZE/PATCH with SIZE in "
-                     f"{list(config.VIT_SIZES)} (e.g. 'B/32'), got {variant!r}")
-  return config.VIT_SIZES[size] + ((int(patch), int(patch)),)
 
 
 def build_model(model_config: Mapping[str, Any]) -> nn.Module:
@@ -62,8 +53,16 @@ def build_model(model_config: Mapping[str, Any]) -> nn.Module:
   num_layers, num_heads = int(enc["num_layers"]), int(enc["num_heads"])
   hidden_size, mlp_dim = int(cfg["hidden_size"]), int(enc["mlp_dim"])
   patch_size = _pair(cfg["patch_size"])
+  rep = cfg.get("representation_size")
   if cfg.get("variant") is not None:
-    hidden_size, num_layers, num_heads, mlp_dim, patch_size = parse_variant(cfg["variant"])
+    sizes = config.variant_sizes(cfg["variant"])
+    hidden_size, num_layers = sizes["hidden_size"], sizes["num_layers"]
+    num_heads, mlp_dim, patch_size = sizes["num_heads"], sizes["mlp_dim"], sizes["patch_size"]
+    if rep is None:
+      rep = sizes["representation_size"]
+  if rep is not None and int(rep) < 0:
+    raise ValueError(f"model.representation_size must be >= 1, 0 (no pre-logits layer) or "
+                     f"None, got {rep}")
   moe_layers, moe = (), None
   if name == "vit_moe":
     moe_cfg = enc["moe"]
@@ -81,10 +80,12 @@ def build_model(model_config: Mapping[str, Any]) -> nn.Module:
       raise ValueError("model.encoder.moe.num_experts and group_size must be >= 1, got "
                        f"{num_experts} and {group_size}")
     moe_layers = parse_moe_layers(moe_cfg.get("layers", "every_2"), num_layers)
+    split_rngs = moe_cfg.get("split_rngs", False)
+    if not isinstance(split_rngs, bool):
+      raise ValueError(f"model.encoder.moe.split_rngs must be True or False, got {split_rngs!r}")
     moe = dict(num_experts=num_experts, group_size=group_size, dispatcher=dispatcher,
-               routed_tokens_dtype=dtype,
+               routed_tokens_dtype=dtype, split_rngs=split_rngs,
                router=parse_router_options(moe_cfg["router"]))
-  rep = cfg.get("representation_size")
   return VisionTransformer(
       num_classes=int(cfg["num_classes"]),
       patch_size=patch_size,
@@ -93,7 +94,7 @@ def build_model(model_config: Mapping[str, Any]) -> nn.Module:
       num_heads=num_heads,
       mlp_dim=mlp_dim,
       classifier=classifier,
-      representation_size=None if rep is None else int(rep),
+      representation_size=int(rep) if rep else None,
       head_bias_init=float(cfg.get("head_bias_init", 0.0)),
       dropout_rate=float(enc.get("dropout_rate", 0.0)),
       attention_dropout_rate=float(enc.get("attention_dropout_rate", 0.0)),

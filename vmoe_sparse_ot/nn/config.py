@@ -50,6 +50,38 @@ VIT_SIZES = {
     'L': (1024, 24, 16, 4096),
     'H': (1280, 32, 16, 5120),
 }
+# The same for the V-MoE sizes (Riquelme et al. 2021, as the reference V-MoE configs
+# set them). Only S differs from ViT's: the V-MoE S has 8 blocks of D 512.
+VMOE_SIZES = {
+    'S': (512, 8, 8, 2048),
+    'B': (768, 12, 12, 3072),
+    'L': (1024, 24, 16, 4096),
+    'H': (1280, 32, 16, 5120),
+}
+VMOE_PREFIX = 'V-MoE-'
+
+
+def variant_sizes(variant: str) -> dict:
+  """The keys a `model.variant` sets: 'B/16' (ViT sizes) or 'V-MoE-S/32' (V-MoE sizes).
+
+  Returns {hidden_size, num_layers, num_heads, mlp_dim, patch_size: (P, P),
+  representation_size}: representation_size is D for V-MoE variants (the
+  reference V-MoE configs' pre-logits layer), None for ViT ones. Raises
+  ValueError naming `model.variant` and the accepted forms.
+  """
+  text = str(variant)
+  vmoe = text.startswith(VMOE_PREFIX)
+  sizes = VMOE_SIZES if vmoe else VIT_SIZES
+  size, _, patch = text[len(VMOE_PREFIX) if vmoe else 0:].partition('/')
+  if size not in sizes or not patch.isdigit() or int(patch) < 1:
+    raise ValueError(
+        f'model.variant must be SIZE/PATCH with SIZE in {list(VIT_SIZES)} (ViT, e.g. '
+        f'"B/32") or {VMOE_PREFIX}SIZE/PATCH with SIZE in {list(VMOE_SIZES)} (V-MoE, e.g. '
+        f'"{VMOE_PREFIX}S/32"), got {variant!r}')
+  hidden, layers, heads, mlp = sizes[size]
+  return {'hidden_size': hidden, 'num_layers': layers, 'num_heads': heads, 'mlp_dim': mlp,
+          'patch_size': (int(patch), int(patch)),
+          'representation_size': hidden if vmoe else None}
 
 
 def default_model_config() -> ml_collections.ConfigDict:
@@ -57,15 +89,19 @@ def default_model_config() -> ml_collections.ConfigDict:
   return ml_collections.ConfigDict({
       # 'vit_moe' (MoE layers placed by encoder.moe.layers) or 'vit' (dense ViT).
       'name': 'vit_moe',
-      # Optional ViT size 'S/32', 'B/16', 'L/14', ... (sizes Ti, S, B, L, H;
-      # any patch): overrides hidden_size, encoder.num_layers/num_heads/mlp_dim
-      # and patch_size. None: use those keys as set.
+      # Optional size: ViT's 'S/32', 'B/16', 'L/14', ... (Ti, S, B, L, H; any
+      # patch) or V-MoE's 'V-MoE-S/32', 'V-MoE-B/16', ... (S, B, L, H; the V-MoE
+      # S has 8 blocks of D 512). Overrides hidden_size, encoder.num_layers/
+      # num_heads/mlp_dim and patch_size; a V-MoE variant also sets
+      # representation_size to D unless it is set. None: use those keys as set.
       'variant': ml_collections.FieldReference(None, field_type=str),
       'num_classes': 10,
       'patch_size': (4, 4),
       'hidden_size': 64,
       # 'token' (class token) or 'gap' (global average pooling).
       'classifier': 'token',
+      # Size of the tanh pre-logits layer; None: none (a V-MoE variant: D);
+      # 0: none, whatever the variant.
       'representation_size': ml_collections.FieldReference(None, field_type=int),
       'head_bias_init': 0.0,
       'encoder': {
@@ -75,8 +111,10 @@ def default_model_config() -> ml_collections.ConfigDict:
           'dropout_rate': 0.0,
           'attention_dropout_rate': 0.0,
           'moe': {
-              # 'every_2' (blocks 1, 3, 5, ...), 'last_N' (e.g. 'last_2'), or a
-              # comma-separated explicit list of block indices such as '1,3'.
+              # As the reference V-MoE places them: 'every_N' (blocks N-1, 2N-1,
+              # ...; 'every_2': 1, 3, 5, ...), 'last_N' (the last N of the every-2
+              # blocks: 12 blocks, 'last_2' -> 9, 11), or a comma-separated explicit
+              # list of block indices such as '1,3'.
               'layers': 'every_2',
               'num_experts': 8,
               # S: tokens per routing group.
@@ -87,6 +125,10 @@ def default_model_config() -> ml_collections.ConfigDict:
               # combines their outputs (data and weights): None (the tokens'
               # own), 'float32' or 'bfloat16' (as V-MoE's einsum dispatcher).
               'routed_tokens_dtype': ml_collections.FieldReference(None, field_type=str),
+              # As the reference V-MoE's option: False initializes every expert
+              # alike (one draw, repeated) and shares dropout masks across experts;
+              # True draws each expert's parameters and dropout independently.
+              'split_rngs': False,
               'router': default_router_config(),
           },
       },

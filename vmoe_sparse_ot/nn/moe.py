@@ -36,27 +36,46 @@ GROUP_AXES = ("data", "expert")   # groups are split over every device
 EXPERT_AXIS = "expert"
 
 
+def _alike(init: Callable) -> Callable:
+  """An initializer of (E, ...) that draws one (1, ...) array and repeats it E times."""
+  def init_fn(key, shape, dtype=jnp.float32):
+    return jnp.broadcast_to(init(key, (1, *shape[1:]), dtype), shape)
+  return init_fn
+
+
 class Experts(nn.Module):
-  """E two-layer GELU MLPs applied to their own buffers: (E, M, D) -> (E, M, D)."""
+  """E two-layer GELU MLPs applied to their own buffers: (E, M, D) -> (E, M, D).
+
+  `split_rngs` has the meaning of the reference V-MoE's option: False (its
+  default and its configs') initializes every expert alike -- one draw of each
+  parameter, repeated E times -- and draws one dropout mask for all experts'
+  buffers; True draws each expert's parameters and dropout independently. Each
+  expert's kernels are Xavier-uniform over their own (fan in, fan out) either way.
+  """
   num_experts: int
   mlp_dim: int
   dropout_rate: float = 0.0
+  split_rngs: bool = False
+  # Initializers of the stacked (E, ...) parameters; the kernels' fans exclude E.
   kernel_init: Callable = nn.initializers.xavier_uniform(batch_axis=(0,))
   bias_init: Callable = nn.initializers.normal(stddev=1e-6)
 
   @nn.compact
   def __call__(self, x: Array, train: bool) -> Array:
     e, _, d = x.shape
-    wi = self.param("wi_kernel", self.kernel_init, (e, d, self.mlp_dim))
-    bi = self.param("wi_bias", self.bias_init, (e, self.mlp_dim))
-    wo = self.param("wo_kernel", self.kernel_init, (e, self.mlp_dim, d))
-    bo = self.param("wo_bias", self.bias_init, (e, d))
+    init = (lambda f: f) if self.split_rngs else _alike
+    wi = self.param("wi_kernel", init(self.kernel_init), (e, d, self.mlp_dim))
+    bi = self.param("wi_bias", init(self.bias_init), (e, self.mlp_dim))
+    wo = self.param("wo_kernel", init(self.kernel_init), (e, self.mlp_dim, d))
+    bo = self.param("wo_bias", init(self.bias_init), (e, d))
     wi, wo = constrain(wi, (EXPERT_AXIS,)), constrain(wo, (EXPERT_AXIS,))
+    # One mask shared along the expert axis when the experts share their rngs.
+    broadcast = () if self.split_rngs else (0,)
     h = jnp.einsum("emd,edh->emh", x, wi.astype(x.dtype)) + bi[:, None, :]
     h = nn.gelu(h)
-    h = nn.Dropout(self.dropout_rate)(h, deterministic=not train)
+    h = nn.Dropout(self.dropout_rate, broadcast_dims=broadcast)(h, deterministic=not train)
     y = jnp.einsum("emh,ehd->emd", h, wo.astype(x.dtype)) + bo[:, None, :]
-    return nn.Dropout(self.dropout_rate)(y, deterministic=not train)
+    return nn.Dropout(self.dropout_rate, broadcast_dims=broadcast)(y, deterministic=not train)
 
 
 class MoeLayer(nn.Module):
@@ -71,6 +90,7 @@ class MoeLayer(nn.Module):
   dispatcher: str = "indices"
   routed_tokens_dtype: Optional[str] = None
   dropout_rate: float = 0.0
+  split_rngs: bool = False
 
   @nn.compact
   def __call__(self, x: Array, train: bool):
@@ -97,8 +117,8 @@ class MoeLayer(nn.Module):
     buf = dispatch(tokens, routing)                                  # (G, E, C, D)
     buf = jnp.swapaxes(buf, 0, 1).reshape(self.num_experts, g * capacity, d)
     buf = constrain(buf, (EXPERT_AXIS,))
-    out = Experts(self.num_experts, self.mlp_dim, self.dropout_rate, name="experts")(
-        buf, train)
+    out = Experts(self.num_experts, self.mlp_dim, self.dropout_rate, self.split_rngs,
+                  name="experts")(buf, train)
     out = constrain(out, (EXPERT_AXIS,))
     out = jnp.swapaxes(out.reshape(self.num_experts, g, capacity, d), 0, 1)
     out = constrain(out, (GROUP_AXES,))

@@ -134,21 +134,32 @@ class VisionTransformer(nn.Module):
 
 
 def parse_moe_layers(spec: Any, num_layers: int) -> Tuple[int, ...]:
-  """'every_2' -> (1, 3, 5, ...); 'last_N' -> last N blocks; '1,3' or [1, 3] -> as is."""
+  """Block indices of the MoE layers, placed as the reference V-MoE places them.
+
+  'every_N': blocks N-1, 2N-1, ... ('every_2': 1, 3, 5, ...);
+  'last_N': the last N of the every-2 positions (12 blocks, 'last_2': 9 and 11);
+  '1,3' or [1, 3]: those blocks.
+  """
+  key = "model.encoder.moe.layers"
   if isinstance(spec, (list, tuple)):
     layers = tuple(int(i) for i in spec)
-  elif spec == "every_2":
-    layers = tuple(range(1, num_layers, 2))
-  elif isinstance(spec, str) and spec.startswith("last_") and spec[5:].isdigit():
-    n = int(spec[5:])
-    layers = tuple(range(max(0, num_layers - n), num_layers))
+  elif isinstance(spec, str) and spec.startswith("every_") and spec[6:].isdigit() \
+      and int(spec[6:]) >= 1:
+    n = int(spec[6:])
+    layers = tuple(range(n - 1, num_layers, n))
+  elif isinstance(spec, str) and spec.startswith("last_") and spec[5:].isdigit() \
+      and int(spec[5:]) >= 1:
+    n, odd = int(spec[5:]), tuple(range(1, num_layers, 2))
+    if n > len(odd):
+      raise ValueError(f"{key}={spec!r} asks for the last {n} of the {len(odd)} every-2 "
+                       f"blocks {odd} of {num_layers}")
+    layers = odd[-n:]
   elif isinstance(spec, str) and all(p.strip().isdigit() for p in spec.split(",") if p.strip()):
     layers = tuple(int(p) for p in spec.split(",") if p.strip())
   else:
-    raise ValueError("model.encoder.moe.layers must be 'every_2', 'last_N' or a comma-"
-                     f"separated list of block indices, got {spec!r}")
+    raise ValueError(f"{key} must be 'every_N', 'last_N' (N >= 1) or a comma-separated "
+                     f"list of block indices, got {spec!r}")
   bad = [i for i in layers if not 0 <= i < num_layers]
   if bad:
-    raise ValueError(f"model.encoder.moe.layers has block indices {bad} outside "
-                     f"[0, {num_layers})")
+    raise ValueError(f"{key} has block indices {bad} outside [0, {num_layers})")
   return tuple(sorted(set(layers)))

@@ -22,6 +22,9 @@ from typing import Any, Mapping
 from vmoe_sparse_ot.config_keys import check_keys
 from vmoe_sparse_ot.evaluate import config as fewshot_config
 from vmoe_sparse_ot.nn.config import VIT_SIZES
+from vmoe_sparse_ot.nn.config import VMOE_PREFIX
+from vmoe_sparse_ot.nn.config import VMOE_SIZES
+from vmoe_sparse_ot.nn.config import variant_sizes
 from vmoe_sparse_ot.train.config_schema import AUGMENTATIONS
 from vmoe_sparse_ot.train.config_schema import OPTIMIZERS
 from vmoe_sparse_ot.train.config_schema import SCHEDULES
@@ -106,12 +109,14 @@ def model_sizes(model: Mapping[str, Any]) -> tuple[int, int, tuple[int, int]]:
   """(hidden_size, num_heads, patch_size) in effect: `model.variant` overrides the keys."""
   variant = model.get('variant')
   if variant is not None:
-    size, _, patch = str(variant).partition('/')
-    if size not in VIT_SIZES or not patch.isdigit() or int(patch) < 1:
+    try:
+      sizes = variant_sizes(variant)
+    except ValueError:
       _fail('model.variant', variant,
-            f'must be SIZE/PATCH with SIZE in {list(VIT_SIZES)} (e.g. "B/32") or None')
-    hidden, _, heads, _ = VIT_SIZES[size]
-    return hidden, heads, (int(patch), int(patch))
+            f'must be SIZE/PATCH with SIZE in {list(VIT_SIZES)} (e.g. "B/32"), '
+            f'{VMOE_PREFIX}SIZE/PATCH with SIZE in {list(VMOE_SIZES)} (e.g. '
+            f'"{VMOE_PREFIX}S/32") or None')
+    return sizes['hidden_size'], sizes['num_heads'], sizes['patch_size']
   patch = model['patch_size']
   patch = (patch, patch) if _is_int(patch) else tuple(patch)
   if len(patch) != 2 or not all(_is_int(p) and p >= 1 for p in patch):
@@ -124,7 +129,7 @@ def _validate_model(config) -> None:
   _choice(config, 'model.classifier', CLASSIFIERS)
   _int(config, 'model.num_classes', 1)
   _int(config, 'model.hidden_size', 1)
-  _int(config, 'model.representation_size', 1, optional=True)
+  _int(config, 'model.representation_size', 0, optional=True)
   _number(config, 'model.head_bias_init')
   _int(config, 'model.encoder.num_layers', 1)
   _int(config, 'model.encoder.num_heads', 1)
@@ -143,6 +148,9 @@ def _validate_model(config) -> None:
     return
   _int(config, 'model.encoder.moe.num_experts', 1)
   _int(config, 'model.encoder.moe.group_size', 1)
+  if not isinstance(config['model']['encoder']['moe'].get('split_rngs', False), bool):
+    _fail('model.encoder.moe.split_rngs', config['model']['encoder']['moe']['split_rngs'],
+          'must be True or False')
   router = config['model']['encoder']['moe']['router']
   num_experts = config['model']['encoder']['moe']['num_experts']
   group_size = config['model']['encoder']['moe']['group_size']

@@ -4,7 +4,7 @@ from __future__ import annotations
 import ml_collections
 
 from vmoe_sparse_ot.evaluate.config import transfer_datasets
-from vmoe_sparse_ot.nn.config import VIT_SIZES
+from vmoe_sparse_ot.nn.config import variant_sizes
 from vmoe_sparse_ot.train.config_files import parse_arg
 from vmoe_sparse_ot.train.config_schema import base_config
 
@@ -36,15 +36,18 @@ def paper_vmoe_config(variant: str, patch: int, arg: str | None) -> ml_collectio
   peak learning rate 8e-4 (V-MoE Table 8 for B/32, B/16); global batch 4096,
   224x224 inputs with inception crop and flip.
 
-  ViT sizes from `nn.config.VIT_SIZES`, written out as keys (model.variant stays
-  None) so that the config shows them and overrides can shrink them. `arg` takes
+  Sizes of `model.variant='V-MoE-{variant}/{patch}'` (`nn.config.variant_sizes`;
+  V-MoE B is ViT-B), written out as keys (model.variant stays None) so that the
+  config shows them and overrides can shrink them. `arg` takes
   router=..., dataset=imagenet2012|imagenet21k, data_dir=... .
   """
   args = parse_arg(arg, router='sparse_ot', dataset='imagenet2012', data_dir='')
   image_size = 224
   if args.dataset not in PAPER_DATASETS:
     raise ValueError(f'dataset={args.dataset!r}; valid: {sorted(PAPER_DATASETS)}')
-  hidden, layers, heads, mlp = VIT_SIZES[variant]
+  sizes = variant_sizes(f'V-MoE-{variant}/{patch}')
+  hidden, layers = sizes['hidden_size'], sizes['num_layers']
+  heads, mlp = sizes['num_heads'], sizes['mlp_dim']
   config = base_config()
   m = config.model
   m.name = 'vit_moe'
@@ -52,7 +55,7 @@ def paper_vmoe_config(variant: str, patch: int, arg: str | None) -> ml_collectio
   m.patch_size = (patch, patch)
   m.hidden_size = hidden
   m.classifier = 'token'
-  m.representation_size = hidden
+  m.representation_size = sizes['representation_size']   # D, as the V-MoE configs
   m.encoder.num_layers = layers
   m.encoder.mlp_dim = mlp
   m.encoder.num_heads = heads

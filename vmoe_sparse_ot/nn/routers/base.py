@@ -56,7 +56,9 @@ class CommonOptions:
       2, "K: experts per token (also sets C below).", check=AT_LEAST_ONE)
   capacity_factor: float = option(
       1.0, "C = ceil(S * K * capacity_factor / E), rounded up to a multiple of 4 "
-      "(V-MoE), unless `capacity` is set.", check=POSITIVE)
+      "(the reference V-MoE's rule for token choice); routers that count tokens per "
+      "expert (expert_choice) use S instead of S * K. Unused when `capacity` is set.",
+      check=POSITIVE)
   capacity: Optional[int] = option(
       None, "C, used as is when set (capped at S).", check=AT_LEAST_ONE)
   batch_priority: bool = option(
@@ -68,6 +70,16 @@ def default_capacity(opts: CommonOptions, group_size: int, num_experts: int) -> 
   """C for the router's expert buffers (V-MoE's rule, see `routing.compute_capacity`)."""
   return rt.compute_capacity(group_size, num_experts, opts.num_selected_experts,
                              opts.capacity_factor, opts.capacity)
+
+
+def gate_noise_std(noise_std: Optional[float], num_experts: int) -> float:
+  """Std of the Gaussian noise a noisy router adds to its logits: noise_std / E.
+
+  The reference V-MoE routers scale their `noise_std` option by 1/E, so a config
+  ported from it (noise_std=1.0, the default) adds noise of std 1/E. None counts
+  as 1.0.
+  """
+  return (1.0 if noise_std is None else float(noise_std)) / num_experts
 
 
 def dense_logits(opts, num_experts: int, capacity: int, name: str) -> nn.Module:

@@ -1,6 +1,6 @@
 """'topk': the V-MoE TopK router (Riquelme et al. 2021, appendix A).
 
-Softmax of the logits plus Gaussian noise (std 1/E by default, training only),
+Softmax of the logits plus Gaussian noise (std noise_std / E, training only),
 the top-K experts of each token, buffer slots in priority order (all first
 choices before any second; by position, or by largest gate with
 batch_priority). Combine weights are the noisy softmax gates.
@@ -30,8 +30,9 @@ Array = jax.Array
 class TopKOptions(base.CommonOptions):
   # Top-level keys (kept where configs have always set them).
   noise_std: Optional[float] = base.option(
-      None, "Gate noise std in training; None: 1/E (V-MoE).", check=base.NON_NEGATIVE,
-      top_level=True)
+      1.0, "Gate noise in training, in units of 1/E: the Gaussian std is noise_std / E, "
+      "as in the reference V-MoE (its default 1.0 gives 1/E); 0 disables it. None: 1.0.",
+      check=base.NON_NEGATIVE, top_level=True)
   importance_loss_weight: float = base.option(0.005, "Weight of the importance loss.",
                                               check=base.NON_NEGATIVE, top_level=True)
   load_loss_weight: float = base.option(0.005, "Weight of the load loss.",
@@ -39,7 +40,8 @@ class TopKOptions(base.CommonOptions):
 
 
 def noise_std(opts: TopKOptions, num_experts: int) -> float:
-  return 1.0 / num_experts if opts.noise_std is None else opts.noise_std
+  """The Gaussian std added to the logits in training: noise_std / E."""
+  return base.gate_noise_std(opts.noise_std, num_experts)
 
 
 def cv_squared(x: Array) -> Array:
@@ -97,5 +99,4 @@ def route(logits: Array, token_mask: Array, opts: TopKOptions, capacity: int, tr
 
 
 ROUTER = base.Router(name="topk", options=TopKOptions, route=route,
-                     needs_rng=lambda opts, train: train and (opts.noise_std is None
-                                                              or opts.noise_std > 0))
+                     needs_rng=lambda opts, train: train and noise_std(opts, 1) > 0)
