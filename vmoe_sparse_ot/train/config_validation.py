@@ -415,8 +415,9 @@ def check_datasets(config: Mapping[str, Any], *, training: bool = True,
   `training`: the training and evaluation dataset (`config.dataset`) and every
   `config.evaluate.datasets` entry, that their pp strings give the model's input
   and the targets the loss and mixup read (traced, no data read: see
-  `train.pp_targets`) and that their labels fit `config.model.num_classes`. `fewshot`: every `config.fewshot.datasets`
-  entry (default: when periodic few-shot is on). Raises FileNotFoundError (not
+  `train.pp_targets`) and that their labels fit `config.model.num_classes`.
+  `fewshot`: every `config.fewshot.datasets` entry (default: when periodic
+  few-shot is on). Raises FileNotFoundError (not
   prepared: names the dataset, the data_dir and how to prepare it) or ValueError
   (unknown name or split, too few classes), each one line.
   """
