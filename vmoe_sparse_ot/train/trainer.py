@@ -10,7 +10,9 @@ device in between.
 
 The loop body is one step followed by periodic actions (clu `PeriodicCallback`):
 the progress line, checkpointing (after checking the state is finite),
-evaluation and few-shot transfer.
+evaluation and few-shot transfer. The loss (`train.losses`), mixup
+(`train.mixup`) and the evaluation sets (`train.evaluation`) live in their own
+modules.
 
 Reproducibility: step t draws its keys from `fold_in(root key, t)`, the input
 stream is a seeded pipeline positioned by step (see `vmoe_sparse_ot.data.pipeline`),
