@@ -68,6 +68,9 @@ USER_ERRORS = [
                              '--config.dataset.pp_train=decode|resize(28, methd=1)'],
      "config.dataset.pp_train='decode|resize(28, methd=1)': op 'resize(28, methd=1)': got "
      "an unexpected keyword argument 'methd'; accepts resize(size, method='bilinear', "),
+    ('vmoe_sparse_ot.main', [f'--config={TINY}', '--workdir={tmp}/w', '--config.mixup.p=0.2'],
+     "config.mixup.p=0.2: mixup needs one-hot 'labels' float32 (10,) from "
+     "config.dataset.pp_train; add onehot(10, key='label', key_result='labels') to it"),
     ('vmoe_sparse_ot.main', [f'--config={TINY}'], 'flag --workdir is required'),
     ('vmoe_sparse_ot.fewshot', [f'--config={TINY}', '--workdir={tmp}/w',
                                 '--config.fewshot.shot=(1,)'],

@@ -160,6 +160,9 @@ def main(argv: list[str]) -> None:
     print(f'Final {config.dataset.eval_split} accuracy at step {summary["step"]}: '
           f'{100 * ev["accuracy"]:.2f}% ({ev["num_examples"]} examples, '
           f'loss {ev["loss"]:.4f})', flush=True)
+    for name, ev in summary.get('eval_datasets', {}).items():  # config.evaluate.datasets
+      print(f'Final {name} accuracy at step {summary["step"]}: {100 * ev["accuracy"]:.2f}% '
+            f'({ev["num_examples"]} examples, loss {ev["loss"]:.4f})', flush=True)
 
 
 def run() -> None:

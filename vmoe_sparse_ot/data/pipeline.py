@@ -59,9 +59,12 @@ def get_builder(name: str, data_dir: str | None = None) -> tfds.core.DatasetBuil
   return builder
 
 
-def check_dataset(name: str, splits: Sequence[str], data_dir: str | None = None) -> int:
+def check_dataset(name: str, splits: Sequence[str], data_dir: str | None = None,
+                  label_key: str = 'label') -> int:
   """Checks that `name` and its `splits` can be read; returns its number of classes.
 
+  `label_key`: the feature read as the example's 'label' (a class label, or a
+  sequence of them for multi-label data such as ImageNet ReaL's 'real_label').
   Cheap: it opens the builder's metadata only (an embedded dataset is written on
   first use). Meant to run before any model is built, so that a missing dataset
   fails in one line (FileNotFoundError or ValueError) rather than after minutes.
@@ -76,7 +79,28 @@ def check_dataset(name: str, splits: Sequence[str], data_dir: str | None = None)
       raise ValueError(f'dataset {name!r} has no split {split!r} '
                        f'(available: {", ".join(sorted(builder.info.splits))}): '
                        f'{str(e).splitlines()[0] if str(e) else type(e).__name__}') from None
-  return builder.info.features['label'].num_classes
+  return _label_classes(builder, name, label_key)
+
+
+def _label_classes(builder, name: str, label_key: str) -> int:
+  features = builder.info.features
+  if label_key not in features:
+    raise ValueError(f'dataset {name!r} has no feature {label_key!r} (features: '
+                     f'{", ".join(sorted(features))})')
+  feature = features[label_key]
+  feature = getattr(feature, 'feature', feature)  # A Sequence of class labels.
+  if not hasattr(feature, 'num_classes'):
+    raise ValueError(f'feature {label_key!r} of dataset {name!r} is not a class label '
+                     f'({type(feature).__name__})')
+  return feature.num_classes
+
+
+def label_shape(name: str, label_key: str = 'label', data_dir: str | None = None) -> tuple:
+  """() for one class per example at `label_key`, (None,) for a sequence of them."""
+  if name in embedded.BUILDERS:
+    data_dir = data_dir or embedded.default_data_dir()
+  feature = get_builder(name, data_dir).info.features[label_key]
+  return (None,) if hasattr(feature, 'feature') else ()
 
 
 def num_classes(name: str, data_dir: str | None = None) -> int:
@@ -149,15 +173,17 @@ def _finish(example: dict[str, Any], *, image_size: int, channels: int,
   return example
 
 
-def check_pp(pp: str, *, training: bool, image_size: int, channels: int) -> None:
-  """Builds and traces `pp` on an encoded image and an integer label, without data.
+def trace_pp(pp: str, *, training: bool, image_size: int, channels: int,
+             label_shape: Sequence[int | None] = ()) -> dict[str, tf.TensorSpec]:
+  """The output entries of `pp` traced on an encoded image and a label, without data.
 
-  Raises ValueError (one line) when it does not build or its output is not
-  'image' float32 (image_size, image_size, channels) with an integer 'label'
-  (the trainer's loss reads integer labels).
+  `label_shape`: () for one integer class per example, (None,) for a sequence of
+  them (multi-label). Raises ValueError (one line) when `pp` does not build or its
+  'image' is not float32 (image_size, image_size, channels).
   """
   preprocess = pp_lib.build(pp, training=training)
-  spec = {'image': tf.TensorSpec([], tf.string), 'label': tf.TensorSpec([], tf.int64)}
+  spec = {'image': tf.TensorSpec([], tf.string),
+          'label': tf.TensorSpec(list(label_shape), tf.int64)}
   if training:
     spec[pp_lib.SEED_KEY] = tf.TensorSpec([2], tf.int64)
 
@@ -165,6 +191,17 @@ def check_pp(pp: str, *, training: bool, image_size: int, channels: int) -> None
     return _finish(preprocess(example), image_size=image_size, channels=channels, pp=pp)
 
   out = tf.function(run, autograph=False).get_concrete_function(spec).structured_outputs
+  return {k: tf.TensorSpec(v.shape, v.dtype) for k, v in out.items()}
+
+
+def check_pp(pp: str, *, training: bool, image_size: int, channels: int) -> None:
+  """Builds and traces `pp` on an encoded image and an integer label, without data.
+
+  Raises ValueError (one line) when it does not build or its output is not
+  'image' float32 (image_size, image_size, channels) with an integer 'label'
+  (the trainer's loss reads integer labels).
+  """
+  out = trace_pp(pp, training=training, image_size=image_size, channels=channels)
   label = out.get('label')
   if label is None or label.shape.rank != 0:
     raise ValueError(f'pp {pp!r} leaves no integer \'label\' (entries: '
@@ -177,7 +214,7 @@ def make_dataset(name: str, split: str, *, batch_size: int, image_size: int,
                  shuffle_seed: int = 0, shuffle_buffer: int = 10_000,
                  process_index: int | None = None, process_count: int | None = None,
                  start_step: int = 0, augment: str | None = None,
-                 pp: str | None = None) -> tf.data.Dataset:
+                 pp: str | None = None, label_key: str = 'label') -> tf.data.Dataset:
   """Batched examples of `name`/`split` for this process.
 
   Args:
@@ -200,6 +237,9 @@ def make_dataset(name: str, split: str, *, batch_size: int, image_size: int,
     pp: a preprocessing string (docs/PREPROCESSING.md) applied to each example
       {'image': encoded image string, 'label': int64}; random ops only in training.
       Its output must hold 'image' float32 (image_size, image_size, channels).
+    label_key: the dataset's feature read as the example's 'label' (e.g.
+      'real_label', a sequence of classes; the pp then turns it into fixed-size
+      'labels' and drops it).
 
   Returns:
     A tf.data.Dataset of dicts: the pp output batched, 'image' float32
@@ -236,7 +276,7 @@ def make_dataset(name: str, split: str, *, batch_size: int, image_size: int,
   ds = builder.as_dataset(
       split, shuffle_files=training, decoders={'image': tfds.decode.SkipDecoding()},
       read_config=tfds.ReadConfig(shuffle_seed=shuffle_seed, skip_prefetch=True))
-  ds = ds.map(lambda ex: {'image': ex['image'], 'label': ex['label']})
+  ds = ds.map(lambda ex: {'image': ex['image'], 'label': ex[label_key]})
   options = tf.data.Options()
   options.deterministic = True
   ds = ds.with_options(options)

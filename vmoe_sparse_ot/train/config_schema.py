@@ -14,6 +14,10 @@ from vmoe_sparse_ot.nn.config import default_model_config
 OPTIMIZERS = ('adam', 'adamw', 'sgd', 'adafactor')
 AUGMENTATIONS = ('none', 'inception_crop_flip')
 SCHEDULES = ('warmup_linear_decay', 'warmup_cosine_decay', 'warmup_constant')
+LOSSES = ('softmax_xent', 'sigmoid_xent')  # train/losses.py
+# Keys of one config.evaluate.datasets entry and their defaults (None: from
+# config.dataset; 'split' must be given).
+EVAL_DATASET_KEYS = {'dataset': None, 'split': None, 'pp': None, 'label_key': 'label'}
 MESH_AXES = ('data', 'expert')
 
 
@@ -74,8 +78,31 @@ def base_config() -> ml_collections.ConfigDict:
           # no update, no weight decay, left out of clipping. None: train all.
           'freeze': ml_collections.FieldReference(None, field_type=str),
       },
-      # Cross-entropy against (1 - s) one-hot + s / num_classes (training only).
+      # Cross-entropy against (1 - s) one-hot + s / num_classes (training only;
+      # softmax_xent only).
       'label_smoothing': 0.0,
+      'loss': {
+          # 'softmax_xent': softmax cross-entropy against the one-hot 'labels' when
+          # the pp string makes them, else the integer 'label'. 'sigmoid_xent':
+          # multi-label, the sum over classes of binary cross-entropies against
+          # 'labels' (one-hot or multi-hot; the V-MoE ImageNet-21k recipe).
+          'name': 'softmax_xent',
+      },
+      'mixup': {
+          # Mixup of each training batch with itself rolled by one, with one ratio
+          # per step from Beta(p, p) folded into [1/2, 1], on the images and the
+          # one-hot 'labels' (pp_train must make them). 0: off. The reference's
+          # ImageNet recipes use 0.2 (light) or 0.5 (strong).
+          'p': 0.0,
+      },
+      'evaluate': {
+          # Datasets evaluated beside dataset.eval_split, at the same steps:
+          # {NAME: {'dataset': ..., 'split': ..., 'pp': ..., 'label_key': ...}},
+          # logged as eval/NAME/loss, eval/NAME/accuracy. dataset and pp default to
+          # config.dataset's name and pp_eval, label_key (the feature read as
+          # 'label') to 'label'. See vmoe_sparse_ot/train/evaluation.py.
+          'datasets': {},
+      },
       # Parameters taken from other weights before the first step of a fresh run
       # (never the optimizer state or the step; a resumed run ignores this).
       # See vmoe_sparse_ot.initialization and docs/INITIALIZATION.md.

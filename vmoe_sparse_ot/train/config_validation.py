@@ -26,6 +26,8 @@ from vmoe_sparse_ot.nn.config import VMOE_PREFIX
 from vmoe_sparse_ot.nn.config import VMOE_SIZES
 from vmoe_sparse_ot.nn.config import variant_sizes
 from vmoe_sparse_ot.train.config_schema import AUGMENTATIONS
+from vmoe_sparse_ot.train.config_schema import EVAL_DATASET_KEYS
+from vmoe_sparse_ot.train.config_schema import LOSSES
 from vmoe_sparse_ot.train.config_schema import OPTIMIZERS
 from vmoe_sparse_ot.train.config_schema import SCHEDULES
 from vmoe_sparse_ot.train.config_schema import base_config
@@ -35,7 +37,10 @@ CLASSIFIERS = ('token', 'gap')
 # Sections whose keys are checked against `base_config()`; 'model.encoder.moe.router'
 # is left to the router (its options depend on the router).
 _SECTIONS = ('', 'dataset', 'optimizer', 'schedule', 'mesh', 'checkpoint', 'model',
-             'model.encoder', 'model.encoder.moe', 'initialization')
+             'model.encoder', 'model.encoder.moe', 'initialization', 'loss', 'mixup',
+             'evaluate')
+# A config.evaluate.datasets name becomes part of metric names (eval/NAME/loss).
+_EVAL_NAME = re.compile(r'[A-Za-z0-9_.-]+')
 
 
 class ConfigError(ValueError):
@@ -198,6 +203,50 @@ def _validate_pp(config) -> None:
       _fail(f'dataset.{key}', value, str(e))
 
 
+def _validate_loss_and_mixup(config) -> None:
+  _choice(config, 'loss.name', LOSSES)
+  _number(config, 'mixup.p', low=0)
+  if config['loss']['name'] != 'softmax_xent' and config['label_smoothing']:
+    raise ConfigError(f"config.label_smoothing={config['label_smoothing']!r}: applies to "
+                      f"config.loss.name='softmax_xent' only, not {config['loss']['name']!r} "
+                      "(smooth the targets in the pp string: onehot(..., on=, off=))")
+
+
+def _validate_eval_datasets(config) -> None:
+  """Names, keys and values of `config.evaluate.datasets`; pp strings parsed (no TF)."""
+  from vmoe_sparse_ot.data import pp as pp_lib  # pylint: disable=g-import-not-at-top
+  datasets = config['evaluate']['datasets']
+  if not hasattr(datasets, 'items'):
+    _fail('evaluate.datasets', datasets, 'must be a dict {name: {dataset, split, pp, '
+          'label_key}}')
+  for name, entry in datasets.items():
+    where = f'evaluate.datasets.{name}'
+    if not isinstance(name, str) or not _EVAL_NAME.fullmatch(name):
+      raise ConfigError(f'config.evaluate.datasets: name {name!r} must be letters, digits, '
+                        "'_', '.' or '-' (it names the metrics eval/NAME/...)")
+    if not hasattr(entry, 'keys'):
+      _fail(where, entry, f'must be a dict with the keys {list(EVAL_DATASET_KEYS)} '
+            "('split' required)")
+    check_keys(entry, EVAL_DATASET_KEYS, f'config.{where}')
+    split = entry.get('split')
+    if not isinstance(split, str) or not split:
+      _fail(f'{where}.split', split, 'must be a TFDS split such as "test" (required)')
+    for key in ('dataset', 'label_key'):
+      value = entry.get(key, EVAL_DATASET_KEYS[key])
+      if value is not None and (not isinstance(value, str) or not value):
+        _fail(f'{where}.{key}', value, 'must be a name' + (' or None (config.dataset.name)'
+                                                           if key == 'dataset' else ''))
+    value = entry.get('pp')
+    if value is None:
+      continue
+    if not isinstance(value, str) or not value.strip():
+      _fail(f'{where}.pp', value, 'must be a pp string or None (config.dataset.pp_eval)')
+    try:
+      pp_lib.build(value, training=False)
+    except ValueError as e:
+      _fail(f'{where}.pp', value, str(e))
+
+
 def _validate_initialization(config) -> None:
   init = config['initialization']
   path = init['path']
@@ -300,6 +349,8 @@ def validate(config: Mapping[str, Any]) -> None:
     except (re.error, TypeError) as e:
       _fail('optimizer.freeze', regex, f'must be a regular expression or None ({e})')
   _number(config, 'label_smoothing', low=0, high=1, high_open=True)
+  _validate_loss_and_mixup(config)
+  _validate_eval_datasets(config)
   _validate_initialization(config)
   _choice(config, 'schedule.name', SCHEDULES)
   _number(config, 'schedule.peak_value', low=0, low_open=True)
@@ -370,10 +421,12 @@ def check_datasets(config: Mapping[str, Any], *, training: bool = True,
                    fewshot: bool | None = None) -> None:
   """Checks that the config's datasets exist with their splits; cheap, before any model.
 
-  `training`: the training and evaluation dataset (`config.dataset`), that its pp
-  strings give the model's input (traced, no data read) and that its labels fit
-  `config.model.num_classes`. `fewshot`: every `config.fewshot.datasets`
-  entry (default: when periodic few-shot is on). Raises FileNotFoundError (not
+  `training`: the training and evaluation dataset (`config.dataset`) and every
+  `config.evaluate.datasets` entry, that their pp strings give the model's input
+  and the targets the loss and mixup read (traced, no data read: see
+  `train.pp_targets`) and that their labels fit `config.model.num_classes`.
+  `fewshot`: every `config.fewshot.datasets` entry (default: when periodic
+  few-shot is on). Raises FileNotFoundError (not
   prepared: names the dataset, the data_dir and how to prepare it) or ValueError
   (unknown name or split, too few classes), each one line.
   """
@@ -387,17 +440,13 @@ def check_datasets(config: Mapping[str, Any], *, training: bool = True,
     except (OSError, ValueError) as e:
       raise _same_kind(e, f'config.dataset: {_first_line(e)}') from None
     for key, is_training in (('pp_train', True), ('pp_eval', False)):
-      if ds[key] is not None:
-        try:
-          data.check_pp(ds[key], training=is_training, image_size=ds['image_size'],
-                        channels=ds['channels'])
-        except ValueError as e:
-          raise ConfigError(f'config.dataset.{key}: {_first_line(e)}') from None
+      _check_pp_output(config, f'dataset.{key}', ds[key], training=is_training)
     model_classes = config['model']['num_classes']
     if num_classes > model_classes:
       raise ConfigError(
           f'config.model.num_classes={model_classes}: must be >= {num_classes}, the '
           f"number of classes of config.dataset.name={ds['name']!r} (labels 0..{num_classes - 1})")
+    _check_eval_datasets(config)
   if fewshot is None:
     fewshot = config['fewshot']['every_steps'] > 0
   if fewshot:
@@ -406,6 +455,55 @@ def check_datasets(config: Mapping[str, Any], *, training: bool = True,
         data.check_dataset(spec['name'], [spec['train_split'], spec['test_split']], data_dir)
       except (OSError, ValueError) as e:
         raise _same_kind(e, f'config.fewshot.datasets.{key}: {_first_line(e)}') from None
+
+
+def _check_pp_output(config, pp_key: str, pp: str | None, *, training: bool,
+                     label_shape: tuple = ()) -> None:
+  """The pp output is the model's input with targets the loss (and mixup) can read."""
+  from vmoe_sparse_ot import data  # pylint: disable=g-import-not-at-top  (TensorFlow)
+  from vmoe_sparse_ot.train import pp_targets  # pylint: disable=g-import-not-at-top
+  ds = config['dataset']
+  size = ds['image_size']
+  if pp is None:  # The `augment` modes give the image and keep the label.
+    entries = {'image': ((size, size, ds['channels']), 'float32'),
+               'label': (label_shape, 'int32')}
+  else:
+    try:
+      specs = data.trace_pp(pp, training=training, image_size=size, channels=ds['channels'],
+                            label_shape=label_shape)
+    except ValueError as e:
+      raise ConfigError(f'config.{pp_key}: {_first_line(e)}') from None
+    entries = {k: (tuple(v.shape.as_list()) if v.shape.rank is not None else (None,),
+                   v.dtype.name) for k, v in specs.items()}
+  message = pp_targets.problem(
+      entries, pp_key=pp_key, pp=pp, num_classes=config['model']['num_classes'],
+      loss=config['loss']['name'], mixup_p=config['mixup']['p'], training=training)
+  if message:
+    raise ConfigError(message)
+
+
+def _check_eval_datasets(config) -> None:
+  """Each `config.evaluate.datasets` entry: its data, label feature and pp output."""
+  from vmoe_sparse_ot import data  # pylint: disable=g-import-not-at-top  (TensorFlow)
+  ds = config['dataset']
+  for name, entry in config['evaluate']['datasets'].items():
+    entry = {**EVAL_DATASET_KEYS, **dict(entry)}
+    dataset = entry['dataset'] or ds['name']
+    where = f'config.evaluate.datasets.{name}'
+    try:
+      classes = data.check_dataset(dataset, [entry['split']], ds['data_dir'],
+                                   label_key=entry['label_key'])
+      label_shape = data.label_shape(dataset, entry['label_key'], ds['data_dir'])
+    except (OSError, ValueError) as e:
+      raise _same_kind(e, f'{where}: {_first_line(e)}') from None
+    if classes > config['model']['num_classes']:
+      raise ConfigError(f"{where}: {entry['label_key']!r} of dataset {dataset!r} has "
+                        f'{classes} classes; config.model.num_classes='
+                        f"{config['model']['num_classes']} is too few")
+    pp_key = (f'evaluate.datasets.{name}.pp' if entry['pp'] is not None
+              else 'dataset.pp_eval')
+    pp = entry['pp'] if entry['pp'] is not None else ds['pp_eval']
+    _check_pp_output(config, pp_key, pp, training=False, label_shape=label_shape)
 
 
 def _first_line(e: BaseException) -> str:

@@ -10,7 +10,9 @@ device in between.
 
 The loop body is one step followed by periodic actions (clu `PeriodicCallback`):
 the progress line, checkpointing (after checking the state is finite),
-evaluation and few-shot transfer.
+evaluation and few-shot transfer. The loss (`train.losses`), mixup
+(`train.mixup`) and the evaluation sets (`train.evaluation`) live in their own
+modules.
 
 Reproducibility: step t draws its keys from `fold_in(root key, t)`, the input
 stream is a seeded pipeline positioned by step (see `vmoe_sparse_ot.data.pipeline`),
@@ -41,9 +43,12 @@ from vmoe_sparse_ot import initialization
 from vmoe_sparse_ot import nn
 from vmoe_sparse_ot.train import checkpoints
 from vmoe_sparse_ot.train import config as config_lib
+from vmoe_sparse_ot.train import evaluation
 from vmoe_sparse_ot.train import lock as lock_lib
+from vmoe_sparse_ot.train import losses as losses_lib
 from vmoe_sparse_ot.train import metrics as metrics_lib
 from vmoe_sparse_ot.train import microsteps as microsteps_lib
+from vmoe_sparse_ot.train import mixup as mixup_lib
 from vmoe_sparse_ot.train import optimizer as optimizer_lib
 from vmoe_sparse_ot.train import partitioning
 from vmoe_sparse_ot.train import progress as progress_lib
@@ -115,21 +120,20 @@ def _flatten_routing(routing: dict[str, dict[str, Any]]) -> dict[str, Any]:
           for layer, metrics in routing.items() for name, value in metrics.items()}
 
 
-def cross_entropy(logits: jax.Array, labels: jax.Array, label_smoothing: float = 0.0):
-  """Per-example softmax cross-entropy (B,) against integer labels, optionally smoothed."""
-  if not label_smoothing:
-    return optax.softmax_cross_entropy_with_integer_labels(logits, labels)
-  targets = optax.smooth_labels(jax.nn.one_hot(labels, logits.shape[-1]), label_smoothing)
-  return optax.softmax_cross_entropy(logits, targets)
+cross_entropy = losses_lib.cross_entropy  # Its older home.
+make_eval_step = evaluation.make_eval_step
 
 
 def make_step(model, tx: optax.GradientTransformation, label_smoothing: float = 0.0,
-              microsteps: int = 1):
+              microsteps: int = 1, loss: str = 'softmax_xent', mixup_p: float = 0.0):
   """(TrainState, batch) -> (TrainState one step later, {metric name: scalar}).
 
-  With `microsteps` > 1 the gradient is accumulated over that many microbatches
-  (`vmoe_sparse_ot.train.microsteps`); the metrics are their means.
+  `loss` names a `train.losses` loss ('cross_entropy' is its value); with
+  `mixup_p` > 0 the batch is mixed first (`train.mixup`, a key split off the
+  step's). With `microsteps` > 1 the gradient is accumulated over that many
+  microbatches (`vmoe_sparse_ot.train.microsteps`); the metrics are their means.
   """
+  loss_per_example = losses_lib.get(loss)
 
   def grads_and_values(params, batch, key):
     dropout_key, gating_key = jax.random.split(key)
@@ -137,22 +141,25 @@ def make_step(model, tx: optax.GradientTransformation, label_smoothing: float = 
     def loss_fn(params):
       logits, aux = model.apply({'params': params}, batch['image'], train=True,
                                 rngs={'dropout': dropout_key, 'gating': gating_key})
-      ce = cross_entropy(logits, batch['label'], label_smoothing).mean()
+      ce = loss_per_example(logits, batch, label_smoothing).mean()
       return ce + aux['auxiliary_loss'], (ce, logits, aux)
 
     (loss, (ce, logits, aux)), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
     values = {
         'loss': loss, 'cross_entropy': ce, 'auxiliary_loss': aux['auxiliary_loss'],
-        'accuracy': jnp.mean(jnp.argmax(logits, -1) == batch['label']),
+        'accuracy': jnp.mean(losses_lib.top1_correct(logits, batch)),
         **_flatten_routing(aux.get('routing', {})),
     }
     return grads, values
 
   def step_fn(state: TrainState, batch):
     step = state.step + 1
-    grads, values = microsteps_lib.accumulate(
-        grads_and_values, state.params, batch, jax.random.fold_in(state.key, step),
-        microsteps)
+    key = jax.random.fold_in(state.key, step)
+    if mixup_p:
+      mixup_key, key = jax.random.split(key)
+      batch = mixup_lib.mixup(mixup_key, batch, mixup_p)
+    grads, values = microsteps_lib.accumulate(grads_and_values, state.params, batch, key,
+                                              microsteps)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     values['grad_norm'] = optax.tree.norm(grads)
     new_state = state.replace(params=optax.apply_updates(state.params, updates),
@@ -163,29 +170,15 @@ def make_step(model, tx: optax.GradientTransformation, label_smoothing: float = 
 
 
 def make_train_step(model, tx: optax.GradientTransformation, label_smoothing: float = 0.0,
-                    microsteps: int = 1):
+                    microsteps: int = 1, loss: str = 'softmax_xent', mixup_p: float = 0.0):
   """(TrainState, batch, TrainMetrics) -> (TrainState, TrainMetrics with this step merged)."""
-  step_fn = make_step(model, tx, label_smoothing, microsteps)
+  step_fn = make_step(model, tx, label_smoothing, microsteps, loss, mixup_p)
 
   def train_step(state: TrainState, batch, metrics: metrics_lib.TrainMetrics):
     new_state, values = step_fn(state, batch)
     return new_state, metrics.update(values, new_state.step)
 
   return train_step
-
-
-def make_eval_step(model):
-  """(params, batch) -> sums of loss and correct predictions over unmasked examples."""
-
-  def eval_step(params, batch):
-    logits, _ = model.apply({'params': params}, batch['image'], train=False)
-    mask = batch['mask'].astype(jnp.float32)
-    ce = optax.softmax_cross_entropy_with_integer_labels(logits, batch['label'])
-    correct = (jnp.argmax(logits, -1) == batch['label']).astype(jnp.float32)
-    return {'loss_sum': jnp.sum(ce * mask), 'correct': jnp.sum(correct * mask),
-            'count': jnp.sum(mask)}
-
-  return eval_step
 
 
 def evaluate(eval_step, params, dataset, sharding) -> dict[str, float]:
@@ -344,10 +337,16 @@ def _train_loop(config, workdir, model, mesh, tx, schedule, ckpt, state, start_s
   if start_step == 0:
     writer.write_hparams({k: v for k, v in config_lib.flatten(config.to_dict()).items()
                           if isinstance(v, (int, float, str, bool))})
-  eval_step = jax.jit(make_eval_step(model), in_shardings=(state_sharding.params,
-                                                           batch_sharding),
+  eval_step = jax.jit(make_eval_step(model, config.loss.name),
+                      in_shardings=(state_sharding.params, batch_sharding),
                       out_shardings=replicated)
-  eval_ds = _dataset(config, ds_cfg.eval_split, eval_batch_size, training=False)
+  eval_sets = evaluation.eval_sets(config)
+  eval_datasets = evaluation.make_datasets(config, eval_sets, eval_batch_size)
+
+  def run_eval(params):  # {set name: result}; '' is config.dataset.eval_split.
+    return evaluation.evaluate_all(
+        lambda p, ds: evaluate(eval_step, p, ds, batch_sharding), params, eval_datasets)
+
   batches = prefetch_to_mesh(
       _dataset(config, ds_cfg.train_split, batch_size, training=True,
                start_step=start_step).as_numpy_iterator(), batch_sharding)
@@ -358,7 +357,8 @@ def _train_loop(config, workdir, model, mesh, tx, schedule, ckpt, state, start_s
     if start_step < train_steps:
       first_batch = next(batches)
       batches = itertools.chain([first_batch], batches)
-      step_args = (model, tx, float(config.label_smoothing), int(config.microsteps))
+      step_args = (model, tx, float(config.label_smoothing), int(config.microsteps),
+                   config.loss.name, float(config.mixup.p))
       names = sorted(jax.eval_shape(make_step(*step_args), state, first_batch)[1])
       empty_metrics = jax.jit(
           lambda: metrics_lib.TrainMetrics.empty(names, int(config.log_every_steps)),
@@ -370,10 +370,8 @@ def _train_loop(config, workdir, model, mesh, tx, schedule, ckpt, state, start_s
           first_step=start_step + 1, total_steps=train_steps,
           every_steps=int(config.log_every_steps), batch_size=int(config.batch_size),
           learning_rate=schedule, writer=writer, last_good=ckpt.last_good)
-      actions = _periodic_actions(
-          config, writer, ckpt, meta, progress,
-          lambda params: evaluate(eval_step, params, eval_ds, batch_sharding),
-          _make_fewshot(config, model, mesh, writer), replicated)
+      actions = _periodic_actions(config, writer, ckpt, meta, progress, run_eval, eval_sets,
+                                  _make_fewshot(config, model, mesh, writer), replicated)
       metrics = empty_metrics()
       for step in range(start_step + 1, train_steps + 1):
         with jax.profiler.StepTraceAnnotation('train', step_num=step):
@@ -387,12 +385,15 @@ def _train_loop(config, workdir, model, mesh, tx, schedule, ckpt, state, start_s
       eval_results.append(actions[1].get_last_callback_result())
       summary.update(progress.summary())
     if not eval_results:  # Nothing left to train: evaluate the restored params.
-      eval_results.append(evaluate(eval_step, state.params, eval_ds, batch_sharding))
-      _log_eval(summary['step'], ds_cfg.eval_split, eval_results[-1], writer)
+      eval_results.append(run_eval(state.params))
+      evaluation.log_results(summary['step'], eval_results[-1], eval_sets, writer)
   finally:
     writer.close()
 
-  summary['eval'] = eval_results[-1]
+  summary['eval'] = eval_results[-1][evaluation.DEFAULT_NAME]
+  if len(eval_results[-1]) > 1:
+    summary['eval_datasets'] = {name: result for name, result in eval_results[-1].items()
+                                if name != evaluation.DEFAULT_NAME}
   summary.setdefault('train_loss_history', [])
   summary.setdefault('losses', [])  # Nothing was trained.
   if jax.process_index() == 0:
@@ -402,19 +403,13 @@ def _train_loop(config, workdir, model, mesh, tx, schedule, ckpt, state, start_s
   return summary
 
 
-def _log_eval(step, split, result, writer, seconds=None):
-  writer.write_scalars(step, {f'eval/{k}': v for k, v in result.items()})
-  writer.flush()
-  logging.info('eval at step %d on %s: loss %.4f, top-1 accuracy %.4f (%d examples%s)', step,
-               split, result['loss'], result['accuracy'], result['num_examples'],
-               '' if seconds is None else f', {seconds:.1f}s')
-
-
-def _periodic_actions(config, writer, ckpt, meta, progress, run_eval, fewshot, replicated):
+def _periodic_actions(config, writer, ckpt, meta, progress, run_eval, eval_sets, fewshot,
+                      replicated):
   """Checkpoint, evaluation and few-shot as clu PeriodicCallbacks.
 
   Each is called after every step as `action(step, state=..., metrics=...)`; the
-  evaluation action's `get_last_callback_result()` is the latest eval result.
+  evaluation action's `get_last_callback_result()` is the latest eval results,
+  {eval set name: result} (`train.evaluation`).
   """
   train_steps = int(config.train_steps)
   all_finite = jax.jit(state_lib.all_finite, out_shardings=replicated)
@@ -435,9 +430,9 @@ def _periodic_actions(config, writer, ckpt, meta, progress, run_eval, fewshot, r
     del t, metrics
     with progress.paused():
       start = time.monotonic()
-      result = run_eval(state.params)
-      _log_eval(step, config.dataset.eval_split, result, writer, time.monotonic() - start)
-    return result
+      results = run_eval(state.params)
+      evaluation.log_results(step, results, eval_sets, writer, time.monotonic() - start)
+    return results
 
   def few_shot(step, t, state, metrics):
     del t, metrics

@@ -1,0 +1,83 @@
+"""config.loss: softmax_xent and sigmoid_xent against hand-computed values; precision@1."""
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from vmoe_sparse_ot.train import evaluation
+from vmoe_sparse_ot.train import losses
+
+LOGITS = np.array([[2.0, 0.5, -1.0], [0.0, -3.0, 3.0], [1.0, 1.5, 0.2]], np.float32)
+LABEL = np.array([0, 1, 1])
+ONEHOT = np.eye(3, dtype=np.float32)[LABEL]
+
+
+def _log_softmax(z):
+  return z - np.log(np.exp(z).sum(-1, keepdims=True))
+
+
+def test_sigmoid_xent_is_the_sum_over_classes_of_binary_cross_entropies():
+  targets = np.array([[1, 0, 1], [0, 0, 0], [0.7, 0.3, 0]], np.float32)  # Multi-hot, none, mixed.
+  got = np.asarray(losses.sigmoid_xent(LOGITS, {'labels': targets, 'label': LABEL}))
+  p = 1 / (1 + np.exp(-LOGITS.astype(np.float64)))
+  want = -(targets * np.log(p) + (1 - targets) * np.log(1 - p)).sum(-1)
+  np.testing.assert_allclose(got, want, rtol=1e-5)
+  with pytest.raises(ValueError, match="sigmoid_xent needs float targets 'labels'"):
+    losses.sigmoid_xent(LOGITS, {'label': LABEL})
+
+
+def test_softmax_xent_on_one_hot_labels_equals_integer_labels():
+  for smoothing in (0.0, 0.2):
+    integer = np.asarray(losses.softmax_xent(LOGITS, {'label': LABEL}, smoothing))
+    onehot = np.asarray(losses.softmax_xent(LOGITS, {'label': LABEL, 'labels': ONEHOT},
+                                            smoothing))
+    np.testing.assert_allclose(onehot, integer, rtol=1e-6)
+  # Without 'labels' it is exactly the older cross_entropy (same code path).
+  np.testing.assert_array_equal(np.asarray(losses.softmax_xent(LOGITS, {'label': LABEL})),
+                                np.asarray(losses.cross_entropy(LOGITS, LABEL)))
+  # Soft targets read from 'labels' (what mixup gives), not from 'label'.
+  soft = np.array([[0.6, 0.4, 0], [0, 1, 0], [0.25, 0.25, 0.5]], np.float32)
+  got = np.asarray(losses.softmax_xent(LOGITS, {'label': LABEL, 'labels': soft}))
+  np.testing.assert_allclose(got, -(soft * _log_softmax(LOGITS)).sum(-1), rtol=1e-6)
+
+
+def test_top1_is_against_the_integer_label_else_precision_at_1():
+  # Top-1 classes: 0, 2, 1.
+  np.testing.assert_array_equal(losses.top1_correct(LOGITS, {'label': LABEL}), [1, 0, 1])
+  multi = np.array([[1, 0, 1], [1, 1, 0], [0, 0, 0]], np.float32)  # Row 3: no positives.
+  np.testing.assert_array_equal(losses.top1_correct(LOGITS, {'labels': multi}), [1, 0, 0])
+  smoothed = np.array([[0.9, 0.05, 0.05], [0.05, 0.05, 0.9], [0.9, 0.05, 0.05]], np.float32)
+  np.testing.assert_array_equal(losses.top1_correct(LOGITS, {'labels': smoothed}), [1, 1, 0])
+
+
+class Linear:
+  """A stand-in for the model: logits = flattened image @ w, no auxiliary loss."""
+
+  def apply(self, variables, images, train=False, rngs=None):
+    del train, rngs
+    x = images.reshape(images.shape[0], -1)
+    return x @ variables['params']['w'], {'auxiliary_loss': jnp.zeros(())}
+
+
+def test_eval_step_sums_the_configured_loss_over_real_examples():
+  images = LOGITS[:, :, None, None]  # With w = I, the logits are the images.
+  params = {'w': np.eye(3, dtype=np.float32)}
+  mask = np.array([True, True, False])
+  integer = evaluation.make_eval_step(Linear())(params, {'image': images, 'label': LABEL,
+                                                         'mask': mask})
+  onehot = evaluation.make_eval_step(Linear())(params, {'image': images, 'labels': ONEHOT,
+                                                        'mask': mask})
+  want = -_log_softmax(LOGITS)[[0, 1], LABEL[:2]].sum()
+  assert float(integer['loss_sum']) == pytest.approx(want, rel=1e-6)
+  assert float(onehot['loss_sum']) == pytest.approx(want, rel=1e-6)
+  assert float(integer['correct']) == float(onehot['correct']) == 1.0
+  assert float(integer['count']) == 2.0
+  sigmoid = evaluation.make_eval_step(Linear(), 'sigmoid_xent')(
+      params, {'image': images, 'labels': ONEHOT, 'mask': mask})
+  want = np.asarray(losses.sigmoid_xent(LOGITS, {'labels': ONEHOT}))[:2].sum()
+  assert float(sigmoid['loss_sum']) == pytest.approx(want, rel=1e-6)
+
+
+def test_unknown_loss_names_the_known_ones():
+  with pytest.raises(ValueError, match=r"unknown loss 'xent'; known: \['sigmoid_xent', "
+                                       r"'softmax_xent'\]"):
+    losses.get('xent')

@@ -1,0 +1,108 @@
+"""Evaluation during training: the run's eval split and `config.evaluate.datasets`.
+
+The default set is `config.dataset.name` / `eval_split` preprocessed by
+`pp_eval`, logged as before (`eval/loss`, `eval/accuracy`, `eval/num_examples`,
+and `summary['eval']`). Each entry NAME of `config.evaluate.datasets`,
+
+    config.evaluate.datasets = {
+        'real': {'dataset': 'imagenet2012_real', 'split': 'validation',
+                 'pp': "decode|resize_small(256)|central_crop(224)|value_range(-1, 1)|"
+                       "onehot(1000, key='label', key_result='labels')|keep('image', 'labels')",
+                 'label_key': 'real_label'},
+    }
+
+is evaluated at the same steps and logged as `eval/NAME/loss`, `eval/NAME/accuracy`,
+`eval/NAME/num_examples` (and `summary['eval_datasets'][NAME]`). `dataset`
+defaults to `config.dataset.name`, `pp` to `config.dataset.pp_eval`, `label_key`
+(the dataset's feature read as the example's 'label' before preprocessing) to
+'label'; `split` is required. Loss and accuracy are the training loss's
+(`train.losses`), without label smoothing.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Iterable, Mapping, NamedTuple
+
+import jax
+import jax.numpy as jnp
+from absl import logging
+
+from vmoe_sparse_ot.train import losses as losses_lib
+from vmoe_sparse_ot.train.config_schema import EVAL_DATASET_KEYS
+DEFAULT_NAME = ''  # The run's own eval split: metrics 'eval/<metric>'.
+
+
+class EvalSet(NamedTuple):
+  """One evaluation dataset, its defaults resolved."""
+  name: str          # '' for the default set, else the config.evaluate.datasets key.
+  dataset: str       # TFDS or embedded dataset name.
+  split: str
+  pp: str | None     # None: the `augment` mode's pp string.
+  label_key: str     # Feature read as the example's 'label'.
+
+  @property
+  def title(self) -> str:
+    """How the console names it: the split for the default, else NAME (dataset split)."""
+    return self.split if not self.name else f'{self.name} ({self.dataset} {self.split})'
+
+
+def eval_sets(config: Mapping[str, Any]) -> list[EvalSet]:
+  """The default set, then `config.evaluate.datasets` in their order."""
+  ds = config['dataset']
+  out = [EvalSet(DEFAULT_NAME, ds['name'], ds['eval_split'], ds['pp_eval'], 'label')]
+  for name, entry in config['evaluate']['datasets'].items():
+    entry = {**EVAL_DATASET_KEYS, **dict(entry)}
+    out.append(EvalSet(name, entry['dataset'] or ds['name'], entry['split'],
+                       entry['pp'] if entry['pp'] is not None else ds['pp_eval'],
+                       entry['label_key']))
+  return out
+
+
+def metric_key(name: str, metric: str) -> str:
+  return f'eval/{metric}' if name == DEFAULT_NAME else f'eval/{name}/{metric}'
+
+
+def make_eval_step(model, loss: str = 'softmax_xent'):
+  """(params, batch) -> sums of loss and correct predictions over unmasked examples."""
+  loss_fn = losses_lib.get(loss)
+
+  def eval_step(params, batch):
+    logits, _ = model.apply({'params': params}, batch['image'], train=False)
+    mask = batch['mask'].astype(jnp.float32)
+    per_example = loss_fn(logits, batch, 0.0)
+    correct = losses_lib.top1_correct(logits, batch)
+    return {'loss_sum': jnp.sum(per_example * mask), 'correct': jnp.sum(correct * mask),
+            'count': jnp.sum(mask)}
+
+  return eval_step
+
+
+def make_datasets(config, sets: Iterable[EvalSet], batch_size: int) -> list[tuple[EvalSet, Any]]:
+  """(set, its single-pass padded tf.data stream for this process), in order."""
+  from vmoe_sparse_ot import data as data_lib  # pylint: disable=g-import-not-at-top
+  ds = config['dataset']
+  return [(s, data_lib.make_dataset(
+      s.dataset, s.split, batch_size=batch_size, image_size=ds['image_size'],
+      channels=ds['channels'], training=False, data_dir=ds['data_dir'],
+      process_index=jax.process_index(), process_count=jax.process_count(),
+      augment=ds['augment'] if s.pp is None else None, pp=s.pp, label_key=s.label_key))
+          for s in sets]
+
+
+def evaluate_all(run_one: Callable[[Any, Any], dict[str, float]], params,
+                 datasets: list[tuple[EvalSet, Any]]) -> dict[str, dict[str, float]]:
+  """{set name: run_one(params, dataset)} over every set, in order."""
+  return {s.name: run_one(params, dataset) for s, dataset in datasets}
+
+
+def log_results(step: int, results: Mapping[str, Mapping[str, float]], sets: Iterable[EvalSet],
+                writer, seconds: float | None = None) -> None:
+  """All sets' scalars in one write; one console line per set, the time on the first."""
+  writer.write_scalars(step, {metric_key(name, k): v for name, result in results.items()
+                              for k, v in result.items()})
+  writer.flush()
+  for i, s in enumerate(s for s in sets if s.name in results):
+    r = results[s.name]
+    took = '' if seconds is None or i else f', {seconds:.1f}s'
+    logging.info('eval at step %d on %s: loss %.4f, top-1 accuracy %.4f (%d examples%s)', step,
+                 s.title, r['loss'], r['accuracy'], r['num_examples'], took)
+
