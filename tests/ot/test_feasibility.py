@@ -184,10 +184,13 @@ def test_k2_value_is_the_hand_optimum_and_primal_plan_is_on_its_segment():
   assert not bool(res.plan_feasible)
   P = _check_primal_plan(res, a, b, reg)
   x = P[0, 0]
-  assert 1.5 - 1e-8 <= x <= 2 + 1e-8
+  # The interior point stops once its two bounds agree to 1e-6 (its 'converged'),
+  # so its plan lies on the optimal face to that accuracy: measured 7e-7 off it on
+  # an AMD EPYC, under 1e-8 on the machine the test was written on.
+  assert 1.5 - 1e-6 <= x <= 2 + 1e-6
   segment = T_K2 + np.array([[x - 1.5, 0, 1.5 - x], [0, 0, 0], [0, 0, 0],
                              [1.5 - x, 0, x - 1.5]])
-  np.testing.assert_allclose(P, segment, atol=1e-8)
+  np.testing.assert_allclose(P, segment, atol=2e-6)
   assert int(res.primal_nnz_per_column[0]) == 4
 
 
