@@ -6,6 +6,8 @@ still run on device 0, so other tests are unaffected.
 """
 import os
 
-os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+from tests.xla_flags import xla_flags
+
+os.environ.setdefault("XLA_FLAGS", xla_flags(8))
 os.environ.setdefault("POT_BACKEND_DISABLE_TENSORFLOW", "1")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")

@@ -8,13 +8,14 @@ import pytest
 
 from tests.train.helpers import ROOT, TINY, cli_args
 from vmoe_sparse_ot.train import config as config_lib
+from tests.xla_flags import xla_flags
 
 # absl's prefix: 'I1123 08:04:31.381378 140367345449856 trainer.py:291] '.
 _ABSL_PREFIX = re.compile(r'^[IWEF]\d{4} [\d:.]+\s+\d+ [\w.]+:\d+\] ')
 
 
 def _env(num_devices=1):
-  env = dict(os.environ, XLA_FLAGS=f'--xla_force_host_platform_device_count={num_devices}')
+  env = dict(os.environ, XLA_FLAGS=xla_flags(num_devices))
   # The entry points must quiet TensorFlow themselves, not rely on the caller.
   for name in ('TF_CPP_MIN_LOG_LEVEL', 'TF_ENABLE_ONEDNN_OPTS'):
     env.pop(name, None)

@@ -12,6 +12,7 @@ from vmoe_sparse_ot import fewshot as fewshot_job
 from vmoe_sparse_ot import plot
 from vmoe_sparse_ot.evaluate import fewshot
 from vmoe_sparse_ot.train import trainer
+from tests.xla_flags import xla_flags
 
 PNG_MAGIC = b'\x89PNG\r\n\x1a\n'
 
@@ -69,7 +70,7 @@ def test_expert_choices_follow_the_sown_weights(workdir):
 
 def test_plot_command_writes_non_empty_pngs(workdir, tmp_path):
   out = tmp_path / 'plots'
-  env = dict(os.environ, XLA_FLAGS='--xla_force_host_platform_device_count=1')
+  env = dict(os.environ, XLA_FLAGS=xla_flags(1))
   proc = subprocess.run([sys.executable, '-m', 'vmoe_sparse_ot.plot', str(workdir),
                          '--out', str(out), '--num_images', '2'], cwd=ROOT, env=env,
                         capture_output=True, text=True, timeout=300)

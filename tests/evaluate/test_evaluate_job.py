@@ -10,6 +10,7 @@ import pytest
 from tests.evaluate.conftest import EVAL_BATCH, tiny_config
 from tests.train.helpers import ROOT
 from vmoe_sparse_ot.evaluate import job
+from tests.xla_flags import xla_flags
 
 PROG = 'python -m vmoe_sparse_ot.evaluate'
 
@@ -31,7 +32,7 @@ def test_command_line_end_to_end_on_two_devices(workdir, eval_data, loaded):
   brute-force count over `load(...).routing()` of the same images (`load` pads its last
   batch with zero images, as the eval pipeline does, so its groups are the job's)."""
   images, labels = eval_data
-  env = dict(os.environ, XLA_FLAGS='--xla_force_host_platform_device_count=2')
+  env = dict(os.environ, XLA_FLAGS=xla_flags(2))
   proc = subprocess.run(
       [sys.executable, '-m', 'vmoe_sparse_ot.evaluate', f'--workdir={workdir}',
        '--capacity_factor=0.5', '--batch_priority'],

@@ -12,6 +12,7 @@ from vmoe_sparse_ot import fewshot as job
 from vmoe_sparse_ot.evaluate import fewshot
 from vmoe_sparse_ot.train import config as config_lib
 from vmoe_sparse_ot.train import trainer
+from tests.xla_flags import xla_flags
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -81,7 +82,7 @@ def test_training_run_wrote_periodic_fewshot_metrics(setup):
 
 
 def _run_job(*args):
-  env = dict(os.environ, XLA_FLAGS='--xla_force_host_platform_device_count=1')
+  env = dict(os.environ, XLA_FLAGS=xla_flags(1))
   return subprocess.run([sys.executable, '-m', 'vmoe_sparse_ot.fewshot', *args],
                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
 

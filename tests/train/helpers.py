@@ -5,6 +5,7 @@ import subprocess
 import sys
 
 from vmoe_sparse_ot.train import config as config_lib
+from tests.xla_flags import xla_flags
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 TINY = str(ROOT / 'configs' / 'vmoe_tiny_mnist.py')
@@ -67,7 +68,7 @@ def main_command(*flags):
 def env(num_devices=None):
   e = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3')
   if num_devices is not None:
-    e['XLA_FLAGS'] = f'--xla_force_host_platform_device_count={num_devices}'
+    e['XLA_FLAGS'] = xla_flags(num_devices)
   return e
 
 
