@@ -62,7 +62,7 @@ def route(logits: Array, token_mask: Array, opts: SBaseOptions, capacity: int, t
   token_index, valid = base.assign_top_k(plans(logits, opts), token_mask, e, k, capacity,
                                          opts.batch_priority)
   gates = jax.nn.softmax(logits, axis=-1)
-  return base.finish(gates, token_index, valid, token_mask, base.zero_loss())
+  return base.finish(gates, token_index, valid, base.zero_loss())
 
 
 ROUTER = base.Router(name="sbase", options=SBaseOptions, route=route)
