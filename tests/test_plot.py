@@ -41,6 +41,10 @@ def test_read_scalars_has_the_trainer_tags(workdir):
   lo = scalars['routing/encoderblock_1/tokens_per_expert_min'][1]
   hi = scalars['routing/encoderblock_1/tokens_per_expert_max'][1]
   assert np.all(lo <= hi)
+  # The routing metrics every router reports (nn/routing_metrics.py).
+  for name in ('max_load_violation', 'tokens_with_0_experts', 'tokens_with_1_expert',
+               'tokens_with_2plus_experts'):
+    assert np.all(np.isfinite(scalars[f'routing/encoderblock_1/{name}'][1]))
 
 
 def test_expert_choices_follow_the_sown_weights(workdir):
