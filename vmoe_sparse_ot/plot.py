@@ -145,13 +145,15 @@ def plot_expert_load(scalars: Series, path: str, capacity: int | None = None,
     if series('max_load_violation') is not None:
       steps, vio = series('max_load_violation')
       ax.plot(steps, vio, color='C4')
+      # Expert choice keeps it at 0: leave room below so the line is not the axis.
+      top = max(1.1 * float(np.max(vio)), 0.05)
+      ax.set_ylim(-0.03 * top, top)
     else:
       ax.text(0.5, 0.5, 'not logged by this run', transform=ax.transAxes, ha='center',
               va='center', color='0.4')
     ax.set_title(f'{layer}: max load violation')
     ax.set_xlabel('training step')
     ax.set_ylabel('max load / mean load - 1')
-    ax.set_ylim(bottom=0)
   if title:
     fig.suptitle(title)
   return plotting_style.save(fig, path)
