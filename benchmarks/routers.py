@@ -20,6 +20,12 @@ Router names may carry a sparse_ot implementation, to compare them in one run:
 
     python benchmarks/routers.py --router-only --routers topk,sparse_ot:fast,sparse_ot:candidates ...
 
+The model run also times each router alone at the model's routing shapes (G =
+ceil(batch * tokens / S) groups, forward + backward of `routers.route`, in the
+same round-robin) and prints the router's share of the step: its time times the
+number of MoE layers over the model's step time (an estimate: inside the step XLA
+fuses the router with its neighbours).
+
 Targets (issue 3): sparse_ot <= 1.10x topk; topk MoE <= 1.25x dense ViT.
 """
 import argparse
@@ -252,34 +258,48 @@ def main(argv=None):
       return st[1], loss
     return call
 
-  rounds = time_round_robin({name: train_call(st) for name, st in state.items()},
-                            args.rounds, args.steps, clock)
+  # Each router alone at the model's shapes, timed in the same rounds (its share of
+  # the step is an estimate, see the module doc).
+  tokens = (args.image // args.patch) ** 2 + 1
+  groups = -(-args.batch * tokens // args.group_size)
+  router_calls = {}
+  for r in args.routers.split(","):
+    fn, fargs = make_router_step(r, groups, args)
+    jax.block_until_ready(fn(*fargs))
+    router_calls[f"router:{r}"] = lambda i, fn=fn, fargs=fargs: fn(*fargs)
+  rounds = time_round_robin({**{name: train_call(st) for name, st in state.items()},
+                             **router_calls}, args.rounds, args.steps, clock)
 
   best = {n: min(v) for n, v in rounds.items()}
   median = {n: statistics.median(v) for n, v in rounds.items()}
+  shares = {r: layers * best[f"router:{r}"] / best[r] for r in args.routers.split(",")}
   ratios = {}
   if "topk" in best:
     ratios["topk/dense"] = best["topk"] / best["dense"]
     ratios["topk/dense_active"] = best["topk"] / best["dense_active"]
-    for n in best:
+    for n in models:
       if n not in ("dense", "dense_active", "topk"):
         ratios[f"{n}/topk"] = best[n] / best["topk"]
-  tokens = (args.image // args.patch) ** 2 + 1
   print(f"\nbatch {args.batch}, {tokens} tokens/image, D={args.hidden}, L={args.layers}, "
         f"H={args.mlp} (dense_active: {active_mlp}), E={args.experts}, S={args.group_size}, "
         f"K={k}, "
         f"dispatcher={args.dispatcher}, {jax.devices()[0].platform}, "
         f"threads={args.threads or 'default'}, clock={args.clock}")
-  print(f"{'model':<14}{'best ms/step':>14}{'median ms/step':>16}{'best vs dense':>15}")
+  print(f"{'model':<14}{'best ms/step':>14}{'median ms/step':>16}{'best vs dense':>15}"
+        f"{'router ms x L':>15}{'router share':>14}")
   for n in models:
+    router = (f"{1e3 * layers * best[f'router:{n}']:>15.1f}{100 * shares[n]:>13.1f}%"
+              if n in shares else "")
     print(f"{n:<14}{1e3 * best[n]:>14.1f}{1e3 * median[n]:>16.1f}"
-          f"{best[n] / best['dense']:>14.2f}x")
+          f"{best[n] / best['dense']:>14.2f}x{router}")
+  print(f"router ms x L: one router's forward + backward alone (G={groups}) times the "
+        f"{layers} MoE layers; share: that over the step")
   for k, v in ratios.items():
     print(f"{k}: {v:.3f}")
   if args.json:
     with open(args.json, "w") as f:
       json.dump({"args": vars(args), "best_s": best, "median_s": median,
-                 "rounds_s": rounds, "ratios": ratios}, f, indent=2)
+                 "rounds_s": rounds, "ratios": ratios, "router_share": shares}, f, indent=2)
 
 
 if __name__ == "__main__":

@@ -41,6 +41,10 @@ def test_read_scalars_has_the_trainer_tags(workdir):
   lo = scalars['routing/encoderblock_1/tokens_per_expert_min'][1]
   hi = scalars['routing/encoderblock_1/tokens_per_expert_max'][1]
   assert np.all(lo <= hi)
+  # The routing metrics every router reports (nn/routing_metrics.py).
+  for name in ('max_load_violation', 'tokens_with_0_experts', 'tokens_with_1_expert',
+               'tokens_with_2plus_experts'):
+    assert np.all(np.isfinite(scalars[f'routing/encoderblock_1/{name}'][1]))
 
 
 def test_expert_choices_follow_the_sown_weights(workdir):
@@ -101,3 +105,20 @@ def test_plot_command_errors_are_one_line(tmp_path):
                         cwd=ROOT, capture_output=True, text=True, timeout=120)
   assert proc.returncode == 2 and 'nothing to plot' in proc.stderr
   assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_expert_load_figure_from_new_and_older_scalars(tmp_path):
+  steps = np.array([1, 5, 10])
+  old = {f'routing/encoderblock_1/{name}': (steps, np.array(values, float)) for name, values in {
+      'tokens_per_expert_min': [4, 5, 6], 'tokens_per_expert_mean': [8, 8, 8],
+      'tokens_per_expert_max': [12, 11, 10], 'dropped_fraction': [0.1, 0.05, 0.0]}.items()}
+  new = dict(old, **{f'routing/encoderblock_1/{name}': (steps, np.array(values, float))
+                     for name, values in {
+                         'tokens_with_0_experts': [0.1, 0.05, 0.0],
+                         'tokens_with_1_expert': [0.5, 0.5, 0.6],
+                         'tokens_with_2plus_experts': [0.4, 0.45, 0.4],
+                         'max_load_violation': [0.5, 0.375, 0.25]}.items()})
+  for name, scalars in (('old', old), ('new', new)):
+    path = plot.plot_expert_load(scalars, str(tmp_path / f'{name}.png'), capacity=16)
+    with open(path, 'rb') as f:
+      assert f.read(8) == PNG_MAGIC

@@ -4,7 +4,8 @@ Writes PNGs into DIR (default WORKDIR/plots):
 - `curves.png`: training loss and accuracy (averaged as the trainer logs them),
   evaluation loss and top-1, and the learning rate, against the step;
 - `expert_load.png`: per MoE layer, tokens per expert in a group (min-max band and
-  mean, with the capacity C), and the fraction of tokens no expert processed;
+  mean, with the capacity C), the fractions of tokens that 0 (dropped), 1 and 2 or
+  more experts processed, and the max load violation (max load / mean load - 1);
 - `routing.png`: for a few evaluation images, which expert takes each patch at
   every MoE layer (the expert with the largest combine weight; grey: dropped);
 - `fewshot.png` when WORKDIR/fewshot/results.json exists: few-shot top-1 against
@@ -93,16 +94,25 @@ def _moe_layers(scalars: Series) -> list[str]:
 
 def plot_expert_load(scalars: Series, path: str, capacity: int | None = None,
                      title: str = '') -> str | None:
-  """Per MoE layer: tokens per expert (min-max band, mean) and the dropped fraction."""
+  """Per MoE layer (one column): tokens per expert, tokens by experts, max load violation.
+
+  Rows: tokens per expert in a group (min-max band and mean, with C); the
+  fractions of tokens with 0 (dropped), 1 and 2+ experts; MaxVio (max load /
+  mean load - 1, mean over groups). Workdirs written before the last two
+  metrics existed show the dropped fraction alone and no MaxVio curve.
+  """
   layers = _moe_layers(scalars)
   if not layers:
     return None
-  fig, axes = plotting_style.figure(len(layers), 2, height=2.8)
+  fig, axes = plotting_style.figure(len(layers), 3, height=2.8)
   for col, layer in enumerate(layers):
+    def series(name, layer=layer):
+      return scalars.get(f'routing/{layer}/{name}')
+
     ax = axes[0][col]
-    steps, mean = scalars[f'routing/{layer}/tokens_per_expert_mean']
-    lo = scalars.get(f'routing/{layer}/tokens_per_expert_min', (steps, mean))[1]
-    hi = scalars.get(f'routing/{layer}/tokens_per_expert_max', (steps, mean))[1]
+    steps, mean = series('tokens_per_expert_mean')
+    lo = (series('tokens_per_expert_min') or (steps, mean))[1]
+    hi = (series('tokens_per_expert_max') or (steps, mean))[1]
     ax.fill_between(steps, lo, hi, alpha=0.25, label='min-max over experts and groups')
     ax.plot(steps, mean, label='mean')
     if capacity:
@@ -113,15 +123,37 @@ def plot_expert_load(scalars: Series, path: str, capacity: int | None = None,
     ax.set_ylim(bottom=0)
     if col == 0:
       ax.legend(loc='lower right')
+
     ax = axes[1][col]
-    tag = f'routing/{layer}/dropped_fraction'
-    if tag in scalars:
-      steps, dropped = scalars[tag]
-      ax.plot(steps, 100 * dropped, color='C3')
-    ax.set_title(f'{layer}: dropped tokens')
+    lines = [('tokens_with_0_experts', '0 experts (dropped)', 'C3'),
+             ('tokens_with_1_expert', '1 expert', 'C0'),
+             ('tokens_with_2plus_experts', '2 or more experts', 'C2')]
+    if series(lines[0][0]) is None:
+      lines[0] = ('dropped_fraction', lines[0][1], 'C3')
+    for name, label, color in lines:
+      if series(name) is not None:
+        steps, values = series(name)
+        ax.plot(steps, 100 * values, color=color, label=label)
+    ax.set_title(f'{layer}: experts per token')
     ax.set_xlabel('training step')
-    ax.set_ylabel('tokens no expert processed (%)')
-    ax.set_ylim(bottom=0)
+    ax.set_ylabel('share of tokens (%)')
+    ax.set_ylim(-2, 102)
+    if col == 0 and ax.lines:
+      ax.legend(loc='center right')
+
+    ax = axes[2][col]
+    if series('max_load_violation') is not None:
+      steps, vio = series('max_load_violation')
+      ax.plot(steps, vio, color='C4')
+      # Expert choice keeps it at 0: leave room below so the line is not the axis.
+      top = max(1.1 * float(np.max(vio)), 0.05)
+      ax.set_ylim(-0.03 * top, top)
+    else:
+      ax.text(0.5, 0.5, 'not logged by this run', transform=ax.transAxes, ha='center',
+              va='center', color='0.4')
+    ax.set_title(f'{layer}: max load violation')
+    ax.set_xlabel('training step')
+    ax.set_ylabel('max load / mean load - 1')
   if title:
     fig.suptitle(title)
   return plotting_style.save(fig, path)

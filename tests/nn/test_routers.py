@@ -10,6 +10,7 @@ from scipy.stats import norm
 
 from vmoe_sparse_ot.nn import routers
 from vmoe_sparse_ot.nn import routing as rt
+from vmoe_sparse_ot.nn.routing_metrics import common_metrics
 from vmoe_sparse_ot.nn.config import default_router_config
 
 ALL = jnp.ones((1, 4), bool)
@@ -110,8 +111,9 @@ def test_topk_capacity_first_choices_first_and_batch_priority():
   r = routers.route(logits, ALL, cfg("topk"), capacity=2, train=False)
   # Expert 0 takes the first two tokens by position; second choices fill the rest.
   assert _slots(r) == {0: [0, 1], 1: [0, 1], 2: [2]}
-  np.testing.assert_allclose(r.metrics["dropped_fraction"], 0.25)   # token 3 gets nothing
-  np.testing.assert_allclose(r.metrics["experts_per_token"], 5 / 4)
+  m = common_metrics(r, ALL)
+  np.testing.assert_allclose(m["dropped_fraction"], 0.25)   # token 3 gets nothing
+  np.testing.assert_allclose(m["experts_per_token"], 5 / 4)
   r = routers.route(logits, ALL, cfg("topk", batch_priority=True), capacity=2, train=False)
   # With batch priority, tokens with the largest top gate (2, then 1) go first.
   assert _slots(r)[0] == [1, 2]
@@ -252,7 +254,7 @@ def test_a_new_router_is_one_registration():
   def route(logits, token_mask, opts, capacity, train, rng):
     token_index, valid = base.assign_top_k(logits, token_mask, logits.shape[-1], 1, capacity,
                                            False)
-    return base.finish(jnp.full(logits.shape, opts.weight), token_index, valid, token_mask,
+    return base.finish(jnp.full(logits.shape, opts.weight), token_index, valid,
                        base.zero_loss())
 
   routers.register(base.Router(name="argmax_test", options=Options, route=route))
@@ -293,7 +295,7 @@ def test_sbase_balances_where_topk_does_not():
   assert _slots(r) == {0: [0, 1], 1: [2, 3]}
   gates = _softmax(SKEWED[0])
   np.testing.assert_allclose(r.combine_weight[0, 1, :2], gates[[2, 3], 1], rtol=1e-6)
-  np.testing.assert_allclose(r.metrics["experts_per_token"], 1.0)
+  np.testing.assert_allclose(common_metrics(r, ALL)["experts_per_token"], 1.0)
 
 
 def _numpy_sinkhorn(logits, eps, iters, experts_first):

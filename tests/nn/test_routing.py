@@ -89,16 +89,3 @@ def test_assign_expert_choice_top_c_tokens():
   np.testing.assert_array_equal(valid[0], [[True, True], [True, False]])
   np.testing.assert_array_equal(token_index[0, 0], [0, 2])
   assert token_index[0, 1, 0] == 1
-
-
-def test_routing_metrics_hand_computed():
-  # G=1, E=2, C=2, S=4: token 0 -> experts 0 and 1, token 1 -> expert 0, tokens 2, 3 none.
-  token_index = jnp.array([[[0, 1], [0, 0]]])
-  valid = jnp.array([[[True, True], [True, False]]])
-  mask = jnp.array([[True, True, True, False]])     # token 3 is padding
-  m = rt.routing_metrics(token_index, valid, mask, jnp.float32(0.5))
-  np.testing.assert_allclose(m["dropped_fraction"], 1 / 3)
-  np.testing.assert_allclose(m["experts_per_token"], 3 / 3)
-  assert m["tokens_per_expert_min"] == 1 and m["tokens_per_expert_max"] == 2
-  np.testing.assert_allclose(m["tokens_per_expert_mean"], 1.5)
-  np.testing.assert_allclose(m["auxiliary_loss"], 0.5)

@@ -13,7 +13,9 @@ from vmoe_sparse_ot.nn.vit import parse_moe_layers
 from tests.nn.helpers import tiny_config
 
 METRICS = {"auxiliary_loss", "dropped_fraction", "tokens_per_expert_min",
-           "tokens_per_expert_mean", "tokens_per_expert_max", "experts_per_token"}
+           "tokens_per_expert_mean", "tokens_per_expert_max", "experts_per_token",
+           "max_load_violation", "tokens_with_0_experts", "tokens_with_1_expert",
+           "tokens_with_2plus_experts"}
 ROUTERS = ["topk", "expert_choice", "sbase", "sparse_ot", "soft_moe"]
 
 
@@ -79,11 +81,12 @@ def test_forward_contract_eval_determinism_rngs_and_gradients(router, params):
   assert set(aux["routing"]) == {"encoderblock_1"}
   metrics = aux["routing"]["encoderblock_1"]
   assert all(jnp.shape(v) == () for v in metrics.values())
-  if router == "soft_moe":       # dense weights: nothing is dropped, no slot counts
-    assert {"auxiliary_loss", "dispatch_weights_max_mean", "combine_weights_max_mean"} <= \
-        set(metrics)
+  assert METRICS <= set(metrics)
+  if router == "soft_moe":       # every token reaches every expert: nothing is dropped
+    assert {"dispatch_weights_max_mean", "combine_weights_max_mean"} <= set(metrics)
+    assert metrics["dropped_fraction"] == 0 and metrics["max_load_violation"] == 0
+    assert metrics["tokens_with_2plus_experts"] == 1
   else:
-    assert METRICS <= set(metrics)
     assert metrics["tokens_per_expert_max"] <= 4     # C = ceil(8*2*1.0/4) = 4
     assert 0.0 <= metrics["dropped_fraction"] <= 1.0
 

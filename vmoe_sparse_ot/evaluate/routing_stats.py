@@ -13,11 +13,13 @@ when its weights from all experts are 0 (it got no expert and keeps only the
 residual). `routing_sums` counts, over the real examples of a batch (eval batches
 are padded with masked examples, which must not count):
 - `tokens`: real tokens;
-- `dropped`: real tokens with no expert;
+- `dropped`, `with_1`, `with_2plus`: real tokens with no expert, one, two or more
+  (counted by `nn.routing_metrics.token_counts`, as the training metrics are);
 - `expert_tokens` (E,): real tokens each expert took;
 and `summarize` turns sums over a whole eval set into fractions: the dropped
-fraction, the load per expert (the fraction of tokens each expert took; it sums
-over experts to the mean number of experts per token) and experts per token.
+fraction, the fractions of tokens with one and with two or more experts, the
+load per expert (the fraction of tokens each expert took; it sums over experts
+to the mean number of experts per token) and experts per token.
 Counts are int32 (exact up to 2^31 tokens), summed on device.
 
 Shapes: G groups, S tokens per group, E experts, B images, N tokens per image.
@@ -29,6 +31,8 @@ from typing import Any, Mapping
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from vmoe_sparse_ot.nn.routing_metrics import token_counts
 
 Array = jax.Array
 
@@ -66,10 +70,12 @@ def routing_sums(weights: Array, mask: Array) -> dict[str, Array]:
   """Counts over the real examples (mask (B,) True) of one batch; weights (B, N, E)."""
   real = jnp.broadcast_to(mask[:, None], weights.shape[:2])                # (B, N)
   dispatched = (weights > 0) & real[..., None]                             # (B, N, E)
-  per_token = jnp.sum(dispatched, axis=-1, dtype=jnp.int32)                # (B, N)
+  counts = token_counts(jnp.sum(dispatched, axis=-1, dtype=jnp.int32), real)
   return {
-      'tokens': jnp.sum(real, dtype=jnp.int32),
-      'dropped': jnp.sum(real & (per_token == 0), dtype=jnp.int32),
+      'tokens': counts['tokens'],
+      'dropped': counts['with_0'],
+      'with_1': counts['with_1'],
+      'with_2plus': counts['with_2plus'],
       'expert_tokens': jnp.sum(dispatched, axis=(0, 1), dtype=jnp.int32),   # (E,)
   }
 
@@ -82,6 +88,8 @@ def summarize(sums: Mapping[str, Any]) -> dict[str, Any]:
   return {
       'num_tokens': tokens,
       'dropped_fraction': int(sums['dropped']) / denominator,
+      'tokens_with_1_expert': int(sums['with_1']) / denominator,
+      'tokens_with_2plus_experts': int(sums['with_2plus']) / denominator,
       'experts_per_token': float(expert_tokens.sum()) / denominator,
       'expert_load': [float(v) / denominator for v in expert_tokens],
       'expert_tokens': [int(v) for v in expert_tokens],

@@ -29,6 +29,7 @@ import jax.numpy as jnp
 from vmoe_sparse_ot.nn import routers
 from vmoe_sparse_ot.nn.dispatch import get_dispatcher
 from vmoe_sparse_ot.nn.routing import expert_weights
+from vmoe_sparse_ot.nn.routing_metrics import common_metrics
 from vmoe_sparse_ot.nn.sharding import constrain
 
 Array = jax.Array
@@ -81,7 +82,8 @@ class Experts(nn.Module):
 class MoeLayer(nn.Module):
   """Routes tokens to E expert MLPs.
 
-  Returns (y like x, auxiliary_loss scalar (differentiable), metrics {name: scalar}).
+  Returns (y like x, auxiliary_loss scalar (differentiable), metrics {name: scalar}:
+  the common ones of `nn.routing_metrics` and the router's own).
   """
   num_experts: int
   mlp_dim: int
@@ -125,4 +127,5 @@ class MoeLayer(nn.Module):
     y = combine(out, routing, s)                                     # (G, S, D)
     y = constrain(y, (GROUP_AXES,))
     y = y.reshape(g * s, d)[:t].reshape(b, n, d)
-    return y, routing.auxiliary_loss, routing.metrics
+    metrics = {**common_metrics(routing, token_mask), **routing.metrics}
+    return y, routing.auxiliary_loss, metrics

@@ -1,4 +1,4 @@
-"""Routing results shared by all routers: capacity, slot assignment, metrics.
+"""Routing results shared by all routers: capacity, slot assignment.
 
 Every router returns a `Routing`: for each group g, expert e and buffer slot
 c < C, which token fills the slot (`token_index`), whether it is filled
@@ -35,7 +35,8 @@ class Routing(NamedTuple):
     combine_weight: (G, E, C) float, gate of (token, expert), 0 where empty.
       Differentiable with respect to the router logits.
     auxiliary_loss: scalar, already weighted.
-    metrics: {name: scalar}, see `routing_metrics` (plus router-specific ones).
+    metrics: {name: scalar}, the router's own (`auxiliary_loss`, ...); the MoE
+      layer adds the common ones (`routing_metrics.common_metrics`).
   """
   token_index: Array
   valid: Array
@@ -177,29 +178,3 @@ def gather_gates(gates: Array, token_index: Array, valid: Array) -> Array:
   """
   w = jnp.take_along_axis(jnp.swapaxes(gates, 1, 2), token_index, axis=2)
   return jnp.where(valid, w, 0.0)
-
-
-def experts_per_token(token_index: Array, valid: Array, group_size: int) -> Array:
-  """(G, S) number of experts that process each token."""
-  def count(t, v):
-    return jnp.zeros((group_size,), jnp.int32).at[t.reshape(-1)].add(
-        v.reshape(-1).astype(jnp.int32))
-  return jax.vmap(count)(token_index, valid)
-
-
-def routing_metrics(token_index: Array, valid: Array, token_mask: Array,
-                    auxiliary_loss: Array) -> Dict[str, Array]:
-  """The metrics every router reports (real tokens only; padding excluded)."""
-  token_index = jax.lax.stop_gradient(token_index)
-  per_token = experts_per_token(token_index, valid, token_mask.shape[1])
-  mask = token_mask.astype(jnp.float32)
-  num_real = jnp.maximum(jnp.sum(mask), 1.0)
-  per_expert = jnp.sum(valid, axis=-1).astype(jnp.float32)  # (G, E)
-  return {
-      "auxiliary_loss": jax.lax.stop_gradient(auxiliary_loss),
-      "dropped_fraction": jnp.sum((per_token == 0) * mask) / num_real,
-      "tokens_per_expert_min": jnp.min(per_expert),
-      "tokens_per_expert_mean": jnp.mean(per_expert),
-      "tokens_per_expert_max": jnp.max(per_expert),
-      "experts_per_token": jnp.sum(per_token * mask) / num_real,
-  }

@@ -24,7 +24,7 @@ from vmoe_sparse_ot.nn.routers.base import Router, check_keys
 Array = jax.Array
 WHERE = "model.encoder.moe.router"
 # One line per router module (each defines ROUTER).
-ROUTER_MODULES = ("topk", "sbase", "sparse_ot", "expert_choice", "soft_moe")
+ROUTER_MODULES = ("topk", "sbase", "sparse_ot", "expert_choice", "soft_moe", "sinkhorn_ec")
 ROUTERS: Dict[str, Router] = {}
 DEFAULT_ROUTER = "topk"
 

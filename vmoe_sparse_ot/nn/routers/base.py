@@ -161,13 +161,13 @@ def parse_options(options: type, top: Mapping[str, Any], section: Mapping[str, A
   return options(**kwargs)
 
 
-def finish(gates: Array, token_index: Array, valid: Array, token_mask: Array,
-           auxiliary_loss: Array, extra: Optional[Dict[str, Array]] = None) -> rt.Routing:
+def finish(gates: Array, token_index: Array, valid: Array, auxiliary_loss: Array,
+           extra: Optional[Dict[str, Array]] = None) -> rt.Routing:
   """A `Routing` whose combine weights are `gates` (G, S, E) at the assigned slots."""
   token_index = jax.lax.stop_gradient(token_index)
   weight = rt.gather_gates(gates, token_index, valid)
-  metrics = rt.routing_metrics(token_index, valid, token_mask, auxiliary_loss)
-  metrics.update(extra or {})
+  # The MoE layer adds the metrics common to all routers (`nn.routing_metrics`).
+  metrics = {"auxiliary_loss": jax.lax.stop_gradient(auxiliary_loss), **(extra or {})}
   return rt.Routing(token_index, valid, weight, auxiliary_loss, metrics)
 
 

@@ -42,7 +42,7 @@ def route(logits: Array, token_mask: Array, opts: ExpertChoiceOptions, capacity:
   gates = jax.nn.softmax(logits, axis=-1)
   token_index, valid = rt.assign_expert_choice(jax.lax.stop_gradient(gates), token_mask,
                                                capacity)
-  return base.finish(gates, token_index, valid, token_mask, base.zero_loss())
+  return base.finish(gates, token_index, valid, base.zero_loss())
 
 
 def needs_rng(opts: ExpertChoiceOptions, train: bool) -> bool:

@@ -36,22 +36,30 @@ class SBaseOptions(base.CommonOptions):
       "does) or 'tokens' (f).", choices=("experts", "tokens"))
 
 
-def plans(logits: Array, opts: SBaseOptions) -> Array:
-  """(G, S, E) entropic plans of the groups' logits (no gradient)."""
-  _, s, e = logits.shape
-  tokens, experts = jnp.ones((s,), jnp.float32), jnp.full((e,), s / e, jnp.float32)
-  cost = -jax.lax.stop_gradient(logits).astype(jnp.float32)
+def entropic_plans(cost: Array, tokens: Array, experts: Array, epsilon: float, num_iters: int,
+                   first_update: str) -> Array:
+  """(G, S, E) log-domain Sinkhorn plans of (G, S, E) costs, masses tokens (G, S), experts (G, E).
 
-  def solve(c):
+  `num_iters` fixed iterations from zero potentials; `first_update` 'experts'
+  updates the expert potential first in each iteration (token rows exact at the
+  end, as OTT), 'tokens' the token potential (expert columns exact).
+  """
+  def solve(c, a, b):
     # ot.sinkhorn updates the row potential first: rows are the potential that
     # must go first, so the 'experts' order solves the transposed problem.
-    if opts.first_update == "experts":
-      return ot.sinkhorn(experts, tokens, c.T, opts.epsilon, max_iter=opts.num_iters,
-                         tol=0.0).plan.T
-    return ot.sinkhorn(tokens, experts, c, opts.epsilon, max_iter=opts.num_iters,
-                       tol=0.0).plan
+    if first_update == "experts":
+      return ot.sinkhorn(b, a, c.T, epsilon, max_iter=num_iters, tol=0.0).plan.T
+    return ot.sinkhorn(a, b, c, epsilon, max_iter=num_iters, tol=0.0).plan
 
-  return jax.vmap(solve)(cost)
+  return jax.vmap(solve)(cost, tokens, experts)
+
+
+def plans(logits: Array, opts: SBaseOptions) -> Array:
+  """(G, S, E) entropic plans of the groups' logits (no gradient)."""
+  g, s, e = logits.shape
+  tokens, experts = jnp.ones((g, s), jnp.float32), jnp.full((g, e), s / e, jnp.float32)
+  cost = -jax.lax.stop_gradient(logits).astype(jnp.float32)
+  return entropic_plans(cost, tokens, experts, opts.epsilon, opts.num_iters, opts.first_update)
 
 
 def route(logits: Array, token_mask: Array, opts: SBaseOptions, capacity: int, train: bool,
@@ -62,7 +70,7 @@ def route(logits: Array, token_mask: Array, opts: SBaseOptions, capacity: int, t
   token_index, valid = base.assign_top_k(plans(logits, opts), token_mask, e, k, capacity,
                                          opts.batch_priority)
   gates = jax.nn.softmax(logits, axis=-1)
-  return base.finish(gates, token_index, valid, token_mask, base.zero_loss())
+  return base.finish(gates, token_index, valid, base.zero_loss())
 
 
 ROUTER = base.Router(name="sbase", options=SBaseOptions, route=route)

@@ -105,7 +105,7 @@ def route(logits: Array, token_mask: Array, opts: SparseOTOptions, capacity: int
     token_index, valid = base.assign_top_k(plan, token_mask, e, k, capacity,
                                            opts.batch_priority, choice_mask_positive=True)
   gates = jax.nn.softmax(logits, axis=-1)
-  return base.finish(gates, token_index, valid, token_mask, base.zero_loss())
+  return base.finish(gates, token_index, valid, base.zero_loss())
 
 
 ROUTER = base.Router(name="sparse_ot", options=SparseOTOptions, route=route, capacity=capacity)

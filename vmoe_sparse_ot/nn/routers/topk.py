@@ -95,7 +95,7 @@ def route(logits: Array, token_mask: Array, opts: TopKOptions, capacity: int, tr
     load = load_loss(logits, noisy_logits, std, k, token_mask)
     aux = aux + opts.load_loss_weight * load
     extra["load_loss"] = jax.lax.stop_gradient(load)
-  return base.finish(gates, token_index, valid, token_mask, aux, extra)
+  return base.finish(gates, token_index, valid, aux, extra)
 
 
 ROUTER = base.Router(name="topk", options=TopKOptions, route=route,
