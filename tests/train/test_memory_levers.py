@@ -95,3 +95,20 @@ def test_config_errors_name_the_key():
       config_lib.validate(bad)
     with pytest.raises(ValueError, match=f'model.{key}'):
       nn.build_model(bad['model'])
+
+
+def test_checkpoints_resume_and_evaluate_across_compute_keys():
+  from vmoe_sparse_ot.evaluate import checkpoint_config  # pylint: disable=g-import-not-at-top
+  from vmoe_sparse_ot.train import checkpoints  # pylint: disable=g-import-not-at-top
+  config = config_lib.load_config_file('configs/vmoe_tiny_mnist.py')
+  # A record written before the keys existed, and one of the default config.
+  now = config.model.to_dict()
+  old = {k: v for k, v in now.items() if k not in ('dtype', 'remat')}
+  assert trainer.run_meta(config, {})['model_config'] == trainer._json(old)
+  config.model.remat, config.model.dtype = True, 'bfloat16'
+  assert checkpoint_config.model_config_differences(old, config.model) == []
+  checkpoints.check_compatible({'model_config': old}, trainer.run_meta(config, {})['model_config'],
+                               {}, 'dir')
+  config.model.hidden_size += 8   # Other keys are still compared.
+  diffs = checkpoint_config.model_config_differences(old, config.model)
+  assert [d.split(':')[0] for d in diffs] == ['model.hidden_size']
