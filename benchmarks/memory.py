@@ -102,18 +102,42 @@ def compile_step(config):
                  donate_argnums=(0,))
   with jax.set_mesh(mesh):
     lowered = step.lower(state, batch)
-  return lowered.compile()
+  return lowered.compile(), saved_for_backward(model, abstract_params, config)
 
 
-def measure(name: str, row: str, batch_size: int | None) -> dict:
-  config = build_config(name, ROWS[row], batch_size)
+def saved_for_backward(model, abstract_params, config) -> int:
+  """Bytes JAX keeps from the forward pass for the backward pass, for one microbatch.
+
+  The residuals of `jax.vjp` of the training loss, traced with `jax.eval_shape`
+  (nothing is computed): the activations a step must hold at its peak, as the
+  program defines them before any backend's scheduling. Every device holds its
+  share of them (split by batch, or by expert for expert buffers).
+  """
+  ds = config.dataset
+  b = int(config.batch_size) // int(config.microsteps)
+  images = jax.ShapeDtypeStruct((b, ds.image_size, ds.image_size, ds.channels), jnp.float32)
+
+  def residuals(params, images):
+    def loss(p):
+      logits, aux = model.apply({'params': p}, images, train=True,
+                                rngs={'dropout': jax.random.key(0), 'gating': jax.random.key(1)})
+      return jnp.mean(jax.nn.logsumexp(logits, axis=-1)) + aux['auxiliary_loss']
+    return jax.vjp(loss, params)[1]
+
+  shapes = jax.eval_shape(residuals, abstract_params, images)
+  return sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(shapes))
+
+
+def measure(name: str, row: str, batch_size: int | None, common: dict | None = None) -> dict:
+  config = build_config(name, {**(common or {}), **ROWS[row]}, batch_size)
   start = time.time()
-  compiled = compile_step(config)
+  compiled, saved = compile_step(config)
   seconds = time.time() - start
   m = compiled.memory_analysis()
   out = {
       'config': name, 'row': row, 'batch_size': int(config.batch_size),
       'compile_seconds': round(seconds, 1),
+      'saved_per_device': saved // jax.device_count(),
       'argument': m.argument_size_in_bytes, 'output': m.output_size_in_bytes,
       'alias': m.alias_size_in_bytes, 'temp': m.temp_size_in_bytes,
       'code': m.generated_code_size_in_bytes,
@@ -125,8 +149,8 @@ def measure(name: str, row: str, batch_size: int | None) -> dict:
 def table(results: list) -> str:
   plain = {r['config']: r for r in results if r['row'] == 'plain'}
   lines = ['| config | row | args GiB | temp GiB | peak GiB | temp / plain | peak / plain '
-           '| fits 16 GiB | fits 80 GiB | compile s |',
-           '|---|---|---|---|---|---|---|---|---|---|']
+           '| fits 16 GiB | fits 80 GiB | saved for bwd GiB | saved / plain | compile s |',
+           '|---|---|---|---|---|---|---|---|---|---|---|---|']
   for r in results:
     base = plain.get(r['config'])
     ratio = lambda k: f'{r[k] / base[k]:.2f}' if base else '-'
@@ -134,7 +158,9 @@ def table(results: list) -> str:
         f"| {r['config']} b{r['batch_size']} | {r['row']} | {r['argument'] / GIB:.2f} "
         f"| {r['temp'] / GIB:.2f} | {r['peak'] / GIB:.2f} | {ratio('temp')} | {ratio('peak')} "
         f"| {'yes' if r['peak'] <= 16 * GIB else 'no'} "
-        f"| {'yes' if r['peak'] <= 80 * GIB else 'no'} | {r['compile_seconds']} |")
+        f"| {'yes' if r['peak'] <= 80 * GIB else 'no'} "
+        f"| {r['saved_per_device'] / GIB:.2f} | {ratio('saved_per_device')} "
+        f"| {r['compile_seconds']} |")
   return '\n'.join(lines)
 
 
@@ -145,13 +171,23 @@ def main() -> None:
   parser.add_argument('--rows', default=','.join(ROWS))
   parser.add_argument('--batch_size', type=int, default=None,
                       help="global batch (default: the config's, the paper's 4096)")
+  parser.add_argument('--set', action='append', default=[], metavar='KEY=VALUE',
+                      help='a config override for every row (VALUE read as JSON, else '
+                           'a string), e.g. --set model.encoder.moe.router.name=topk')
   parser.add_argument('--json', default=None, help='also write the results here')
   args = parser.parse_args()
+  common = {}
+  for item in args.set:
+    key, _, value = item.partition('=')
+    try:
+      common[key] = json.loads(value)
+    except json.JSONDecodeError:
+      common[key] = value
   assert jax.device_count() == 8, jax.devices()
   results = []
   for config in args.config.split(','):
     for row in args.rows.split(','):
-      results.append(measure(config, row, args.batch_size))
+      results.append(measure(config, row, args.batch_size, common))
       print(json.dumps(results[-1]), file=sys.stderr, flush=True)
   print(table(results))
   if args.json:
