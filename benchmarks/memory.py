@@ -10,11 +10,19 @@ as in the trainer, so its output buffers alias the argument ones; the peak is
 taken as argument + temp + generated code (+ output not aliased).
 
 Rows: plain (the config as it is), remat (model.remat), bf16 (model.dtype),
-microsteps 4 (config.microsteps), all (remat + bf16 + microsteps 4 +
-optimizer.mu_dtype bfloat16). These are XLA:CPU's estimates, which follow the
-CPU compiler's fusion and buffer assignment; an accelerator's differ, but the
-ratios between rows are what this measures. One B/32 row compiles in about
-1.5 minutes on this project's 2-core machine.
+remat_bf16 (both), microsteps4 (config.microsteps = 4), all (remat + bf16 +
+microsteps 4 + optimizer.mu_dtype bfloat16).
+
+A second measure, backend-independent, is the bytes of activations the step
+keeps from its forward pass for its backward pass (the residuals of
+`jax.vjp` of the loss for one microbatch, traced with `jax.eval_shape`), per
+device. XLA:CPU's `temp` does not follow remat and bfloat16 the way an
+accelerator's would: XLA:CPU converts bfloat16 operands to float32 around every
+matrix product (the products and their outputs are float32 buffers), and its
+default scheduler orders work for parallelism, not memory, so it may run a
+rematerialised forward early. So `temp` is XLA:CPU's estimate, not an
+accelerator's; the saved activations are what remat and bfloat16 cut. One
+row compiles in 0.5 to 1.5 minutes on this project's 2-core machine.
 
     python benchmarks/memory.py [--config vmoe_b32] [--rows plain,remat,...]
         [--batch_size N] [--json out.json]
@@ -46,6 +54,7 @@ ROWS = {
     'plain': {},
     'remat': {'model.remat': True},
     'bf16': {'model.dtype': 'bfloat16'},
+    'remat_bf16': {'model.remat': True, 'model.dtype': 'bfloat16'},
     'microsteps4': {'microsteps': 4},
     'all': {'model.remat': True, 'model.dtype': 'bfloat16', 'microsteps': 4,
             'optimizer.mu_dtype': 'bfloat16'},
