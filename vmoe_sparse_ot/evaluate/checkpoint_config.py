@@ -12,6 +12,7 @@ from typing import Any
 
 import ml_collections
 
+from vmoe_sparse_ot.nn.config import without_compute_keys
 from vmoe_sparse_ot.train.config_files import flatten
 
 
@@ -20,11 +21,16 @@ class CheckpointMismatchError(ValueError):
 
 
 def model_config_differences(saved: dict[str, Any], model_config: Any) -> list[str]:
-  """'model.a.b: config X, checkpoint Y' for every key where the two model configs differ."""
+  """'model.a.b: config X, checkpoint Y' for every key where the two model configs differ.
+
+  `nn.config.COMPUTE_KEYS` (model.dtype, model.remat) are not compared: they
+  change how the model computes, not its parameters.
+  """
   # JSON round trip: tuples become lists, as they come back from the checkpoint.
   now = json.loads(json.dumps(model_config.to_dict() if hasattr(model_config, 'to_dict')
                               else dict(model_config)))
-  flat_saved, flat_now = flatten(saved), flatten(now)
+  flat_saved = flatten(without_compute_keys(saved))
+  flat_now = flatten(without_compute_keys(now))
   return [f'model.{k}: config {flat_now.get(k, "<absent>")!r}, checkpoint '
           f'{flat_saved.get(k, "<absent>")!r}'
           for k in sorted(set(flat_saved) | set(flat_now))

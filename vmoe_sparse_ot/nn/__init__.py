@@ -12,8 +12,10 @@ Public API (docs/ARCHITECTURE.md):
 from typing import Any, Mapping
 
 import flax.linen as nn
+import jax.numpy as jnp
 
 from vmoe_sparse_ot.nn import config
+from vmoe_sparse_ot.nn.config import COMPUTE_KEYS, MODEL_DTYPES
 from vmoe_sparse_ot.nn.dispatch import DISPATCHERS, DTYPES
 from vmoe_sparse_ot.nn.routers import ROUTERS, RouterConfig, check_keys, parse_router_options
 from vmoe_sparse_ot.nn.vit import VisionTransformer, parse_moe_layers
@@ -22,7 +24,7 @@ EXPERT_PARAMS_REGEX = r"^(.*/)?moe/experts/[^/]+$"
 MODELS = ("vit_moe", "vit")
 
 _MODEL_KEYS = ("name", "variant", "num_classes", "patch_size", "hidden_size", "classifier",
-               "representation_size", "head_bias_init", "encoder")
+               "representation_size", "head_bias_init", "dtype", "remat", "encoder")
 _ENCODER_KEYS = ("num_layers", "num_heads", "mlp_dim", "dropout_rate",
                  "attention_dropout_rate", "moe")
 _MOE_KEYS = ("layers", "num_experts", "group_size", "dispatcher", "routed_tokens_dtype",
@@ -63,6 +65,12 @@ def build_model(model_config: Mapping[str, Any]) -> nn.Module:
   if rep is not None and int(rep) < 0:
     raise ValueError(f"model.representation_size must be >= 1, 0 (no pre-logits layer) or "
                      f"None, got {rep}")
+  dtype = cfg.get("dtype")
+  if dtype is not None and dtype not in MODEL_DTYPES:
+    raise ValueError(f"model.dtype must be None or one of {list(MODEL_DTYPES)}, got {dtype!r}")
+  remat = cfg.get("remat", False)
+  if not isinstance(remat, bool):
+    raise ValueError(f"model.remat must be True or False, got {remat!r}")
   moe_layers, moe = (), None
   if name == "vit_moe":
     moe_cfg = enc["moe"]
@@ -71,10 +79,10 @@ def build_model(model_config: Mapping[str, Any]) -> nn.Module:
     if dispatcher not in DISPATCHERS:
       raise ValueError(f"model.encoder.moe.dispatcher must be one of {sorted(DISPATCHERS)}, "
                        f"got {dispatcher!r}")
-    dtype = moe_cfg.get("routed_tokens_dtype")
-    if dtype is not None and dtype not in DTYPES:
+    routed_dtype = moe_cfg.get("routed_tokens_dtype")
+    if routed_dtype is not None and routed_dtype not in DTYPES:
       raise ValueError(f"model.encoder.moe.routed_tokens_dtype must be None or one of "
-                       f"{list(DTYPES)}, got {dtype!r}")
+                       f"{list(DTYPES)}, got {routed_dtype!r}")
     num_experts, group_size = int(moe_cfg["num_experts"]), int(moe_cfg["group_size"])
     if num_experts < 1 or group_size < 1:
       raise ValueError("model.encoder.moe.num_experts and group_size must be >= 1, got "
@@ -84,7 +92,7 @@ def build_model(model_config: Mapping[str, Any]) -> nn.Module:
     if not isinstance(split_rngs, bool):
       raise ValueError(f"model.encoder.moe.split_rngs must be True or False, got {split_rngs!r}")
     moe = dict(num_experts=num_experts, group_size=group_size, dispatcher=dispatcher,
-               routed_tokens_dtype=dtype, split_rngs=split_rngs,
+               routed_tokens_dtype=routed_dtype, split_rngs=split_rngs,
                router=parse_router_options(moe_cfg["router"]))
   return VisionTransformer(
       num_classes=int(cfg["num_classes"]),
@@ -100,8 +108,10 @@ def build_model(model_config: Mapping[str, Any]) -> nn.Module:
       attention_dropout_rate=float(enc.get("attention_dropout_rate", 0.0)),
       moe_layers=moe_layers,
       moe=moe,
+      dtype=None if dtype is None else jnp.dtype(dtype),
+      remat=remat,
   )
 
 
-__all__ = ["build_model", "EXPERT_PARAMS_REGEX", "MODELS", "ROUTERS", "RouterConfig",
+__all__ = ["build_model", "COMPUTE_KEYS", "EXPERT_PARAMS_REGEX", "MODEL_DTYPES", "MODELS", "ROUTERS", "RouterConfig",
            "config", "parse_router_options", "VisionTransformer"]

@@ -59,6 +59,20 @@ VMOE_SIZES = {
     'H': (1280, 32, 16, 5120),
 }
 VMOE_PREFIX = 'V-MoE-'
+# model.dtype: the activations' dtype (None: float32; parameters stay float32).
+MODEL_DTYPES = ('float32', 'bfloat16')
+# model keys that change how the model computes (precision, memory), not its
+# parameters or its function: a checkpoint resumes and is evaluated under any
+# values of them, and checkpoints written before they existed lack them.
+COMPUTE_KEYS = ('dtype', 'remat')
+COMPUTE_DEFAULTS = {'dtype': None, 'remat': False}
+
+
+def without_compute_keys(model_config, *, only_defaults: bool = False) -> dict:
+  """A copy of a model config dict without `COMPUTE_KEYS` (with `only_defaults`,
+  only those at their defaults, so a record looks as it did before they existed)."""
+  return {k: v for k, v in dict(model_config).items()
+          if k not in COMPUTE_KEYS or (only_defaults and v != COMPUTE_DEFAULTS[k])}
 
 
 def variant_sizes(variant: str) -> dict:
@@ -104,6 +118,14 @@ def default_model_config() -> ml_collections.ConfigDict:
       # 0: none, whatever the variant.
       'representation_size': ml_collections.FieldReference(None, field_type=int),
       'head_bias_init': 0.0,
+      # dtype of the activations and matrix products: None (float32) or
+      # 'bfloat16' (half the activation memory). Parameters stay float32;
+      # LayerNorm, the attention softmax, the router and the head compute in
+      # float32, and logits come back float32.
+      'dtype': ml_collections.FieldReference(None, field_type=str),
+      # Rematerialise each encoder block in the backward pass: only block inputs
+      # are kept for it, for about one more forward pass of compute.
+      'remat': False,
       'encoder': {
           'num_layers': 4,
           'num_heads': 4,

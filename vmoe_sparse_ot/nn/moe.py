@@ -72,10 +72,11 @@ class Experts(nn.Module):
     wi, wo = constrain(wi, (EXPERT_AXIS,)), constrain(wo, (EXPERT_AXIS,))
     # One mask shared along the expert axis when the experts share their rngs.
     broadcast = () if self.split_rngs else (0,)
-    h = jnp.einsum("emd,edh->emh", x, wi.astype(x.dtype)) + bi[:, None, :]
+    # Matrix products and biases in the tokens' dtype (bfloat16 under model.dtype).
+    h = jnp.einsum("emd,edh->emh", x, wi.astype(x.dtype)) + bi[:, None, :].astype(x.dtype)
     h = nn.gelu(h)
     h = nn.Dropout(self.dropout_rate, broadcast_dims=broadcast)(h, deterministic=not train)
-    y = jnp.einsum("emh,ehd->emd", h, wo.astype(x.dtype)) + bo[:, None, :]
+    y = jnp.einsum("emh,ehd->emd", h, wo.astype(x.dtype)) + bo[:, None, :].astype(x.dtype)
     return nn.Dropout(self.dropout_rate, broadcast_dims=broadcast)(y, deterministic=not train)
 
 

@@ -5,8 +5,20 @@ Pre-LayerNorm blocks (Dosovitskiy et al. 2021), as in V-MoE (Riquelme et al.
 blocks of multi-head self-attention and MLP (or MoE), final LayerNorm, pooling
 ('token' or 'gap'), optional tanh representation layer, linear head.
 
+Precision: parameters are always float32; `dtype` (None: float32) is the dtype
+of the activations and of the matrix products (bfloat16 halves activation
+memory). LayerNorm statistics and normalisation, the attention softmax and the
+router (its logits layer and routing, see `nn.moe`) compute in float32 whatever
+`dtype` is, and the head computes and returns float32 logits.
+
+Memory: with `remat`, each encoder block is rematerialised (`flax.linen.remat`,
+jax's default policy: nothing inside a block is saved for the backward pass but
+its input), so training holds one block's activations instead of all blocks',
+for about one more forward pass of compute. Parameters and outputs do not change.
+
 Shapes: B images, N tokens per image, D hidden size, H MLP hidden size.
 """
+import functools
 from typing import Any, Dict, Optional, Tuple
 
 import flax.linen as nn
@@ -23,16 +35,17 @@ class MlpBlock(nn.Module):
   """Dense GELU MLP: (B, N, D) -> (B, N, D)."""
   mlp_dim: int
   dropout_rate: float = 0.0
+  dtype: Any = None
 
   @nn.compact
   def __call__(self, x: Array, train: bool) -> Array:
     d = x.shape[-1]
     h = nn.Dense(self.mlp_dim, kernel_init=nn.initializers.xavier_uniform(),
-                 bias_init=nn.initializers.normal(stddev=1e-6))(x)
+                 bias_init=nn.initializers.normal(stddev=1e-6), dtype=self.dtype)(x)
     h = nn.gelu(h)
     h = nn.Dropout(self.dropout_rate)(h, deterministic=not train)
     y = nn.Dense(d, kernel_init=nn.initializers.xavier_uniform(),
-                 bias_init=nn.initializers.normal(stddev=1e-6))(h)
+                 bias_init=nn.initializers.normal(stddev=1e-6), dtype=self.dtype)(h)
     return nn.Dropout(self.dropout_rate)(y, deterministic=not train)
 
 
@@ -43,19 +56,22 @@ class EncoderBlock(nn.Module):
   dropout_rate: float = 0.0
   attention_dropout_rate: float = 0.0
   moe: Optional[Dict[str, Any]] = None   # MoeLayer kwargs, None for a dense MLP
+  dtype: Any = None
 
   @nn.compact
   def __call__(self, x: Array, train: bool):
-    y = nn.LayerNorm(name="norm_att")(x)
+    # flax's LayerNorm takes mean and variance in float32 and normalises in
+    # float32 (its statistics are float32), then casts to `dtype`.
+    y = nn.LayerNorm(dtype=self.dtype, name="norm_att")(x)
     y = nn.MultiHeadDotProductAttention(
         num_heads=self.num_heads, dropout_rate=self.attention_dropout_rate,
         kernel_init=nn.initializers.xavier_uniform(), deterministic=not train,
-        name="attention")(y, y)
+        dtype=self.dtype, force_fp32_for_softmax=True, name="attention")(y, y)
     y = nn.Dropout(self.dropout_rate)(y, deterministic=not train)
     x = x + y
-    y = nn.LayerNorm(name="norm_mlp")(x)
+    y = nn.LayerNorm(dtype=self.dtype, name="norm_mlp")(x)
     if self.moe is None:
-      y = MlpBlock(self.mlp_dim, self.dropout_rate, name="mlp")(y, train)
+      y = MlpBlock(self.mlp_dim, self.dropout_rate, self.dtype, name="mlp")(y, train)
       aux, metrics = jnp.zeros((), jnp.float32), None
     else:
       y, aux, metrics = MoeLayer(mlp_dim=self.mlp_dim, dropout_rate=self.dropout_rate,
@@ -72,6 +88,8 @@ class Encoder(nn.Module):
   moe: Optional[Dict[str, Any]] = None
   dropout_rate: float = 0.0
   attention_dropout_rate: float = 0.0
+  dtype: Any = None
+  remat: bool = False
 
   @nn.compact
   def __call__(self, x: Array, train: bool):
@@ -80,16 +98,19 @@ class Encoder(nn.Module):
     x = nn.Dropout(self.dropout_rate)(x + pos.astype(x.dtype), deterministic=not train)
     aux = jnp.zeros((), jnp.float32)
     routing = {}
+    # `train` (argument 2, counting self) is a Python bool that picks code paths.
+    block_cls = nn.remat(EncoderBlock, static_argnums=(2,)) if self.remat else EncoderBlock
     for i in range(self.num_layers):
       name = f"encoderblock_{i}"
-      x, block_aux, metrics = EncoderBlock(
+      x, block_aux, metrics = block_cls(
           num_heads=self.num_heads, mlp_dim=self.mlp_dim, dropout_rate=self.dropout_rate,
           attention_dropout_rate=self.attention_dropout_rate,
-          moe=self.moe if i in self.moe_layers else None, name=name)(x, train)
+          moe=self.moe if i in self.moe_layers else None, dtype=self.dtype,
+          name=name)(x, train)
       aux = aux + block_aux
       if metrics is not None:
         routing[name] = metrics
-    return nn.LayerNorm(name="encoder_norm")(x), aux, routing
+    return nn.LayerNorm(dtype=self.dtype, name="encoder_norm")(x), aux, routing
 
 
 class VisionTransformer(nn.Module):
@@ -107,11 +128,13 @@ class VisionTransformer(nn.Module):
   attention_dropout_rate: float = 0.0
   moe_layers: Tuple[int, ...] = ()
   moe: Optional[Dict[str, Any]] = None
+  dtype: Any = None      # activations' dtype (None: float32); parameters stay float32
+  remat: bool = False    # rematerialise each encoder block in the backward pass
 
   @nn.compact
   def __call__(self, images: Array, train: bool = False):
     x = nn.Conv(self.hidden_size, self.patch_size, strides=self.patch_size,
-                padding="VALID", name="embedding")(images)
+                padding="VALID", dtype=self.dtype, name="embedding")(images)
     b, h, w, d = x.shape
     x = x.reshape(b, h * w, d)
     if self.classifier == "token":
@@ -121,7 +144,10 @@ class VisionTransformer(nn.Module):
     x, aux_loss, routing = Encoder(
         num_layers=self.num_layers, num_heads=self.num_heads, mlp_dim=self.mlp_dim,
         moe_layers=self.moe_layers, moe=self.moe, dropout_rate=self.dropout_rate,
-        attention_dropout_rate=self.attention_dropout_rate, name="encoder")(x, train)
+        attention_dropout_rate=self.attention_dropout_rate, dtype=self.dtype,
+        remat=self.remat, name="encoder")(x, train)
+    # The pooling and the (small) head run in float32.
+    x = x.astype(jnp.float32)
     x = x[:, 0] if self.classifier == "token" else jnp.mean(x, axis=1)
     if self.representation_size is not None:
       x = nn.tanh(nn.Dense(self.representation_size, name="pre_logits")(x))

@@ -32,6 +32,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 from absl import logging
 
+from vmoe_sparse_ot.nn.config import without_compute_keys
 from vmoe_sparse_ot.train import config as config_lib
 from vmoe_sparse_ot.train import partitioning
 from vmoe_sparse_ot.train.errors import CheckpointRestoreError
@@ -135,7 +136,9 @@ def _join(problems: list[str], limit: int = 12) -> str:
 def check_compatible(meta: dict[str, Any], model_config: dict[str, Any],
                      abstract_params: Any, directory: str) -> None:
   """Raises ResumeMismatchError naming what differs between a checkpoint and the model."""
-  problems = _differences(meta.get('model_config', {}), model_config, 'model')
+  # model.dtype / model.remat change how the model computes, not its parameters.
+  problems = _differences(without_compute_keys(meta.get('model_config') or {}),
+                          without_compute_keys(model_config), 'model')
   saved_shapes, shapes = meta.get('param_shapes', {}), param_shapes(abstract_params)
   for key in sorted(set(saved_shapes) | set(shapes)):
     if saved_shapes.get(key) != shapes.get(key):

@@ -21,6 +21,7 @@ from typing import Any, Mapping
 
 from vmoe_sparse_ot.config_keys import check_keys
 from vmoe_sparse_ot.evaluate import config as fewshot_config
+from vmoe_sparse_ot.nn.config import MODEL_DTYPES
 from vmoe_sparse_ot.nn.config import VIT_SIZES
 from vmoe_sparse_ot.nn.config import VMOE_PREFIX
 from vmoe_sparse_ot.nn.config import VMOE_SIZES
@@ -136,6 +137,11 @@ def _validate_model(config) -> None:
   _int(config, 'model.hidden_size', 1)
   _int(config, 'model.representation_size', 0, optional=True)
   _number(config, 'model.head_bias_init')
+  model = config['model']
+  if model.get('dtype') is not None and model['dtype'] not in MODEL_DTYPES:
+    _fail('model.dtype', model['dtype'], f'must be one of {list(MODEL_DTYPES)} or None')
+  if not isinstance(model.get('remat', False), bool):
+    _fail('model.remat', model['remat'], 'must be True or False')
   _int(config, 'model.encoder.num_layers', 1)
   _int(config, 'model.encoder.num_heads', 1)
   _int(config, 'model.encoder.mlp_dim', 1)

@@ -68,7 +68,8 @@ def _json(tree: Any) -> Any:
 def run_meta(config: ml_collections.ConfigDict, abstract_params: Any) -> dict[str, Any]:
   """Checkpoint metadata fixed for the run (the step is added at each save)."""
   return {
-      'model_config': _json(config.model.to_dict()),
+      'model_config': nn.config.without_compute_keys(_json(config.model.to_dict()),
+                                                     only_defaults=True),
       'param_shapes': checkpoints.param_shapes(abstract_params),
       # What fixes the meaning of "global batch t" of the training stream.
       'data': {'name': config.dataset.name, 'split': config.dataset.train_split,
