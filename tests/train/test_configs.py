@@ -94,7 +94,7 @@ def test_unknown_router_and_bad_sections_fail_clearly():
   config = load('vmoe_tiny_mnist.py')
   config.optimizer.name = 'adagrad'
   with pytest.raises(ValueError, match=r"config.optimizer.name='adagrad': must be one of "
-                     r"\['adam', 'adamw', 'sgd'\]"):
+                     r"\['adam', 'adamw', 'sgd', 'adafactor'\]"):
     config_lib.validate(config)
   assert TINY.endswith('vmoe_tiny_mnist.py')
 
