@@ -39,7 +39,6 @@ os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 
 import jax  # pylint: disable=wrong-import-position
 import jax.numpy as jnp  # pylint: disable=wrong-import-position
-from jax.sharding import PartitionSpec as P  # pylint: disable=wrong-import-position
 
 from vmoe_sparse_ot import nn  # pylint: disable=wrong-import-position
 from vmoe_sparse_ot.train import config as config_lib  # pylint: disable=wrong-import-position
@@ -91,12 +90,7 @@ def compile_step(config):
   abstract_params = jax.eval_shape(init_params, key)
   tx = optimizer_lib.make_optimizer(config.optimizer, schedule, abstract_params)
   abstract_state = jax.eval_shape(lambda: state_lib.create(init_params(key), tx, key))
-  params_sharding = partitioning.param_shardings(mesh, abstract_params,
-                                                 [(nn.EXPERT_PARAMS_REGEX, P('expert'))])
-  state_sharding = state_lib.shardings(
-      params_sharding,
-      partitioning.opt_state_shardings(tx, abstract_state.opt_state, params_sharding, mesh),
-      mesh)
+  state_sharding = state_lib.shardings_on_mesh(mesh, tx, abstract_state)
   batch_sharding = partitioning.batch_sharding(mesh)
   b = int(config.batch_size)
   batch = {'image': jax.ShapeDtypeStruct((b, ds.image_size, ds.image_size, ds.channels),

@@ -14,6 +14,9 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
+from vmoe_sparse_ot import nn
+from vmoe_sparse_ot.train import partitioning
+
 
 @flax.struct.dataclass
 class TrainState:
@@ -44,6 +47,18 @@ def shardings(params_sharding: Any, opt_state_sharding: Any, mesh) -> TrainState
   replicated = NamedSharding(mesh, P())
   return TrainState(params=params_sharding, opt_state=opt_state_sharding, rng=replicated,
                     step=replicated)
+
+
+def shardings_on_mesh(mesh, tx: optax.GradientTransformation,
+                      abstract_state: TrainState) -> TrainState:
+  """The TrainState of shardings a run uses: expert parameters (leading E axis) and
+  their optimizer statistics split over 'expert', everything else replicated."""
+  params_sharding = partitioning.param_shardings(
+      mesh, abstract_state.params, [(nn.EXPERT_PARAMS_REGEX, P('expert'))])
+  return shardings(
+      params_sharding,
+      partitioning.opt_state_shardings(tx, abstract_state.opt_state, params_sharding, mesh),
+      mesh)
 
 
 def with_shardings(abstract: TrainState, sharding_tree: TrainState) -> TrainState:

@@ -36,7 +36,6 @@ import numpy as np
 import optax
 from absl import logging
 from clu import periodic_actions
-from jax.sharding import PartitionSpec as P
 
 from vmoe_sparse_ot import data as data_lib
 from vmoe_sparse_ot import initialization
@@ -271,12 +270,8 @@ def _train_and_evaluate(config, workdir, model, devices, allow_schedule_change):
                  ', '.join(frozen[:6]) + (', ...' if len(frozen) > 6 else ''))
   init_state = lambda: state_lib.create(init_params(init_key), tx, root_key)
   abstract_state = jax.eval_shape(init_state)
-  params_sharding = partitioning.param_shardings(mesh, abstract_params,
-                                                 [(nn.EXPERT_PARAMS_REGEX, P('expert'))])
-  state_sharding = state_lib.shardings(
-      params_sharding,
-      partitioning.opt_state_shardings(tx, abstract_state.opt_state, params_sharding, mesh),
-      mesh)
+  state_sharding = state_lib.shardings_on_mesh(mesh, tx, abstract_state)
+  params_sharding = state_sharding.params
 
   meta = run_meta(config, abstract_params)
   ckpt = checkpoints.Checkpointer(workdir, keep=config.checkpoint.keep,
