@@ -29,14 +29,9 @@ Array = jax.Array
 
 
 @dataclasses.dataclass(frozen=True)
-class SinkhornECOptions(base.CommonOptions):
-  epsilon: float = base.option(1.0, "Entropic regularization.", check=base.POSITIVE)
-  num_iters: int = base.option(20, "Sinkhorn iterations (fixed, no tolerance).",
-                               check=base.AT_LEAST_ONE)
-  first_update: str = base.option(
-      "experts", "Which potential each iteration updates first: 'experts' (g, as OTT "
-      "does; token rows exact) or 'tokens' (f; expert columns exact).",
-      choices=("experts", "tokens"))
+class SinkhornECOptions(sbase.SBaseOptions):
+  """S-BASE's Sinkhorn options (epsilon, num_iters, first_update), under this router's
+  own name in the config (`router.sinkhorn_ec.*`)."""
 
 
 def plans(logits: Array, token_mask: Array, opts: SinkhornECOptions) -> Array:
