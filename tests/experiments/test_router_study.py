@@ -28,12 +28,7 @@ def small_and_one_device(monkeypatch):
   def small_config(router, steps, seed, *, quick):
     config = make_config(router, steps, seed, quick=quick)
     with config.unlocked():
-      for key, value in small.items():
-        node = config
-        *parents, leaf = key.split('.')
-        for part in parents:
-          node = node[part]
-        node[leaf] = value
+      config.update_from_flattened_dict(small)
     return config
 
   make_mesh = partitioning.make_mesh

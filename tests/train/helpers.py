@@ -42,12 +42,7 @@ def _values(overrides):
 def small_config(arg='router=topk', **overrides):
   """The tiny config with SMALL and `overrides` applied."""
   config = config_lib.load_config_file(f'{TINY}:{arg}')
-  for key, value in _values(overrides).items():
-    node = config
-    *parents, leaf = key.split('.')
-    for part in parents:
-      node = node[part]
-    node[leaf] = value
+  config.update_from_flattened_dict(_values(overrides))
   return config
 
 

@@ -72,12 +72,7 @@ BAD = [
 def _config(**overrides):
   config = small_config()
   config.unlock()
-  for key, value in overrides.items():
-    node = config
-    *parents, leaf = key.split('.')
-    for part in parents:
-      node = node[part]
-    node[leaf] = value
+  config.update_from_flattened_dict(overrides)
   return config
 
 
