@@ -6,6 +6,7 @@ still run on device 0, so other tests are unaffected.
 """
 import os
 
+from tests.crash_recovery import pytest_xdist_make_scheduler  # noqa: F401  (a hook)
 from tests.xla_flags import xla_flags
 
 os.environ.setdefault("XLA_FLAGS", xla_flags(8))
