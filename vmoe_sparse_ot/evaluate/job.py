@@ -68,7 +68,6 @@ from typing import Any, Sequence
 import jax
 import jax.numpy as jnp
 import ml_collections
-import optax
 from absl import flags
 from jax.sharding import PartitionSpec
 from ml_collections import config_flags
@@ -79,6 +78,7 @@ from vmoe_sparse_ot.evaluate import routing_stats
 from vmoe_sparse_ot.evaluate.checkpoint_config import describe_model, model_config_differences
 from vmoe_sparse_ot.evaluate.files import write_json_atomic
 from vmoe_sparse_ot.train import checkpoints, config_cli, partitioning
+from vmoe_sparse_ot.train import losses as losses_lib
 from vmoe_sparse_ot.train import config as config_lib
 from vmoe_sparse_ot.train.errors import CheckpointRestoreError
 
@@ -108,6 +108,7 @@ class Request:
   batch_size: int                   # global
   name: str
   pp: str | None = None             # the run's pp_eval, for the run's dataset
+  loss: str = 'softmax_xent'        # the run's config.loss.name
 
   @property
   def path(self) -> str:
@@ -226,7 +227,8 @@ def prepare(workdir: str, step: int | None = None, *, dataset: str | None = None
       overrides=overrides, dataset=dataset, split=split, data_dir=data_dir,
       augment=run_data.get('augment') if same else None, image_shape=image_shape,
       batch_size=batch_size, name=name or default_name(dataset, split, overrides, step),
-      pp=run_data.get('pp_eval') if same else None)
+      pp=run_data.get('pp_eval') if same else None,
+      loss=run_config.get('loss', {}).get('name') or 'softmax_xent')
 
 
 def _first_line(e: BaseException) -> str:
@@ -234,20 +236,28 @@ def _first_line(e: BaseException) -> str:
   return lines[0] if lines else type(e).__name__
 
 
-def make_eval_step(model, num_tokens: int):
+def make_eval_step(model, num_tokens: int, loss: str = 'softmax_xent'):
   """(params, batch) -> sums over the batch's real examples: loss, correct, count, routing.
 
-  `routing` is {layer: `routing_stats.routing_sums`}; N = `num_tokens` per image.
+  `loss` is the training loss's name (`train.losses`, without label smoothing). A
+  loss that reads float targets ('labels', e.g. `sigmoid_xent`) on a batch with
+  only integer labels gets their one-hot over the model's classes, as V-MoE
+  evaluates its sigmoid-trained models on single-label sets. `routing` is
+  {layer: `routing_stats.routing_sums`}; N = `num_tokens` per image.
   """
+  loss_fn = losses_lib.get(loss)
+
   def eval_step(params, batch):
     (logits, _), state = model.apply({'params': params}, batch['image'], train=False,
                                      mutable=['intermediates'])
+    if loss in losses_lib.NEEDS_LABELS and 'labels' not in batch:
+      batch = {**batch, 'labels': jax.nn.one_hot(batch['label'], logits.shape[-1])}
     mask = batch['mask']
-    ce = optax.softmax_cross_entropy_with_integer_labels(logits, batch['label'])
-    correct = (jnp.argmax(logits, -1) == batch['label']) & mask
+    per_example = loss_fn(logits, batch, 0.0)
+    correct = (losses_lib.top1_correct(logits, batch) > 0) & mask
     b = batch['image'].shape[0]
     return {
-        'loss_sum': jnp.sum(jnp.where(mask, ce, 0.0)),
+        'loss_sum': jnp.sum(jnp.where(mask, per_example, 0.0)),
         'correct': jnp.sum(correct, dtype=jnp.int32),
         'count': jnp.sum(mask, dtype=jnp.int32),
         'routing': {layer: routing_stats.routing_sums(
@@ -280,7 +290,7 @@ def run(request: Request, *, devices: Sequence[Any] | None = None) -> dict[str, 
   params = jax.device_put(params, params_sharding)
   batch_sharding = partitioning.batch_sharding(mesh)
   num_tokens = int(request.meta['param_shapes']['encoder/pos_embedding'][1])
-  eval_step = jax.jit(make_eval_step(model, num_tokens),
+  eval_step = jax.jit(make_eval_step(model, num_tokens, request.loss),
                       in_shardings=(params_sharding, batch_sharding),
                       out_shardings=partitioning.replicated(mesh))
   height, _, channels = request.image_shape
@@ -309,7 +319,7 @@ def run(request: Request, *, devices: Sequence[Any] | None = None) -> dict[str, 
       'overrides': request.overrides,
       'routing_config': _routing_config(model_config),
       'model_config': model_config,
-      'metrics': {'loss': float(totals['loss_sum']) / max(count, 1),
+      'metrics': {'loss': float(totals['loss_sum']) / max(count, 1), 'loss_name': request.loss,
                   'accuracy': int(totals['correct']) / max(count, 1), 'num_examples': count},
       'routing': {layer: routing_stats.summarize(sums)
                   for layer, sums in totals['routing'].items()},
@@ -351,7 +361,8 @@ def format_report(payload: dict[str, Any]) -> str:
         f"expert and group of S={routing['group_size']} tokens, E={routing['num_experts']}")
   else:
     lines.append(f"Model {model['name']} (no MoE layers)")
-  lines.append(f"loss {metrics['loss']:.4f}, top-1 accuracy {100 * metrics['accuracy']:.2f}%")
+  lines.append(f"loss ({metrics.get('loss_name', 'softmax_xent')}) {metrics['loss']:.4f}, "
+               f"top-1 accuracy {100 * metrics['accuracy']:.2f}%")
   if payload['routing']:
     rows = [('MoE layer', 'dropped', 'experts/token', 'load per expert (fraction of tokens)')]
     for layer, r in payload['routing'].items():

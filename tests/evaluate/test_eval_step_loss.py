@@ -1,0 +1,59 @@
+"""The evaluate job's step reports the run's own loss (config.loss.name)."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from vmoe_sparse_ot.evaluate import job
+
+
+class FixedLogits:
+  """A stand-in model: `apply` returns the given logits and no routing."""
+
+  def __init__(self, logits):
+    self.logits = jnp.asarray(logits, jnp.float32)
+
+  def apply(self, variables, images, train, mutable):
+    del variables, images, train, mutable
+    return (self.logits, {}), {}
+
+
+def _batch(labels, mask):
+  return {'image': jnp.zeros((len(labels), 2, 2, 3)), 'label': jnp.asarray(labels),
+          'mask': jnp.asarray(mask)}
+
+
+def _log_sigmoid(x):
+  return -np.logaddexp(0.0, -x)
+
+
+@pytest.mark.parametrize('seed', [0, 1])
+def test_sigmoid_run_is_scored_with_binary_cross_entropy_on_one_hot_labels(seed):
+  rng = np.random.default_rng(seed)
+  logits = rng.normal(size=(5, 4)) * 3
+  labels = rng.integers(0, 4, size=5)
+  mask = np.array([True, True, False, True, True])
+  out = job.make_eval_step(FixedLogits(logits), num_tokens=1, loss='sigmoid_xent')(
+      None, _batch(labels, mask))
+  y = np.eye(4)[labels]
+  per_example = -(y * _log_sigmoid(logits) + (1 - y) * _log_sigmoid(-logits)).sum(-1)
+  np.testing.assert_allclose(out['loss_sum'], per_example[mask].sum(), rtol=1e-5)
+  assert int(out['correct']) == int(((logits.argmax(-1) == labels) & mask).sum())
+  assert int(out['count']) == 4
+
+
+def test_softmax_run_is_scored_as_before():
+  logits = np.array([[2.0, 0.0, -1.0], [0.0, 1.0, 3.0]])
+  out = job.make_eval_step(FixedLogits(logits), num_tokens=1)(None, _batch([0, 1], [True, True]))
+  log_softmax = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+  np.testing.assert_allclose(out['loss_sum'], -(log_softmax[0, 0] + log_softmax[1, 1]), rtol=1e-6)
+  assert int(out['correct']) == 1
+
+
+def test_float_targets_from_the_pp_string_are_used_as_given():
+  logits = np.array([[1.0, -1.0, 0.5]])
+  batch = {**_batch([0], [True]), 'labels': jnp.array([[0.9, 0.05, 0.05]])}
+  out = job.make_eval_step(FixedLogits(logits), num_tokens=1, loss='sigmoid_xent')(None, batch)
+  y = np.array([0.9, 0.05, 0.05])
+  want = -(y * _log_sigmoid(logits[0]) + (1 - y) * _log_sigmoid(-logits[0])).sum()
+  np.testing.assert_allclose(out['loss_sum'], want, rtol=1e-5)
