@@ -59,14 +59,32 @@ def read_scalars(workdir: str) -> Series:
   return out
 
 
-def plot_curves(scalars: Series, path: str, title: str = '') -> str | None:
-  """Loss, accuracy and learning rate against the step; None if nothing was logged."""
+def eval_set_names(scalars: Series) -> list[str]:
+  """Names of the extra eval sets (`config.evaluate.datasets`: eval/NAME/loss ...)."""
+  return sorted({tag.split('/')[1] for tag in scalars
+                 if tag.startswith('eval/') and tag.count('/') == 2
+                 and tag.endswith(('/loss', '/accuracy'))})
+
+
+def curve_panels(scalars: Series) -> list[tuple[str, list[tuple[str, str]], str]]:
+  """[(title, [(tag, legend label)], y label)] of the panels with something logged.
+
+  The run's eval set is 'eval'; each extra eval set is one more line, 'eval NAME'.
+  """
+  extra = eval_set_names(scalars)
   panels = [
-      ('Loss', [('loss', 'train (interval mean)'), ('eval/loss', 'eval')], 'cross-entropy'),
-      ('Top-1 accuracy', [('accuracy', 'train'), ('eval/accuracy', 'eval')], 'accuracy'),
+      ('Loss', [('loss', 'train (interval mean)'), ('eval/loss', 'eval')]
+       + [(f'eval/{name}/loss', f'eval {name}') for name in extra], 'cross-entropy'),
+      ('Top-1 accuracy', [('accuracy', 'train'), ('eval/accuracy', 'eval')]
+       + [(f'eval/{name}/accuracy', f'eval {name}') for name in extra], 'accuracy'),
       ('Learning rate', [('learning_rate', 'schedule')], 'learning rate'),
   ]
-  panels = [p for p in panels if any(tag in scalars for tag, _ in p[1])]
+  return [p for p in panels if any(tag in scalars for tag, _ in p[1])]
+
+
+def plot_curves(scalars: Series, path: str, title: str = '') -> str | None:
+  """Loss, accuracy and learning rate against the step; None if nothing was logged."""
+  panels = curve_panels(scalars)
   if not panels:
     return None
   fig, axes = plotting_style.figure(len(panels))
