@@ -15,9 +15,9 @@ def test_tfrecord_offsets_by_hand(tmp_path):
       writer.write(record)
   # Each record: 8-byte length, 4-byte CRC, the data, 4-byte CRC.
   size = (tmp_path / 'x.tfrecord').stat().st_size
-  offsets, lengths = records.tfrecord_offsets(path, size, 0)
-  np.testing.assert_array_equal(offsets, [12, 12 + 3 + 16, 12 + 3 + 16 + 16])
-  np.testing.assert_array_equal(lengths, [3, 0, 5])
+  starts = records.tfrecord_offsets(path, size, 0)
+  np.testing.assert_array_equal(starts, [0, 3 + 16, 3 + 16 + 16, 3 + 16 + 16 + 5 + 16])
+  assert starts[-1] == size
   split = records.SplitRecords([(path, 1, 2), (path, 0, 3)], 'tfrecord')
   assert split.num_records == 5
   assert split.read([4, 0, 1, 2]) == [b'hello', b'', b'hello', b'abc']
