@@ -1,4 +1,6 @@
 """Random access to TFDS split records: tfrecord offsets, array_record, split slicing."""
+import types
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -36,6 +38,14 @@ def test_array_record_files(tmp_path):
   writer.close()
   split = records.SplitRecords([(path, 1, 2)], 'array_record')
   assert split.num_records == 2 and split.read([1, 0]) == [b'ccc', b'bb']
+  # A TFDS builder prepared with file_format='array_record' (preparing a real one
+  # takes seconds): open_split reads its format and file instructions.
+  instruction = types.SimpleNamespace(filename=path, skip=0, take=3)
+  info = types.SimpleNamespace(
+      file_format=tfds.core.FileFormat.ARRAY_RECORD,
+      splits={'train': types.SimpleNamespace(file_instructions=[instruction])})
+  split = records.open_split(types.SimpleNamespace(info=info), 'train')
+  assert split.read([2, 0]) == [b'ccc', b'a']
   with pytest.raises(ValueError, match="file_format='riegeli'"):
     records.SplitRecords([(path, 0, 1)], 'riegeli')
 
