@@ -4,11 +4,11 @@ Ordering rule: the global stream of examples is the same whatever the number of
 processes P. Global batch t is stream positions [t*P*b, (t+1)*P*b) (`b` the
 per-process batch) and process p contributes rows [p*b, (p+1)*b) of it.
 
-Two ways to produce that stream (`sampling`):
+Two ways to produce that stream (`sampling`; `data.streams` builds both):
 - 'index' (default): position i of the training stream is record
   `sampling.record_indices(i)` of the split, a seeded per-epoch permutation
-  computed from i (`vmoe_sparse_ot.data.sampling`), read by random access
-  (`vmoe_sparse_ot.data.records`). Each process reads only its own 1/P of the
+  computed from i (`data.sampling`), read by random access (`data.records`).
+  Each process reads only its own 1/P of the
   records, and a restart at step t computes its first positions instead of
   replaying t*P*b of them: the time to the first batch does not grow with t.
 - 'stream' (the former pipeline, kept for runs started with it): TFDS's reader
@@ -34,12 +34,11 @@ import tensorflow_datasets as tfds
 
 from vmoe_sparse_ot.data import embedded
 from vmoe_sparse_ot.data import pp as pp_lib
-from vmoe_sparse_ot.data import records as records_lib
-from vmoe_sparse_ot.data import sampling as sampling_lib
+from vmoe_sparse_ot.data import streams
 
 AUGMENTATIONS = ('none', 'inception_crop_flip')
 SAMPLINGS = ('index', 'stream')
-# Small datasets are cached in memory (encoded for training, preprocessed for eval).
+# Small datasets are cached in memory (encoded for 'stream' training, preprocessed for eval).
 _CACHE_MAX_BYTES = 512 * 2**20
 
 
@@ -288,11 +287,15 @@ def make_dataset(name: str, split: str, *, batch_size: int, image_size: int,
   def finish(example):
     return _finish(example, image_size=image_size, channels=channels, pp=pp)
 
-  examples = _index_examples if sampling == 'index' else _stream_examples
-  ds = examples(builder, split, training=training, shuffle_seed=shuffle_seed,
-                shuffle_buffer=shuffle_buffer, batch_size=batch_size,
+  layout = dict(training=training, shuffle_seed=shuffle_seed, batch_size=batch_size,
                 process_index=process_index, process_count=process_count,
                 start_step=start_step, label_key=label_key)
+  if sampling == 'index':
+    ds = streams.index_examples(builder, split, **layout)
+  else:
+    cache = bool(builder.info.dataset_size and builder.info.dataset_size < _CACHE_MAX_BYTES)
+    ds = streams.stream_examples(builder, split, shuffle_buffer=shuffle_buffer,
+                                 cache=cache, **layout)
   options = tf.data.Options()
   options.deterministic = True
   ds = ds.with_options(options)
@@ -320,73 +323,6 @@ def make_dataset(name: str, split: str, *, batch_size: int, image_size: int,
     if num_batches * global_batch * image_size**2 * channels * 4 < _CACHE_MAX_BYTES:
       ds = ds.cache()
   return ds.prefetch(tf.data.AUTOTUNE)
-
-
-def _stream_examples(builder, split: str, *, training: bool, shuffle_seed: int,
-                     shuffle_buffer: int, batch_size: int, process_index: int,
-                     process_count: int, start_step: int, label_key: str) -> tf.data.Dataset:
-  """(stream position i, encoded example) of this process, 'stream' sampling.
-
-  TFDS's sequential reader (training: shuffled files, a seeded shuffle buffer over
-  the repeated split); every process reads all of it and keeps positions i with
-  (i // b) % P == p. A restart at step t skips t*P*b positions.
-  """
-  ds = builder.as_dataset(
-      split, shuffle_files=training, decoders={'image': tfds.decode.SkipDecoding()},
-      read_config=tfds.ReadConfig(shuffle_seed=shuffle_seed, skip_prefetch=True))
-  ds = ds.map(lambda ex: {'image': ex['image'], 'label': ex[label_key]})
-
-  def mine(i, _):
-    return (i // batch_size) % process_count == process_index
-
-  if not training:
-    return ds.enumerate().filter(mine)
-  if builder.info.dataset_size and builder.info.dataset_size < _CACHE_MAX_BYTES:
-    ds = ds.cache()
-  ds = ds.repeat().shuffle(shuffle_buffer, seed=shuffle_seed).enumerate()
-  return ds.skip(start_step * batch_size * process_count).filter(mine)
-
-
-def _index_examples(builder, split: str, *, training: bool, shuffle_seed: int,
-                    shuffle_buffer: int, batch_size: int, process_index: int,
-                    process_count: int, start_step: int, label_key: str) -> tf.data.Dataset:
-  """(stream position i, encoded example) of this process, 'index' sampling.
-
-  Reads only this process's records, by random access: training position i is
-  record `sampling.record_indices(i)` (epoch i // N in its seeded order), from
-  step `start_step` on; evaluation position i is record i, for i < N.
-  """
-  del shuffle_buffer  # The order is a whole-epoch permutation, no buffer.
-  records = records_lib.open_split(builder, split)
-  n, b = records.num_records, batch_size
-  if training:
-    local = tf.data.Dataset.range(start_step * b, tf.int64.max)
-  else:
-    local = tf.data.Dataset.range(math.ceil(n / (b * process_count)) * b)
-
-  def read(local_positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    positions = sampling_lib.global_positions(local_positions, b, process_index,
-                                              process_count)
-    if training:
-      indices = sampling_lib.record_indices(positions, n, shuffle_seed)
-    else:
-      positions = indices = positions[positions < n]
-    return positions, np.asarray(records.read(indices), dtype=object)
-
-  def read_batch(local_positions):
-    positions, serialized = tf.numpy_function(read, [local_positions], (tf.int64, tf.string),
-                                              stateful=False)
-    return tf.ensure_shape(positions, [None]), tf.ensure_shape(serialized, [None])
-
-  features = builder.info.features
-
-  def parse(i, serialized):
-    ex = features.deserialize_example(serialized,
-                                      decoders={'image': tfds.decode.SkipDecoding()})
-    return i, {'image': ex['image'], 'label': ex[label_key]}
-
-  ds = local.batch(b).map(read_batch, num_parallel_calls=tf.data.AUTOTUNE).unbatch()
-  return ds.map(_no_autograph(parse), num_parallel_calls=tf.data.AUTOTUNE)
 
 
 def _no_autograph(fn):
