@@ -1,8 +1,10 @@
-"""Input pipeline: eval padding/mask, per-process layout, resume position, shapes."""
+"""Input pipeline: eval padding/mask, per-process layout, resume position and cost, shapes."""
 import numpy as np
 import pytest
 
 from vmoe_sparse_ot import data
+from vmoe_sparse_ot.data import records
+from vmoe_sparse_ot.data import sampling
 
 MNIST = dict(image_size=28, channels=1)
 
@@ -44,8 +46,9 @@ def test_eval_counts_every_example_exactly_once(batch_size, process_count):
   np.testing.assert_array_equal(images[:1000], reference[0]['image'])
 
 
-def test_train_stream_layout_is_process_count_invariant_and_resumable():
-  kw = dict(training=True, shuffle_seed=3, shuffle_buffer=500, **MNIST)
+@pytest.mark.parametrize('sampling', ['index', 'stream'])
+def test_train_stream_layout_is_process_count_invariant_and_resumable(sampling):
+  kw = dict(training=True, shuffle_seed=3, shuffle_buffer=500, sampling=sampling, **MNIST)
   one = data.make_dataset('embedded_mnist', 'train[:2000]', batch_size=32,
                           process_index=0, process_count=1, **kw).as_numpy_iterator()
   batches = [next(one) for _ in range(5)]
@@ -144,3 +147,76 @@ def test_bad_arguments_fail_clearly():
   with pytest.raises(ValueError, match='neither embedded'):
     data.make_dataset('no_such_dataset_xyz', 'train', batch_size=8, image_size=8, channels=1,
                       training=True, process_index=0, process_count=1)
+
+
+# Digits without augmentation: a training row is its record's image, unchanged.
+PLAIN = dict(image_size=8, channels=1, pp='decode(channels=1)|value_range(-1, 1)')
+
+
+def _train(split, start_step=0, batch_size=8, process_index=0, process_count=1):
+  return data.make_dataset('sklearn_digits', split, batch_size=batch_size, training=True,
+                           shuffle_seed=4, process_index=process_index,
+                           process_count=process_count, start_step=start_step,
+                           **PLAIN).as_numpy_iterator()
+
+
+def _records_in_order(split):
+  """(images, labels) of `split` in record order (the evaluation pass)."""
+  (batch,) = data.make_dataset('sklearn_digits', split, batch_size=4096, training=False,
+                               process_index=0, process_count=1, **PLAIN).as_numpy_iterator()
+  return batch['image'][batch['mask']], batch['label'][batch['mask']]
+
+
+@pytest.fixture
+def records_read(monkeypatch):
+  """A one-entry list: the records that `SplitRecords.read` returned so far."""
+  count = [0]
+  read = records.SplitRecords.read
+
+  def counting(self, indices):
+    out = read(self, indices)
+    count[0] += len(out)
+    return out
+
+  monkeypatch.setattr(records.SplitRecords, 'read', counting)
+  return count
+
+
+def test_processes_read_disjoint_records_whose_union_is_the_epoch():
+  # 'train[:96]' in global batches of 2 x 8: one epoch is 6 steps.
+  images, _ = _records_in_order('train[:96]')
+  rows = [np.concatenate([next(it)['image'] for _ in range(6)])
+          for it in [_train('train[:96]', process_index=p, process_count=2) for p in range(2)]]
+  got = np.concatenate(rows).reshape(96, -1)
+  # Equal as multisets of images: every record exactly once over both processes.
+  key = lambda a: a[np.lexsort(a.T[::-1])]  # noqa: E731
+  np.testing.assert_array_equal(key(got), key(images.reshape(96, -1)))
+
+
+def test_restart_at_a_late_step_gives_the_uninterrupted_batches(records_read):
+  # 'train[:40]' in batches of 8: 5 steps an epoch, so 12 steps cross two epochs.
+  it = _train('train[:40]')
+  whole = [next(it) for _ in range(12)]
+  for step in (6, 11):
+    resumed = next(_train('train[:40]', start_step=step))
+    np.testing.assert_array_equal(resumed['image'], whole[step]['image'])
+    np.testing.assert_array_equal(resumed['label'], whole[step]['label'])
+  # At step 10**12 the batch holds the records the index arithmetic names, and
+  # reading it took a few batches' worth of records (the read-ahead), not 10**12.
+  images, labels = _records_in_order('train[:40]')
+  step = 10**12
+  records_read[0] = 0
+  late = next(_train('train[:40]', start_step=step))
+  expected = sampling.record_indices(np.arange(step * 8, (step + 1) * 8), 40, seed=4)
+  np.testing.assert_array_equal(late['label'], labels[expected])
+  np.testing.assert_array_equal(late['image'], images[expected])
+  assert 8 <= records_read[0] <= 16 * 8, records_read
+
+
+def test_restart_cost_does_not_depend_on_the_step(records_read):
+  for step in (0, 10**3, 10**9):
+    records_read[0] = 0
+    next(_train('train', start_step=step, process_index=1, process_count=2))
+    # The first batch and the pipeline's read-ahead (a few batches), whatever the step;
+    # the 'stream' sampling skipped step * 16 records through its shuffle buffer.
+    assert 8 <= records_read[0] <= 16 * 8, (step, records_read)

@@ -194,6 +194,8 @@ BAD_CONFIGS = [
     ('checkpoint.every_steps', 0, 'config.checkpoint.every_steps=0: must be an integer >= 1'),
     ('dataset.shuffle_buffer', 0, 'config.dataset.shuffle_buffer=0: must be an integer >= 1'),
     ('dataset.channels', 2, 'config.dataset.channels=2: must be one of [1, 3]'),
+    ('dataset.sampling', 'grain', "config.dataset.sampling='grain': must be one of "
+     "['index', 'stream']"),
     ('dataset.augment', 'mixup', "config.dataset.augment='mixup': must be one of "
      "['none', 'inception_crop_flip'] or None"),
     ('dataset.name', '', "config.dataset.name='': must be a dataset name (an embedded or "
@@ -307,6 +309,7 @@ def test_one_key_checker_and_schema_constants_match_the_code_they_mirror():
   from vmoe_sparse_ot.data import embedded  # pylint: disable=g-import-not-at-top
   assert config_lib.check_keys is config_keys.check_keys
   assert config_lib.AUGMENTATIONS == pipeline.AUGMENTATIONS
+  assert config_lib.SAMPLINGS == pipeline.SAMPLINGS
   assert tuple(sorted(embedded.BUILDERS)) == data_cli.NAMES
   from vmoe_sparse_ot.train import config_validation  # pylint: disable=g-import-not-at-top
   assert config_validation.MODELS == tuple(nn.MODELS)

@@ -211,3 +211,21 @@ def test_periodic_fewshot_runs_first_every_n_and_last_step(monkeypatch, tmp_path
   config = small_config('router=topk', train_steps=5, fewshot__every_steps=2)
   trainer.train_and_evaluate(config, str(tmp_path), devices=jax.devices()[:1])
   assert len(calls) == 4  # Steps 1 (first), 2, 4 and 5 (last).
+
+
+def test_checkpoints_from_before_dataset_sampling_resume_with_stream():
+  # What a checkpoint recorded before config.dataset.sampling existed.
+  old = {'data': {'name': 'embedded_mnist', 'split': 'train[:4096]', 'batch_size': 16,
+                  'seed': 0, 'shuffle_buffer': 1024}}
+  config = small_config('router=sparse_ot', dataset__sampling='stream', seed=0)
+  stream = trainer._stream_meta(config.dataset, 16, 0)  # pylint: disable=protected-access
+  assert stream == old['data']
+  checkpoints.check_resume(old, {'data': stream}, 'DIR')
+  config = small_config('router=sparse_ot', seed=0)
+  index = trainer._stream_meta(config.dataset, 16, 0)  # pylint: disable=protected-access
+  assert index == {**{k: v for k, v in old['data'].items() if k != 'shuffle_buffer'},
+                   'sampling': 'index'}
+  with pytest.raises(errors.ResumeMismatchError,
+                     match=r"dataset.sampling: checkpoint '<absent>', config 'index'.*"
+                     r"config.dataset.sampling='stream': set it to resume"):
+    checkpoints.check_resume(old, {'data': index}, 'DIR')

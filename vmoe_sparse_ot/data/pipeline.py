@@ -1,21 +1,27 @@
 """TFDS + tf.data input pipelines: one code path for embedded and real datasets.
 
-Ordering rule (why the pipeline looks the way it does): the global stream of
-examples is the same whatever the number of processes. Process `p` of `P` keeps
-the examples whose position `i` in the stream satisfies `(i // b) % P == p`
-(`b` the per-process batch), so global batch `t` is examples `[t*P*b, (t+1)*P*b)`
-in stream order, and process `p` contributes rows `[p*b, (p+1)*b)` of it. Hence
-one process and several processes at the same global batch see identical global
-batches, and a restarted run resumes at batch `t` by skipping `t*P*b` still-encoded
-examples of the seeded stream before any decoding or augmentation. The price is
-that every process reads (not decodes) the whole record stream.
+Ordering rule: the global stream of examples is the same whatever the number of
+processes P. Global batch t is stream positions [t*P*b, (t+1)*P*b) (`b` the
+per-process batch) and process p contributes rows [p*b, (p+1)*b) of it.
+
+Two ways to produce that stream (`sampling`; `data.streams` builds both):
+- 'index' (default): position i of the training stream is record
+  `sampling.record_indices(i)` of the split, a seeded per-epoch permutation
+  computed from i (`data.sampling`), read by random access (`data.records`).
+  Each process reads only its own 1/P of the
+  records, and a restart at step t computes its first positions instead of
+  replaying t*P*b of them: the time to the first batch does not grow with t.
+- 'stream' (the former pipeline, kept for runs started with it): TFDS's reader
+  with file shuffling and a `shuffle_buffer`; every process reads (not decodes)
+  the whole record stream, keeps its rows, and a restart skips t*P*b still-encoded
+  examples.
 
 Each example is preprocessed by a pp string (`data.pp`, docs/PREPROCESSING.md)
-from {'image': encoded image, 'label': int64}. Training streams are shuffled with a
-fixed seed, repeated and augmented with stateless per-example seeds
-`(shuffle_seed, i)`, so they are deterministic.
-Evaluation streams are a single pass, padded with zero images to whole global
-batches, with `'mask'` False on padding: every example is counted exactly once.
+from {'image': encoded image, 'label': int64}. Training streams are endless,
+deterministic and augmented with stateless per-example seeds `(shuffle_seed, i)`.
+Evaluation streams are a single pass in split order, padded with zero images to
+whole global batches, with `'mask'` False on padding: every example is counted
+exactly once.
 """
 from __future__ import annotations
 
@@ -28,9 +34,11 @@ import tensorflow_datasets as tfds
 
 from vmoe_sparse_ot.data import embedded
 from vmoe_sparse_ot.data import pp as pp_lib
+from vmoe_sparse_ot.data import streams
 
 AUGMENTATIONS = ('none', 'inception_crop_flip')
-# Small datasets are cached in memory (encoded for training, preprocessed for eval).
+SAMPLINGS = ('index', 'stream')
+# Small datasets are cached in memory (encoded for 'stream' training, preprocessed for eval).
 _CACHE_MAX_BYTES = 512 * 2**20
 
 
@@ -214,7 +222,8 @@ def make_dataset(name: str, split: str, *, batch_size: int, image_size: int,
                  shuffle_seed: int = 0, shuffle_buffer: int = 10_000,
                  process_index: int | None = None, process_count: int | None = None,
                  start_step: int = 0, augment: str | None = None,
-                 pp: str | None = None, label_key: str = 'label') -> tf.data.Dataset:
+                 pp: str | None = None, label_key: str = 'label',
+                 sampling: str = 'index') -> tf.data.Dataset:
   """Batched examples of `name`/`split` for this process.
 
   Args:
@@ -227,8 +236,8 @@ def make_dataset(name: str, split: str, *, batch_size: int, image_size: int,
       False: one pass padded to whole batches with a bool 'mask' (False = padding).
     data_dir: TFDS data_dir; None means `$VMOE_DATA_DIR` or
       `~/.cache/vmoe_sparse_ot/tfds` for embedded datasets, TFDS's default otherwise.
-    shuffle_seed: seeds file order, the shuffle buffer and augmentation.
-    shuffle_buffer: examples in the shuffle buffer.
+    shuffle_seed: seeds the order of the records and augmentation.
+    shuffle_buffer: examples in the shuffle buffer ('stream' sampling only).
     process_index, process_count: p and P; default from JAX.
     start_step: training only: skip this many global batches (resume position).
     augment: the older spelling of `pp` (see `legacy_pp`): 'none' or
@@ -240,6 +249,9 @@ def make_dataset(name: str, split: str, *, batch_size: int, image_size: int,
     label_key: the dataset's feature read as the example's 'label' (e.g.
       'real_label', a sequence of classes; the pp then turns it into fixed-size
       'labels' and drops it).
+    sampling: 'index' (each process reads its own records by random access; a
+      restart costs the same at any step) or 'stream' (the former pipeline: every
+      process reads the whole stream; a restart replays it); see the module doc.
 
   Returns:
     A tf.data.Dataset of dicts: the pp output batched, 'image' float32
@@ -253,6 +265,8 @@ def make_dataset(name: str, split: str, *, batch_size: int, image_size: int,
                      'spelling of a pp string)')
   if augment is not None and augment not in AUGMENTATIONS:
     raise ValueError(f'augment={augment!r}; valid: {AUGMENTATIONS}')
+  if sampling not in SAMPLINGS:
+    raise ValueError(f'sampling={sampling!r}; valid: {SAMPLINGS}')
   if start_step and not training:
     raise ValueError('start_step applies to training streams only')
   data_dir = data_dir or (embedded.default_data_dir() if name in embedded.BUILDERS else None)
@@ -273,23 +287,20 @@ def make_dataset(name: str, split: str, *, batch_size: int, image_size: int,
   def finish(example):
     return _finish(example, image_size=image_size, channels=channels, pp=pp)
 
-  ds = builder.as_dataset(
-      split, shuffle_files=training, decoders={'image': tfds.decode.SkipDecoding()},
-      read_config=tfds.ReadConfig(shuffle_seed=shuffle_seed, skip_prefetch=True))
-  ds = ds.map(lambda ex: {'image': ex['image'], 'label': ex[label_key]})
+  layout = dict(training=training, shuffle_seed=shuffle_seed, batch_size=batch_size,
+                process_index=process_index, process_count=process_count,
+                start_step=start_step, label_key=label_key)
+  if sampling == 'index':
+    ds = streams.index_examples(builder, split, **layout)
+  else:
+    cache = bool(builder.info.dataset_size and builder.info.dataset_size < _CACHE_MAX_BYTES)
+    ds = streams.stream_examples(builder, split, shuffle_buffer=shuffle_buffer,
+                                 cache=cache, **layout)
   options = tf.data.Options()
   options.deterministic = True
   ds = ds.with_options(options)
 
-  def mine(i, _):
-    return (i // batch_size) % process_count == process_index
-
   if training:
-    if builder.info.dataset_size and builder.info.dataset_size < _CACHE_MAX_BYTES:
-      ds = ds.cache()
-    ds = ds.repeat().shuffle(shuffle_buffer, seed=shuffle_seed).enumerate()
-    ds = ds.skip(start_step * global_batch).filter(mine)
-
     def train_map(i, ex):
       seed = tf.stack([tf.constant(shuffle_seed, tf.int64), i])
       return finish(preprocess({**ex, pp_lib.SEED_KEY: seed}))
@@ -302,8 +313,7 @@ def make_dataset(name: str, split: str, *, batch_size: int, image_size: int,
     def eval_map(_, ex):
       return {**finish(preprocess(ex)), 'mask': tf.constant(True)}
 
-    ds = ds.enumerate().filter(mine).map(_no_autograph(eval_map),
-                                         num_parallel_calls=tf.data.AUTOTUNE)
+    ds = ds.map(_no_autograph(eval_map), num_parallel_calls=tf.data.AUTOTUNE)
     # This process's real examples are a prefix of its share of the padded stream,
     # so padding at its end keeps every process at `num_batches` batches.
     padding = tf.data.Dataset.from_tensors(

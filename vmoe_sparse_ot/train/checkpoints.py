@@ -150,6 +150,10 @@ def check_compatible(meta: dict[str, Any], model_config: dict[str, Any],
         f'or the config it was trained with. Differences: {_join(problems)}')
 
 
+_SAMPLING_HINT = ("(A checkpoint without dataset.sampling read its data with "
+                  "config.dataset.sampling='stream': set it to resume.) ")
+
+
 def check_resume(meta: dict[str, Any], expected: dict[str, Any], directory: str, *,
                  allow_schedule_change: bool = False) -> list[str]:
   """Compares the input stream, optimizer and schedule of a checkpoint with this run.
@@ -165,7 +169,7 @@ def check_resume(meta: dict[str, Any], expected: dict[str, Any], directory: str,
     raise ResumeMismatchError(
         f'The checkpoint in {directory} was trained on a different input stream: '
         f'{_join(_differences(meta["data"], expected["data"], "dataset"))}. '
-        'Use a fresh --workdir.')
+        f'{_SAMPLING_HINT if "sampling" not in meta["data"] else ""}Use a fresh --workdir.')
   if 'optimizer' in meta:
     changed = _differences(meta['optimizer'], expected['optimizer'], 'optimizer')
     if changed:

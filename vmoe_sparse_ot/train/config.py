@@ -19,6 +19,7 @@ from vmoe_sparse_ot.train.config_files import parse_arg
 from vmoe_sparse_ot.train.config_schema import AUGMENTATIONS
 from vmoe_sparse_ot.train.config_schema import MESH_AXES
 from vmoe_sparse_ot.train.config_schema import OPTIMIZERS
+from vmoe_sparse_ot.train.config_schema import SAMPLINGS
 from vmoe_sparse_ot.train.config_schema import SCHEDULES
 from vmoe_sparse_ot.train.config_schema import base_config
 from vmoe_sparse_ot.train.config_validation import ConfigError
@@ -34,7 +35,7 @@ from vmoe_sparse_ot.train.paper_config import paper_vmoe_config
 
 __all__ = [
     'AUGMENTATIONS', 'ConfigError', 'MESH_AXES', 'OPTIMIZERS', 'PAPER_BATCH_SIZE',
-    'PAPER_DATASETS', 'PAPER_TRAIN_STEPS', 'SCHEDULES', 'base_config',
+    'PAPER_DATASETS', 'PAPER_TRAIN_STEPS', 'SAMPLINGS', 'SCHEDULES', 'base_config',
     'check_before_training', 'check_datasets', 'check_directory', 'check_keys',
     'explain_override', 'flatten', 'format_config', 'load_config_file',
     'paper_vmoe_config', 'parse_arg', 'validate', 'validate_for_devices',

@@ -13,6 +13,7 @@ from vmoe_sparse_ot.nn.config import default_model_config
 
 OPTIMIZERS = ('adam', 'adamw', 'sgd', 'adafactor')
 AUGMENTATIONS = ('none', 'inception_crop_flip')
+SAMPLINGS = ('index', 'stream')  # data/pipeline.py
 SCHEDULES = ('warmup_linear_decay', 'warmup_cosine_decay', 'warmup_constant')
 LOSSES = ('softmax_xent', 'sigmoid_xent')  # train/losses.py
 # Keys of one config.evaluate.datasets entry and their defaults (None: from
@@ -34,6 +35,12 @@ def base_config() -> ml_collections.ConfigDict:
           'image_size': 28,
           'channels': 1,
           'data_dir': ml_collections.FieldReference(None, field_type=str),
+          # How the training stream is read (docs/PREPROCESSING.md, "Input per
+          # host"): 'index' (each process reads its own records by random access,
+          # a seeded permutation per epoch; resume costs the same at any step) or
+          # 'stream' (the former reader: every process reads every record through a
+          # shuffle buffer of shuffle_buffer examples; resume replays the stream).
+          'sampling': 'index',
           'shuffle_buffer': 10_000,
           # Preprocessing strings (docs/PREPROCESSING.md), e.g.
           # 'decode_jpeg_and_inception_crop(224)|flip_lr|value_range(-1, 1)' for

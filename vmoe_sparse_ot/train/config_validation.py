@@ -30,6 +30,7 @@ from vmoe_sparse_ot.train.config_schema import AUGMENTATIONS
 from vmoe_sparse_ot.train.config_schema import EVAL_DATASET_KEYS
 from vmoe_sparse_ot.train.config_schema import LOSSES
 from vmoe_sparse_ot.train.config_schema import OPTIMIZERS
+from vmoe_sparse_ot.train.config_schema import SAMPLINGS
 from vmoe_sparse_ot.train.config_schema import SCHEDULES
 from vmoe_sparse_ot.train.config_schema import base_config
 
@@ -320,6 +321,7 @@ def validate(config: Mapping[str, Any]) -> None:
   _int(config, 'dataset.image_size', 1)
   _choice(config, 'dataset.channels', (1, 3))
   _int(config, 'dataset.shuffle_buffer', 1)
+  _choice(config, 'dataset.sampling', SAMPLINGS)
   _choice(config, 'dataset.augment', AUGMENTATIONS, optional=True)
   _validate_pp(config)
   _validate_model(config)

@@ -64,6 +64,16 @@ def _json(tree: Any) -> Any:
   return json.loads(json.dumps(tree))
 
 
+def _stream_meta(dataset, batch_size: int, seed: int) -> dict[str, Any]:
+  # Checkpoints from before `sampling` existed were 'stream' and recorded
+  # shuffle_buffer: a 'stream' run records exactly that, so they still resume.
+  meta = {'name': dataset.name, 'split': dataset.train_split, 'batch_size': batch_size,
+          'seed': seed}
+  if dataset.sampling == 'stream':
+    return meta | {'shuffle_buffer': int(dataset.shuffle_buffer)}
+  return meta | {'sampling': dataset.sampling}
+
+
 def run_meta(config: ml_collections.ConfigDict, abstract_params: Any) -> dict[str, Any]:
   """Checkpoint metadata fixed for the run (the step is added at each save)."""
   return {
@@ -71,9 +81,7 @@ def run_meta(config: ml_collections.ConfigDict, abstract_params: Any) -> dict[st
                                                      only_defaults=True),
       'param_shapes': checkpoints.param_shapes(abstract_params),
       # What fixes the meaning of "global batch t" of the training stream.
-      'data': {'name': config.dataset.name, 'split': config.dataset.train_split,
-               'batch_size': int(config.batch_size), 'seed': int(config.seed),
-               'shuffle_buffer': int(config.dataset.shuffle_buffer)},
+      'data': _stream_meta(config.dataset, int(config.batch_size), int(config.seed)),
       # Keys added later are left out at their defaults, so the record is what
       # it was before they existed and older workdirs still resume.
       'optimizer': {k: v for k, v in _json(config.optimizer.to_dict()).items()
@@ -97,7 +105,7 @@ def _dataset(config, split: str, batch_size: int, training: bool, start_step: in
       training=training, data_dir=ds.data_dir, shuffle_seed=config.seed,
       shuffle_buffer=ds.shuffle_buffer, process_index=jax.process_index(),
       process_count=jax.process_count(), start_step=start_step, augment=ds.augment,
-      pp=ds.pp_train if training else ds.pp_eval)
+      pp=ds.pp_train if training else ds.pp_eval, sampling=ds.sampling)
 
 
 def prefetch_to_mesh(batches: Iterator[dict[str, np.ndarray]], sharding,
