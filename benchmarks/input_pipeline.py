@@ -12,7 +12,9 @@ after the other, each stream closed before the next starts.
 
     python benchmarks/input_pipeline.py [--data_dir DIR] [--examples 1000] [--cores 1]
 
---cores N pins the process to N cores before TensorFlow starts (its thread
+--sampling picks `data.make_dataset`'s record order(s): 'index' (each process's
+own records by random access, the default) and 'stream' (the sequential reader
+with a shuffle buffer). --cores N pins the process to N cores before TensorFlow starts (its thread
 pools then size themselves to N). The strings: the eval pp, and the train pp
 with and without RandAugment, each with the fused crop-then-decode
 (`decode_jpeg_and_inception_crop`) and with decode-then-crop.
@@ -97,6 +99,8 @@ def main(argv=None):
   p.add_argument('--rounds', type=int, default=3)
   p.add_argument('--cores', type=int, default=None, help='pin to this many cores')
   p.add_argument('--only', default=None, help='run only the strings whose label contains this')
+  p.add_argument('--sampling', default='index,stream',
+                 help="data.make_dataset's sampling modes to run, comma-separated")
   args = p.parse_args(argv)
   if args.cores:
     os.sched_setaffinity(0, set(sorted(os.sched_getaffinity(0))[:args.cores]))
@@ -116,14 +120,16 @@ def main(argv=None):
         f'cores: {len(os.sched_getaffinity(0))}, batch {args.batch}')
 
   wall, cpu = {}, {}
-  for label, pp in PP.items():
-    if args.only and args.only not in label:
-      continue
+  runs = [(f'{label} [{sampling}]' if ',' in args.sampling else label, pp, sampling)
+          for label, pp in PP.items() if not args.only or args.only in label
+          for sampling in args.sampling.split(',')]
+  for label, pp, sampling in runs:
     # One stream at a time (a live stream keeps prefetching in the background,
     # which would count against the next one's CPU time).
     ds = data.make_dataset(NAME, 'train', batch_size=args.batch, image_size=224, channels=3,
                            training=True, data_dir=args.data_dir, pp=pp + ONEHOT,
-                           shuffle_buffer=1000, process_index=0, process_count=1)
+                           shuffle_buffer=1000, process_index=0, process_count=1,
+                           sampling=sampling)
     it = iter(ds.as_numpy_iterator())
     for _ in range(args.warmup):
       next(it)
@@ -137,10 +143,10 @@ def main(argv=None):
       cpu[label].append(n / max(cpu_seconds() - c0, 1e-9))
     del it, ds
   base = max(cpu[next(iter(cpu))])
-  print(f"\n{'pp string (+ onehot(1000))':<46}{'images/s':>10}{'images/CPU-s':>14}"
+  print(f"\n{'pp string (+ onehot(1000)) [sampling]':<56}{'images/s':>10}{'images/CPU-s':>14}"
         f"{'vs first':>10}")
   for label in wall:
-    print(f'{label:<46}{max(wall[label]):>10.0f}{max(cpu[label]):>14.0f}'
+    print(f'{label:<56}{max(wall[label]):>10.0f}{max(cpu[label]):>14.0f}'
           f'{max(cpu[label]) / base:>9.2f}x')
   return 0
 
