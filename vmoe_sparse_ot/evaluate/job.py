@@ -235,13 +235,15 @@ def _first_line(e: BaseException) -> str:
 
 
 def make_eval_step(model, num_tokens: int):
-  """(params, batch) -> sums over the batch's real examples: loss, correct, count, routing.
+  """(params, batch, model_state) -> sums over the batch's real examples: loss, correct,
+  count, routing.
 
-  `routing` is {layer: `routing_stats.routing_sums`}; N = `num_tokens` per image.
+  `routing` is {layer: `routing_stats.routing_sums`}; N = `num_tokens` per image;
+  `model_state` the router state to route with (`nn.router_state`; {} for none).
   """
-  def eval_step(params, batch):
-    (logits, _), state = model.apply({'params': params}, batch['image'], train=False,
-                                     mutable=['intermediates'])
+  def eval_step(params, batch, model_state=None):
+    (logits, _), state = model.apply({'params': params, **(model_state or {})},
+                                     batch['image'], train=False, mutable=['intermediates'])
     mask = batch['mask']
     ce = optax.softmax_cross_entropy_with_integer_labels(logits, batch['label'])
     correct = (jnp.argmax(logits, -1) == batch['label']) & mask
@@ -278,10 +280,16 @@ def run(request: Request, *, devices: Sequence[Any] | None = None) -> dict[str, 
   params_sharding = partitioning.param_shardings(
       mesh, params, [(nn.EXPERT_PARAMS_REGEX, PartitionSpec('expert'))])
   params = jax.device_put(params, params_sharding)
+  # The router state the checkpoint routes with (topk_bias's bias), replicated.
+  model_state = jax.device_put(
+      nn.router_state.for_model(model, request.image_shape,
+                                checkpoints.restore_model_state(request.workdir, step)),
+      partitioning.replicated(mesh))
   batch_sharding = partitioning.batch_sharding(mesh)
   num_tokens = int(request.meta['param_shapes']['encoder/pos_embedding'][1])
   eval_step = jax.jit(make_eval_step(model, num_tokens),
-                      in_shardings=(params_sharding, batch_sharding),
+                      in_shardings=(params_sharding, batch_sharding,
+                                    partitioning.replicated(mesh)),
                       out_shardings=partitioning.replicated(mesh))
   height, _, channels = request.image_shape
   dataset = data.make_dataset(
@@ -291,7 +299,7 @@ def run(request: Request, *, devices: Sequence[Any] | None = None) -> dict[str, 
   totals = None
   with jax.set_mesh(mesh):
     for batch in trainer.prefetch_to_mesh(dataset.as_numpy_iterator(), batch_sharding):
-      out = eval_step(params, batch)  # Summed on device; fetched once at the end.
+      out = eval_step(params, batch, model_state)  # Summed on device; fetched at the end.
       totals = out if totals is None else jax.tree.map(jnp.add, totals, out)
   if totals is None:
     raise UsageError(f'--split={request.split}: the split holds no examples')

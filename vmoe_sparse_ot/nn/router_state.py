@@ -18,9 +18,12 @@ The model's state is the dict of its state collections, {'router_state': tree}
 The trainer keeps `model_state` in its TrainState (replicated, checkpointed) and
 calls `update` once per optimizer step with the statistics summed over the
 step's microbatches; evaluation passes the current state and never updates it.
+Readers of a checkpoint take its saved state through `for_model`.
 """
-from typing import Any, Dict, Mapping, Optional, Tuple
+from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
 
+import jax
+import jax.numpy as jnp
 from flax import traverse_util
 
 from vmoe_sparse_ot.nn import routers
@@ -68,3 +71,24 @@ def update(cfg: Optional[routers.RouterConfig], model_state: Mapping[str, Any],
     new.update({layer + (name,): value for name, value in updated.items()})
   model_state[STATE] = traverse_util.unflatten_dict(new)
   return model_state
+
+
+def for_model(model, image_shape: Sequence[int], saved: Optional[Mapping[str, Any]]
+              ) -> Dict[str, Any]:
+  """The model state to evaluate `model` on images (H, W, C) with: `saved` (a
+  checkpoint's) when it is this model's state tree, else the state at step 0
+  (`RouterState.init`; a run without router state, or a router override).
+  {} for a model without state."""
+  def fresh():
+    image = jnp.zeros((1, *image_shape), jnp.float32)
+    return split(model.init({"params": jax.random.key(0)}, image, train=False))[1]
+
+  want = jax.eval_shape(fresh)
+  if not want:
+    return {}
+  saved = dict(saved or {})
+  if jax.tree.structure(saved) == jax.tree.structure(want) and all(
+      a.shape == b.shape and a.dtype == b.dtype
+      for a, b in zip(jax.tree.leaves(saved), jax.tree.leaves(want))):
+    return saved
+  return jax.jit(fresh)()

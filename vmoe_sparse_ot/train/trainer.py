@@ -456,7 +456,8 @@ def _periodic_actions(config, writer, ckpt, meta, progress, run_eval, eval_sets,
   def few_shot(step, t, state, metrics):
     del t, metrics
     with progress.paused():
-      fewshot(step, state.params)  # PeriodicFewShot keeps its own schedule.
+      # PeriodicFewShot keeps its own schedule; the router state as evaluation's.
+      fewshot(step, state.params, state.model_state)
 
   actions = [
       periodic_actions.PeriodicCallback(
