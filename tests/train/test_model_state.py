@@ -1,21 +1,42 @@
 """TrainState.model_state (topk_bias's bias): one update per optimizer step, a
 checkpoint round trip, and a bit-exact resume. (That microsteps sum the load:
 test_microsteps.py.)"""
+from typing import Any
+
+import flax.linen as fnn
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
 
-from vmoe_sparse_ot import nn
 from vmoe_sparse_ot.nn import router_state
+from vmoe_sparse_ot.nn import routers
+from vmoe_sparse_ot.nn.moe import MoeLayer
 from vmoe_sparse_ot.train import checkpoints
 from vmoe_sparse_ot.train import state as state_lib
 from vmoe_sparse_ot.train import trainer
-from tests.train.helpers import small_config
 
 RATE = 0.01
-BIAS = (router_state.STATE, 'encoder', 'encoderblock_0', 'moe', 'bias')
+E = 8
+# Where jit puts the state; restored there, the compiled step serves it too.
+DEVICE = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+BIAS = (router_state.STATE, 'moe', 'bias')
+
+
+class TinyMoe(fnn.Module):
+  """Images (B, 28, 28, 1) -> 16 patch tokens -> one MoE layer -> logits: the
+  smallest model the train step takes (a ViT's outputs, a fraction of its compile)."""
+  moe: Any   # MoeLayer kwargs, as VisionTransformer.moe (the trainer reads its router)
+
+  @fnn.compact
+  def __call__(self, images, train=False):
+    b = images.shape[0]
+    x = images.reshape(b, 4, 7, 4, 7).transpose(0, 1, 3, 2, 4).reshape(b, 16, 49)
+    x = fnn.Dense(16)(x)
+    y, aux, metrics = MoeLayer(mlp_dim=16, name='moe', **self.moe)(x, train)
+    logits = fnn.Dense(10)(jnp.mean(x + y, axis=1))
+    return logits, {'auxiliary_loss': aux, 'routing': {'moe': metrics}}
 
 
 def _batch(seed, size=8):
@@ -33,42 +54,39 @@ def _bias(state):
 
 @pytest.fixture(scope='module')
 def setup():
-  # One block, an MoE one: the cheapest model that routes.
-  config = small_config('router=topk_bias', model__encoder__num_layers=1,
-                        model__encoder__moe__layers='0', model__encoder__moe__num_experts=8,
-                        model__encoder__moe__router__topk_bias__update_rate=RATE)
-  model = nn.build_model(config.model)
+  router = routers.parse_router_options(
+      {'name': 'topk_bias', 'topk_bias': {'update_rate': RATE}})
+  model = TinyMoe(dict(num_experts=E, group_size=32, router=router))
   tx = optax.sgd(0.1)
 
   @jax.jit
-  def init(key):
+  def init(key, images):
+    """The step-0 state, and the load of `images` under it (one compilation for both)."""
     params, model_state = router_state.split(
         model.init({'params': key}, jnp.zeros((1, 28, 28, 1)), train=False))
-    return state_lib.create(params, tx, jax.random.key(1), model_state)
+    _, out = model.apply(router_state.with_state(params, model_state), images, train=True,
+                         mutable=[router_state.STATISTICS])
+    state = state_lib.create(params, tx, jax.random.key(1), model_state)
+    return state, out[router_state.STATISTICS]['moe']['load']
 
-  return model, tx, init(jax.random.key(0)), jax.jit(trainer.make_step(model, tx))
+  state, load = init(jax.random.key(0), _batch(0)['image'])
+  return jax.device_put(state, DEVICE), np.asarray(load), jax.jit(trainer.make_step(model, tx))
 
 
 def test_bias_moves_once_per_step_by_the_load_of_the_batch(setup):
-  model, _, state, step = setup
-  np.testing.assert_array_equal(_bias(state), np.zeros(8))
-  batch = _batch(0)
-  # The load of the whole batch, by hand from the model's statistics.
-  variables = router_state.with_state(state.params, state.model_state)
-  _, out = jax.jit(lambda x: model.apply(variables, x, train=True,
-                                         mutable=[router_state.STATISTICS]))(batch['image'])
-  load = np.asarray(out[router_state.STATISTICS]['encoder']['encoderblock_0']['moe']['load'])
-  assert load.sum() == 8 * 17 * 2                       # 8 images of 17 tokens, K = 2
-  want = RATE * np.sign(load.mean() - load)
+  state, load, step = setup
+  np.testing.assert_array_equal(_bias(state), np.zeros(E))
+  assert load.sum() == 8 * 16 * 2                       # 8 images of 16 tokens, K = 2
+  want = RATE * np.sign(load.mean() - load)             # by hand, from batch 0's load
   assert np.any(want != 0)
 
-  new, values = step(state, batch)
+  new, values = step(state, _batch(0))
   np.testing.assert_allclose(_bias(new), want, rtol=1e-6)
-  assert 'routing/encoderblock_0/selected_max_load_violation' in values
+  assert 'routing/moe/selected_max_load_violation' in values
 
 
 def test_checkpoint_round_trip_and_resume_are_bit_exact(setup, tmp_path):
-  _, _, state, step = setup
+  state, _, step = setup
   batches = [_batch(seed) for seed in range(4)]
   straight = state
   for batch in batches:
@@ -80,11 +98,9 @@ def test_checkpoint_round_trip_and_resume_are_bit_exact(setup, tmp_path):
   ckpt = checkpoints.Checkpointer(str(tmp_path), async_save=False)
   ckpt.save(2, half, {'step': 2})
   ckpt.close()
-  mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]).reshape(1, 1), ('data', 'expert'))
   abstract = jax.eval_shape(lambda: half)
-  replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
   restored, _ = checkpoints.Checkpointer(str(tmp_path)).restore(
-      state_lib.with_shardings(abstract, jax.tree.map(lambda _: replicated, abstract)))
+      state_lib.with_shardings(abstract, jax.tree.map(lambda _: DEVICE, abstract)))
   assert restored.model_state and _bias(restored).any()
   for a, b in zip(jax.tree.leaves(restored), jax.tree.leaves(half)):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
