@@ -1,6 +1,6 @@
 """Orbax checkpoints of a TrainState under `WORKDIR/checkpoints`.
 
-Each step directory holds three items:
+Each step directory holds three items (four with router state):
 - 'params': the model parameters (sharded arrays, written by every process), on
   their own so that the few-shot job reads them without the optimizer;
 - 'state': the rest of the TrainState: {'opt_state', 'rng', 'step'};
