@@ -112,3 +112,42 @@ def test_checkpoint_round_trip_and_resume_are_bit_exact(setup, tmp_path):
   for (path, a), b in zip(jax.tree_util.tree_flatten_with_path(resumed)[0],
                           jax.tree.leaves(straight)):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b), err_msg=str(path))
+
+
+def test_on_8_devices_the_bias_is_replicated_global_and_restored(setup, tmp_path):
+  """The trainer's shardings on a (data 2, expert 4) mesh: the bias is replicated,
+  moves by the load of the whole global batch (as on one device), and a checkpoint
+  restores it onto the same shardings."""
+  if len(jax.devices()) < 8:
+    pytest.skip('needs the 8 fake CPU devices of tests/conftest.py')
+  from vmoe_sparse_ot.train import partitioning  # pylint: disable=g-import-not-at-top
+  state, _, one_device_step = setup
+  mesh = partitioning.make_mesh({'data': 2, 'expert': 4}, jax.devices()[:8], E)
+  tx = optax.sgd(0.1)
+  abstract = jax.eval_shape(lambda: state)
+  shardings = state_lib.shardings_on_mesh(mesh, tx, abstract)
+  assert all(s.spec == jax.sharding.PartitionSpec()
+             for s in jax.tree.leaves(shardings.model_state))
+  router = routers.parse_router_options(
+      {'name': 'topk_bias', 'topk_bias': {'update_rate': RATE}})
+  model = TinyMoe(dict(num_experts=E, group_size=32, router=router))
+  step = jax.jit(trainer.make_step(model, tx),
+                 in_shardings=(shardings, partitioning.batch_sharding(mesh)),
+                 out_shardings=(shardings, partitioning.replicated(mesh)))
+  sharded = jax.device_put(state, shardings)
+  with jax.set_mesh(mesh):
+    new, _ = step(sharded, _batch(0))
+  want, _ = one_device_step(state, _batch(0))
+  np.testing.assert_allclose(_bias(new), _bias(want), rtol=1e-6)
+  assert _bias(new).any()
+
+  ckpt = checkpoints.Checkpointer(str(tmp_path), async_save=False)
+  ckpt.save(1, new, {'step': 1})
+  ckpt.close()
+  restored, _ = checkpoints.Checkpointer(str(tmp_path)).restore(
+      state_lib.with_shardings(abstract, shardings))
+  bias = restored.model_state
+  for key in BIAS:
+    bias = bias[key]
+  assert bias.sharding.is_equivalent_to(partitioning.replicated(mesh), bias.ndim)
+  np.testing.assert_array_equal(np.asarray(bias), _bias(new))
