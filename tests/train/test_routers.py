@@ -6,18 +6,22 @@ import numpy as np
 import pytest
 
 from vmoe_sparse_ot.train import trainer
+from tests.train import helpers
 from tests.train.helpers import small_config
 
-STEPS = 6
+STEPS = helpers.SIX_STEPS['train_steps']
 
 
 @pytest.fixture(scope='module')
-def runs(tmp_path_factory):
+def runs(tmp_path_factory, request):
   cache = {}
 
   def run(router, devices=1, **overrides):
     key = (router, devices)
+    if key == ('topk', 1):  # Shared with test_multiprocess.py (tests/train/conftest.py).
+      return request.getfixturevalue('topk_six_steps')[1]
     if key not in cache:
+      # No checkpoint: it would not change the losses.
       config = small_config(f'router={router}', train_steps=STEPS, **overrides)
       cache[key] = trainer.train_and_evaluate(
           config, str(tmp_path_factory.mktemp(f'{router}{devices}')),
