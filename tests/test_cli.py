@@ -6,6 +6,7 @@ import sys
 
 import pytest
 
+from tests import main_cases
 from tests.train.helpers import ROOT, TINY, cli_args
 from vmoe_sparse_ot.train import config as config_lib
 from tests.xla_flags import xla_flags
@@ -85,13 +86,38 @@ USER_ERRORS = [
 ]
 
 
-@pytest.mark.parametrize('module,args,expected', USER_ERRORS,
+def _fill(args, tmp):
+  return [a.replace('{tmp}', str(tmp)) for a in args]
+
+
+@pytest.fixture(scope='module')
+def main_results(tmp_path_factory):
+  """USER_ERRORS' main command lines, all run in one interpreter (tests/main_cases.py).
+
+  {index: (tmp, result)}; each case has its own fresh {tmp} holding 'file'.
+  """
+  cases = {}
+  for i, (module, args, _) in enumerate(USER_ERRORS):
+    if module == 'vmoe_sparse_ot.main':
+      tmp = tmp_path_factory.mktemp(f'main{i}')
+      (tmp / 'file').write_text('')
+      cases[i] = (tmp, _fill(args, tmp))
+  results = main_cases.run_main_cases([argv for _, argv in cases.values()], _env())
+  return {i: (tmp, result) for (i, (tmp, _)), result in zip(cases.items(), results)}
+
+
+@pytest.mark.parametrize('index', range(len(USER_ERRORS)),
                          ids=[f'{m.split(".")[-1]}-{i}' for i, (m, _, _) in
                               enumerate(USER_ERRORS)])
-def test_user_errors_are_one_line_without_traceback(module, args, expected, tmp_path):
-  (tmp_path / 'file').write_text('')
-  args = [a.replace('{tmp}', str(tmp_path)) for a in args]
-  proc = _run(module, *args)
+def test_user_errors_are_one_line_without_traceback(index, tmp_path, request):
+  module, args, expected = USER_ERRORS[index]
+  if module == 'vmoe_sparse_ot.main':
+    # In one interpreter with the others; test_cli_missing_dataset_is_one_line below
+    # runs a main error as a process of its own.
+    tmp_path, proc = request.getfixturevalue('main_results')[index]
+  else:
+    (tmp_path / 'file').write_text('')
+    proc = _run(module, *_fill(args, tmp_path))
   prog = 'python -m ' + module
   if module == 'vmoe_sparse_ot.data':  # argparse prints its usage line first.
     assert proc.returncode == 2 and 'Traceback' not in proc.stderr
@@ -120,13 +146,17 @@ def test_data_prepares_an_embedded_dataset_quietly(tmp_path):
 
 
 def test_print_config_shows_the_resolved_config_and_exits(tmp_path):
-  proc = _run('vmoe_sparse_ot.main', f'--config={TINY}:router=sbase',
-              '--config.train_steps=7', '--print_config')
+  # In one interpreter (tests/main_cases.py), after a case that failed: its flags are gone.
+  bad, proc = main_cases.run_main_cases([
+      [f'--config={TINY}', '--config.model.encoder.num_heads=3', f'--workdir={tmp_path}/w'],
+      [f'--config={TINY}:router=sbase', '--config.train_steps=7', '--print_config']], _env())
+  assert bad.returncode == 2
   assert proc.returncode == 0, proc.stderr[-2000:]
   import json  # pylint: disable=g-import-not-at-top
   shown = json.loads(proc.stdout)
   assert shown['train_steps'] == 7
   assert shown['model']['encoder']['moe']['router']['name'] == 'sbase'
+  assert shown['model']['encoder']['num_heads'] == 4  # Not the failed case's override.
   assert proc.stderr == ''
 
 
@@ -164,8 +194,14 @@ def test_missing_fewshot_dataset_is_named_when_periodic_fewshot_is_on(monkeypatc
   config.fewshot.every_steps = 10
   config.fewshot.datasets.cifar = {'name': 'cifar10', 'train_split': 'train',
                                    'test_split': 'test'}
+  # The training data comes first and is there: embedded MNIST as the training tests
+  # prepared it in the default data_dir (writing it anew takes half a minute), linked
+  # into a data_dir without cifar10.
+  from vmoe_sparse_ot.data import embedded  # pylint: disable=g-import-not-at-top
+  mnist = embedded.builder('embedded_mnist').data_dir  # .../embedded_mnist/VERSION
+  (tmp_path / 'tfds').mkdir()
+  (tmp_path / 'tfds' / 'embedded_mnist').symlink_to(os.path.dirname(mnist))
   config.dataset.data_dir = str(tmp_path / 'tfds')
-  # The training data comes first: embedded MNIST is written into the empty data_dir.
   with pytest.raises(FileNotFoundError, match=r"^config.fewshot.datasets.cifar: TFDS dataset "
                      r"'cifar10' is not prepared"):
     config_lib.check_before_training(config, str(tmp_path / 'w'))
@@ -200,10 +236,23 @@ _NOISE = ('oneDNN', "Unable to initialize backend 'tpu'", 'absl::InitializeLog',
 
 @pytest.fixture(scope='module')
 def console(tmp_path_factory):
+  # Soft MoE: the one router that trains only here (tests/train/test_routers.py trains
+  # the others in-process).
   workdir = tmp_path_factory.mktemp('console') / 'w'
-  proc = _run('vmoe_sparse_ot.main', *cli_args(workdir, train_steps=10, log_every_steps=5))
+  proc = _run('vmoe_sparse_ot.main', *cli_args(workdir, 'router=soft_moe', train_steps=10,
+                                               log_every_steps=5))
   assert proc.returncode == 0, proc.stderr[-3000:]
   return [line for line in (proc.stdout + proc.stderr).splitlines() if line.strip()]
+
+
+def test_soft_moe_trains_through_the_command_line(console):
+  finals = [re.fullmatch(r'Final test\[:300\] accuracy at step 10: (\d+\.\d\d)% '
+                         r'\(300 examples, loss (\d+\.\d{4})\)', line) for line in console]
+  finals = [m for m in finals if m]
+  assert len(finals) == 1, console
+  assert 0.0 <= float(finals[0].group(1)) <= 100.0
+  assert any(re.search(r'step 10/10: mean of steps 6-10: loss \d', line) for line in console), \
+      console
 
 
 def test_short_run_console_has_no_library_chatter(console):

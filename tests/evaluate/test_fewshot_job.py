@@ -11,6 +11,7 @@ import pytest
 from vmoe_sparse_ot import fewshot as job
 from vmoe_sparse_ot.evaluate import fewshot
 from vmoe_sparse_ot.train import config as config_lib
+from vmoe_sparse_ot.train import config_cli
 from vmoe_sparse_ot.train import trainer
 from tests.xla_flags import xla_flags
 
@@ -63,7 +64,9 @@ def setup(tmp_path_factory):
   """(config path, workdir of a 5-step training run)."""
   tmp = tmp_path_factory.mktemp('fewshot_job')
   config_path = tmp / 'tiny_digits.py'
-  config_path.write_text(f'DATA_DIR = {str(tmp / "data")!r}\n' + CONFIG_FILE)
+  # The default data_dir, where the other tests prepare sklearn_digits too (once a
+  # machine; a fresh one per run took seconds of TFRecord writing).
+  config_path.write_text('DATA_DIR = None\n' + CONFIG_FILE)
   workdir = tmp / 'workdir'
   # One device: compiling for the 8 fake CPU devices costs time and tests nothing here.
   trainer.train_and_evaluate(config_lib.load_config_file(str(config_path)), str(workdir),
@@ -85,6 +88,40 @@ def _run_job(*args):
   env = dict(os.environ, XLA_FLAGS=xla_flags(1))
   return subprocess.run([sys.executable, '-m', 'vmoe_sparse_ot.fewshot', *args],
                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+
+
+@pytest.fixture
+def job_in_process(monkeypatch, capfd):
+  """`job_in_process(*args)`: what `python -m vmoe_sparse_ot.fewshot ARGS` runs after absl's
+  set-up (config_cli.parse_flags, then main), in this process; (status, stdout, stderr).
+
+  For command lines that fail before anything compiles: no interpreter, JAX and
+  TensorFlow start per call. absl's global flags are left unparsed afterwards, without
+  the --config.* override flags config_flags defined.
+  """
+  from absl import flags  # pylint: disable=g-import-not-at-top
+
+  def reset():
+    for name in [n for n in flags.FLAGS if n.startswith('config.')]:
+      delattr(flags.FLAGS, name)
+    flags.FLAGS.unparse_flags()
+
+  def run(*args):
+    argv = [job.__file__, *args]
+    monkeypatch.setattr(sys, 'argv', argv)  # config_flags reads its overrides there.
+    reset()
+    capfd.readouterr()
+    try:
+      job.main(config_cli.parse_flags(job.PROG, argv))
+      status = 0
+    except SystemExit as e:
+      status = e.code
+    finally:
+      reset()
+    out, err = capfd.readouterr()
+    return subprocess.CompletedProcess(argv, status, out, err)
+
+  return run
 
 
 def test_job_evaluates_latest_checkpoint_prints_table_and_writes_json(setup):
@@ -122,9 +159,9 @@ def test_run_evaluates_the_requested_step_on_an_expert_sharded_mesh(setup):
   assert 'at step 3' in table and 'digits' in table
 
 
-def test_missing_checkpoint_fails_clearly(setup, tmp_path):
+def test_missing_checkpoint_fails_clearly(setup, tmp_path, job_in_process):
   config_path, workdir = setup
-  proc = _run_job(f'--config={config_path}', f'--workdir={tmp_path}')
+  proc = job_in_process(f'--config={config_path}', f'--workdir={tmp_path}')
   assert proc.returncode == 1
   assert str(tmp_path / 'checkpoints') in proc.stderr
   assert not (tmp_path / 'fewshot').exists()
@@ -163,9 +200,11 @@ def test_config_naming_another_router_is_refused_with_the_keys(setup):
   assert before == after
 
 
-def test_cli_refuses_another_router_then_uses_the_checkpoint_config_with_the_flag(setup):
+def test_cli_refuses_another_router_then_uses_the_checkpoint_config_with_the_flag(
+    setup, job_in_process):
   config_path, workdir = setup
-  proc = _run_job(f'--config={config_path}:sparse_ot', f'--workdir={workdir}', '--step=3')
+  proc = job_in_process(f'--config={config_path}:sparse_ot', f'--workdir={workdir}',
+                        '--step=3')
   assert proc.returncode == 1
   assert "model.encoder.moe.router.name: config 'sparse_ot', checkpoint 'topk'" in proc.stderr
   assert 'Traceback' not in proc.stderr
@@ -179,10 +218,11 @@ def test_cli_refuses_another_router_then_uses_the_checkpoint_config_with_the_fla
   assert results['model'] == {'name': 'vit_moe', 'router': 'topk'}
 
 
-def test_cli_missing_fewshot_dataset_fails_before_reading_the_checkpoint(setup, tmp_path):
+def test_cli_missing_fewshot_dataset_fails_before_reading_the_checkpoint(setup, tmp_path,
+                                                                         job_in_process):
   config_path, _ = setup
   # tmp_path holds no checkpoint: the dataset check must come first to be reported.
-  proc = _run_job(f'--config={config_path}:bad', f'--workdir={tmp_path}')
+  proc = job_in_process(f'--config={config_path}:bad', f'--workdir={tmp_path}')
   assert proc.returncode == 2
   lines = proc.stderr.strip().splitlines()
   assert lines == [lines[-1]] and "config.fewshot.datasets.nope: dataset 'no_such_dataset'" \

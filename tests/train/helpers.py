@@ -34,6 +34,11 @@ SMALL = {
 }
 
 
+# The shared reference run (tests/train/conftest.py: topk_six_steps): 6 steps, the
+# last one checkpointed.
+SIX_STEPS = {'train_steps': 6, 'checkpoint__every_steps': 6}
+
+
 def _values(overrides):
   """SMALL updated with `overrides`, whose 'a.b' keys are written a__b."""
   return {**SMALL, **{k.replace('__', '.'): v for k, v in overrides.items()}}

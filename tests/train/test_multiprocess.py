@@ -8,10 +8,9 @@ import jax
 import numpy as np
 
 from vmoe_sparse_ot.train import checkpoints
-from vmoe_sparse_ot.train import trainer
 from tests.train import helpers
 
-OVERRIDES = dict(train_steps=6, checkpoint__every_steps=6)
+OVERRIDES = helpers.SIX_STEPS  # Those of the shared one-process run, topk_six_steps.
 
 
 def _free_port():
@@ -38,7 +37,7 @@ def _run_two_processes(flags):
   return outs
 
 
-def test_two_processes_match_one_process(tmp_path):
+def test_two_processes_match_one_process(tmp_path, topk_six_steps):
   workdir = str(tmp_path / 'two')
   # One device per process and experts split over the two processes: the MoE
   # all-to-alls cross the process boundary.
@@ -56,13 +55,12 @@ def test_two_processes_match_one_process(tmp_path):
 
   # One process, one device, the same global batch (test_routers.py shows the
   # device count does not change the loss).
-  one = trainer.train_and_evaluate(helpers.small_config('router=topk', **OVERRIDES),
-                                   str(tmp_path / 'one'), devices=jax.devices()[:1])
+  one_workdir, one = topk_six_steps
   np.testing.assert_allclose(two['final_train_loss'], one['final_train_loss'], rtol=1e-5)
   assert two['eval']['num_examples'] == one['eval']['num_examples'] == 300
   np.testing.assert_allclose(two['eval']['loss'], one['eval']['loss'], rtol=1e-5)
   got, _ = checkpoints.restore_params(workdir)
-  want, _ = checkpoints.restore_params(str(tmp_path / 'one'))
+  want, _ = checkpoints.restore_params(one_workdir)
   # Adam divides by the gradient's RMS, so a parameter whose gradient is ~0 (an
   # expert bias at init, 1e-6) can move by up to the step size in either direction
   # on a 1e-9 difference in summation order: compare at the learning-rate scale.

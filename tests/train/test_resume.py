@@ -11,6 +11,7 @@ import numpy as np
 
 from vmoe_sparse_ot.train import checkpoints
 from vmoe_sparse_ot.train import trainer
+from tests import main_cases
 from tests.train import helpers
 
 OVERRIDES = dict(train_steps=30, checkpoint__every_steps=4, log_every_steps=4,
@@ -78,18 +79,18 @@ def test_kill_and_resume_matches_uninterrupted_run(tmp_path):
 
 
 def test_cli_rejects_config_typos_and_unknown_routers(tmp_path):
-  typo = helpers.run(helpers.main_command(f'--config={helpers.TINY}', f'--workdir={tmp_path}',
-                                          '--config.model.encoder.moe.routr.name=topk'))
+  # The three command lines in one interpreter (tests/main_cases.py).
+  typo, short, router = main_cases.run_main_cases([
+      [f'--config={helpers.TINY}', f'--workdir={tmp_path}',
+       '--config.model.encoder.moe.routr.name=topk'],
+      [f'--config={helpers.TINY}:routr=topk', f'--workdir={tmp_path}'],
+      [f'--config={helpers.TINY}:router=bogus', f'--workdir={tmp_path}']], helpers.env())
   assert typo.returncode == 2
   assert "Unknown config key 'routr'" in typo.stderr
   assert 'valid keys under config.model.encoder.moe: dispatcher, group_size' in typo.stderr
-  short = helpers.run(helpers.main_command(f'--config={helpers.TINY}:routr=topk',
-                                           f'--workdir={tmp_path}'))
   assert short.returncode == 2
   assert "unknown config argument 'routr'; valid keys: ['router', 'steps']" in short.stderr
   assert 'Traceback' not in short.stderr
-  router = helpers.run(helpers.main_command(f'--config={helpers.TINY}:router=bogus',
-                                            f'--workdir={tmp_path}'))
   assert router.returncode == 2
   assert re.search(r"router.name must be one of \[.*'sparse_ot'.*\], got 'bogus'",
                    router.stderr), router.stderr[-2000:]

@@ -1,6 +1,5 @@
 """Every router trains; a data x expert mesh of 8 devices matches one device."""
 import math
-import re
 
 import jax
 import numpy as np
@@ -10,16 +9,19 @@ from vmoe_sparse_ot.train import trainer
 from tests.train import helpers
 from tests.train.helpers import small_config
 
-STEPS = 6
+STEPS = helpers.SIX_STEPS['train_steps']
 
 
 @pytest.fixture(scope='module')
-def runs(tmp_path_factory):
+def runs(tmp_path_factory, request):
   cache = {}
 
   def run(router, devices=1, **overrides):
     key = (router, devices)
+    if key == ('topk', 1):  # Shared with test_multiprocess.py (tests/train/conftest.py).
+      return request.getfixturevalue('topk_six_steps')[1]
     if key not in cache:
+      # No checkpoint: it would not change the losses.
       config = small_config(f'router={router}', train_steps=STEPS, **overrides)
       cache[key] = trainer.train_and_evaluate(
           config, str(tmp_path_factory.mktemp(f'{router}{devices}')),
@@ -30,21 +32,12 @@ def runs(tmp_path_factory):
 
 @pytest.mark.parametrize('router', ['topk', 'sbase', 'expert_choice'])
 def test_each_router_trains_a_few_steps(runs, router):
-  # sparse_ot, the tiny config's own router, is trained in test_trainer.py.
+  # sparse_ot, the tiny config's own router, is trained in test_trainer.py; soft_moe
+  # through the command line in tests/test_cli.py (the short run's console).
   summary = runs(router)
   assert len(summary['losses']) == STEPS
   assert all(math.isfinite(x) for x in summary['losses'])
   assert 0.0 <= summary['eval']['accuracy'] <= 1.0
-
-
-def test_soft_moe_trains_through_the_command_line(tmp_path):
-  result = helpers.run(helpers.main_command(*helpers.cli_args(
-      str(tmp_path), 'router=soft_moe', train_steps=STEPS)), num_devices=1)
-  assert result.returncode == 0, result.stderr[-3000:]
-  match = re.search(r'Final test\[:300\] accuracy at step 6: (\d+\.\d\d)%', result.stdout)
-  assert match, result.stdout
-  assert 0.0 <= float(match.group(1)) <= 100.0
-  assert re.search(r'step 5/6: mean of steps 2-5: loss \d', result.stderr), result.stderr[-3000:]
 
 
 def test_eight_devices_data_by_expert_match_one_device(runs):
