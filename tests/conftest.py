@@ -39,6 +39,8 @@ SLOWEST_FIRST = (
     "tests/ot/test_float32.py",
     "tests/nn/test_vit.py",
     "tests/train/test_microsteps.py",
+    "tests/train/test_model_state.py",
+    "tests/nn/test_topk_bias.py",
     "tests/train/test_reliability.py",
     "tests/train/test_configs.py",
     "tests/ot/test_candidates.py",
