@@ -82,14 +82,22 @@ def compile_step(config):
   ds = config.dataset
   image_shape = (1, ds.image_size, ds.image_size, ds.channels)
 
-  def init_params(key):
-    return model.init({'params': key}, jnp.zeros(image_shape), train=False)['params']
+  def init_variables(key):  # (params, model_state: router state, e.g. topk_bias's bias)
+    return nn.router_state.split(model.init({'params': key}, jnp.zeros(image_shape),
+                                            train=False))
+
+  init_params = lambda key: init_variables(key)[0]
 
   schedule = optimizer_lib.make_schedule(config.schedule, int(config.train_steps))
   key = jax.random.key(0)
   abstract_params = jax.eval_shape(init_params, key)
   tx = optimizer_lib.make_optimizer(config.optimizer, schedule, abstract_params)
-  abstract_state = jax.eval_shape(lambda: state_lib.create(init_params(key), tx, key))
+
+  def init_state():
+    params, model_state = init_variables(key)
+    return state_lib.create(params, tx, key, model_state)
+
+  abstract_state = jax.eval_shape(init_state)
   state_sharding = state_lib.shardings_on_mesh(mesh, tx, abstract_state)
   batch_sharding = partitioning.batch_sharding(mesh)
   b = int(config.batch_size)
@@ -105,10 +113,11 @@ def compile_step(config):
                  donate_argnums=(0,))
   with jax.set_mesh(mesh):
     lowered = step.lower(state, batch)
-  return lowered.compile(), saved_for_backward(model, abstract_params, config)
+  return lowered.compile(), saved_for_backward(model, abstract_params, config,
+                                               abstract_state.model_state)
 
 
-def saved_for_backward(model, abstract_params, config) -> int:
+def saved_for_backward(model, abstract_params, config, model_state=None) -> int:
   """Bytes JAX keeps from the forward pass for the backward pass, for one microbatch.
 
   The residuals of `jax.vjp` of the training loss, traced with `jax.eval_shape`
@@ -120,14 +129,14 @@ def saved_for_backward(model, abstract_params, config) -> int:
   b = int(config.batch_size) // int(config.microsteps)
   images = jax.ShapeDtypeStruct((b, ds.image_size, ds.image_size, ds.channels), jnp.float32)
 
-  def residuals(params, images):
+  def residuals(params, model_state, images):
     def loss(p):
-      logits, aux = model.apply({'params': p}, images, train=True,
+      logits, aux = model.apply({'params': p, **model_state}, images, train=True,
                                 rngs={'dropout': jax.random.key(0), 'gating': jax.random.key(1)})
       return jnp.mean(jax.nn.logsumexp(logits, axis=-1)) + aux['auxiliary_loss']
     return jax.vjp(loss, params)[1]
 
-  shapes = jax.eval_shape(residuals, abstract_params, images)
+  shapes = jax.eval_shape(residuals, abstract_params, model_state or {}, images)
   return sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(shapes))
 
 

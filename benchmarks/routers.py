@@ -81,10 +81,12 @@ def set_router_options(router_cfg, args, name: str) -> None:
     router_cfg.noise_std = 0.0
 
 
-def make_step(model, tx):
+def make_step(model, tx, model_state=None):
+  """A train step; a stateful router (topk_bias) routes with the fixed `model_state`
+  (its once-per-step update costs a few (E,) operations, left out)."""
   def loss_fn(params, images, labels, rng):
     k1, k2 = jax.random.split(rng)
-    logits, aux = model.apply({"params": params}, images, train=True,
+    logits, aux = model.apply({"params": params, **(model_state or {})}, images, train=True,
                               rngs={"dropout": k1, "gating": k2})
     loss = optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
     return loss + aux["auxiliary_loss"]
@@ -113,8 +115,11 @@ def make_router_step(name: str, groups: int, args):
   shape = jax.eval_shape(lambda x: layer.init_with_output(jax.random.key(0), x)[0],
                          tokens).shape
 
+  state = router.state.init(parsed.options, e) if router.state else None
+
   def loss(logits, rng):
-    r = vrouters.route(logits, token_mask, parsed, capacity, train=True, rng=rng)
+    r = vrouters.route(logits, token_mask, parsed, capacity, train=True, rng=rng, state=state)
+    r = r[0] if state is not None else r    # (routing, statistics) for a stateful router
     return jnp.sum(r.combine_weight) + r.auxiliary_loss
 
   logits = jax.random.normal(jax.random.key(3), shape)
@@ -240,9 +245,9 @@ def main(argv=None):
   state = {}
   for name, cfg in models.items():
     model = vnn.build_model(cfg)
-    params = jax.jit(lambda k, m=model: m.init({"params": k}, images, train=False))(
-        jax.random.key(2))["params"]
-    step = make_step(model, tx)
+    params, model_state = vnn.router_state.split(jax.jit(
+        lambda k, m=model: m.init({"params": k}, images, train=False))(jax.random.key(2)))
+    step = make_step(model, tx, model_state)
     opt_state = tx.init(params)
     t0 = time.perf_counter()
     for i in range(args.warmup):

@@ -100,8 +100,14 @@ def run(config: ml_collections.ConfigDict, workdir: str, step: int | None = None
   mesh = partitioning.make_mesh(config.mesh, num_experts=num_experts)
   params = jax.device_put(params, partitioning.param_shardings(
       mesh, params, [(nn.EXPERT_PARAMS_REGEX, PartitionSpec('expert'))]))
+  # The router state the checkpoint routes with (topk_bias's bias), on every device.
+  image_shape = (config.dataset.image_size, config.dataset.image_size, config.dataset.channels)
+  model_state = jax.device_put(
+      nn.router_state.for_model(model, image_shape,
+                                checkpoints.restore_model_state(workdir, step)),
+      partitioning.replicated(mesh))
   evaluator = fewshot.make_evaluator(config, model, mesh=mesh)
-  results = evaluator.run(params)
+  results = evaluator.run(params, model_state)
   payload = {
       'workdir': os.path.abspath(workdir),
       'step': int(step),

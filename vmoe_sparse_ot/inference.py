@@ -50,9 +50,11 @@ class LoadedModel:
   """A restored checkpoint; see the module docstring. Build it with `load`."""
 
   def __init__(self, model, params: Any, model_config: dict[str, Any], *, step: int,
-               meta: dict[str, Any], overrides: dict[str, Any], batch_size: int):
+               meta: dict[str, Any], overrides: dict[str, Any], batch_size: int,
+               model_state: dict[str, Any] | None = None):
     self.model = model
     self.params = params
+    self.model_state = model_state or {}   # router state (nn.router_state), e.g. a bias
     self.model_config = model_config
     self.step = step
     self.meta = meta
@@ -64,9 +66,9 @@ class LoadedModel:
     self.capacity = overrides_lib.capacity(model_config)
     self._forward = jax.jit(self._outputs)
 
-  def _outputs(self, params, images):
-    (logits, aux), state = self.model.apply({'params': params}, images, train=False,
-                                            mutable=['intermediates'])
+  def _outputs(self, params, model_state, images):
+    (logits, aux), state = self.model.apply({'params': params, **model_state}, images,
+                                            train=False, mutable=['intermediates'])
     routes = {}
     for layer, w in routing_stats.layer_weights(state).items():
       experts, weights = routing_stats.assignments(
@@ -85,7 +87,8 @@ class LoadedModel:
       if chunk.shape[0] < size:  # One batch shape: the last batch is padded, not recompiled.
         chunk = np.concatenate([chunk, np.zeros((size - chunk.shape[0],) + chunk.shape[1:],
                                                 np.float32)])
-      pending.append(self._forward(self.params, jax.device_put(chunk, device)))
+      pending.append(self._forward(self.params, self.model_state,
+                                   jax.device_put(chunk, device)))
     fetched = jax.device_get(pending)  # Every batch dispatched before the first fetch.
     return jax.tree.map(lambda *parts: np.concatenate(parts)[:b], *fetched)
 
@@ -143,7 +146,10 @@ def load(workdir: str, step: int | None = None, *, batch_size: int = DEFAULT_BAT
   model_config = overrides_lib.apply_routing_overrides(saved, **overrides)
   model = nn.build_model(model_config)
   shapes = checkpoints.param_shapes(params)
-  overrides_lib.check_param_shapes(
-      model, shapes, overrides, overrides_lib.image_shape(shapes, model_config['classifier']))
+  image_shape = overrides_lib.image_shape(shapes, model_config['classifier'])
+  overrides_lib.check_param_shapes(model, shapes, overrides, image_shape)
+  # The router state the run routes with (topk_bias's bias; fresh under a router override).
+  model_state = nn.router_state.for_model(model, image_shape,
+                                          checkpoints.restore_model_state(workdir, found))
   return LoadedModel(model, params, model_config, step=int(found), meta=meta,
-                     overrides=overrides, batch_size=batch_size)
+                     overrides=overrides, batch_size=batch_size, model_state=model_state)

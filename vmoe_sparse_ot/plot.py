@@ -217,16 +217,18 @@ def _input_geometry(params: Any, classifier: str) -> tuple[int, int, int, int]:
   return side * ph, int(channels), int(ph), int(num_tokens)
 
 
-def expert_choices(model, params, images: np.ndarray,
-                   classifier: str) -> dict[str, np.ndarray]:
+def expert_choices(model, params, images: np.ndarray, classifier: str,
+                   model_state=None) -> dict[str, np.ndarray]:
   """{layer: (B, P) int} the expert with the largest combine weight per patch, -1 if none.
 
   Applies the model with `mutable=['intermediates']` and reads the (G, S, E) weights
   each MoE layer sows as 'expert_weights'; tokens were flattened image-major and
-  cut into groups of S, so (G*S, E)[:B*N] reshapes back to (B, N, E).
+  cut into groups of S, so (G*S, E)[:B*N] reshapes back to (B, N, E). `model_state`:
+  the router state to route with (`nn.router_state`; None for none).
   """
   b = images.shape[0]
-  _, state = model.apply({'params': params}, images, train=False, mutable=['intermediates'])
+  _, state = model.apply({'params': params, **(model_state or {})}, images, train=False,
+                         mutable=['intermediates'])
   out = {}
   encoder = state['intermediates']['encoder']
   for layer in sorted(encoder, key=lambda name: (len(name), name)):
@@ -323,7 +325,9 @@ def routing_figure(workdir: str, path: str, *, num_images: int = 4, dataset: str
                              if dataset == run_dataset.get('name') else None))
   batch = next(ds.as_numpy_iterator())
   images = batch['image'][:num_images]
-  choices = expert_choices(model, params, images, model_config.classifier)
+  model_state = nn.router_state.for_model(model, (image_size, image_size, channels),
+                                          checkpoints.restore_model_state(workdir, step))
+  choices = expert_choices(model, params, images, model_config.classifier, model_state)
   router = model_config.encoder.moe.router.name
   return plot_routing(
       images, choices, int(model_config.encoder.moe.num_experts), path,

@@ -5,6 +5,7 @@ from vmoe_sparse_ot import nn
 from vmoe_sparse_ot.evaluate import overrides
 from vmoe_sparse_ot.nn.config import variant_sizes
 from vmoe_sparse_ot.train import config as config_lib
+from vmoe_sparse_ot.train import config_cli
 from tests.train.helpers import ROOT, TINY
 
 
@@ -97,6 +98,19 @@ def test_unknown_router_and_bad_sections_fail_clearly():
                      r"\['adam', 'adamw', 'sgd', 'adafactor'\]"):
     config_lib.validate(config)
   assert TINY.endswith('vmoe_tiny_mnist.py')
+
+
+def test_negative_topk_bias_update_rate_is_one_line_with_exit_status_2(capsys):
+  config = load('vmoe_tiny_mnist.py', 'router=topk_bias')
+  config.model.encoder.moe.router.topk_bias.update_rate = -1.0
+  with pytest.raises(ValueError) as error:
+    nn.build_model(config.model)   # As the training command line's checks do.
+  with pytest.raises(SystemExit) as info:
+    config_cli.fail('python -m vmoe_sparse_ot.main', error.value)
+  assert info.value.code == 2
+  assert capsys.readouterr().err == (
+      'python -m vmoe_sparse_ot.main: error: model.encoder.moe.router.topk_bias.update_rate '
+      'must be >= 0, got -1.0\n')
 
 
 @pytest.mark.parametrize('name', ['vmoe_b32.py', 'vmoe_b16.py'])

@@ -39,6 +39,21 @@ def test_split_is_strided_and_covers_the_batch_once():
     microsteps_lib.split(batch, 5)
 
 
+def test_gradients_and_metrics_are_averaged_and_totals_summed():
+  """Totals (a stateful router's token counts, `nn.router_state`) add up over the
+  microbatches, so the router's once-per-step update sees the whole batch's."""
+  def grad_fn(params, batch, key):
+    del key
+    x = batch['x']
+    return params * jnp.sum(x), {'m': jnp.mean(x)}, {'load': jnp.sum(x, dtype=jnp.int32)}
+
+  batch = {'x': jnp.arange(8, dtype=jnp.int32)}
+  grads, metrics, totals = jax.jit(lambda p, b: microsteps_lib.accumulate(
+      grad_fn, p, b, jax.random.key(0), 2))(jnp.float32(2.0), batch)
+  assert float(grads) == 2.0 * 28 / 2 and float(metrics['m']) == 3.5
+  assert int(totals['load']) == 28 and totals['load'].dtype == jnp.int32
+
+
 def test_four_microsteps_on_eight_devices_give_the_full_batch_update_on_one():
   # The MoE groups are one image each (17 tokens), so a microbatch routes every
   # token as the full batch does; no dropout and no gating noise. Two batches

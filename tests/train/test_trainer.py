@@ -205,7 +205,7 @@ def test_periodic_fewshot_runs_first_every_n_and_last_step(monkeypatch, tmp_path
 
   def fake_make_evaluator(config, model, mesh=None):
     del config, model, mesh
-    return lambda params: calls.append(params) or {'fewshot/digits/1shot': 0.5}
+    return lambda params, model_state: calls.append(params) or {'fewshot/digits/1shot': 0.5}
 
   monkeypatch.setattr(fewshot, 'make_evaluator', fake_make_evaluator)
   config = small_config('router=topk', train_steps=5, fewshot__every_steps=2)

@@ -18,31 +18,33 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 Batch = Mapping[str, np.ndarray]
-FeatureFn = Callable[[Any, Batch], tuple[np.ndarray, np.ndarray, np.ndarray]]
+FeatureFn = Callable[..., tuple[np.ndarray, np.ndarray, np.ndarray]]
 
 
 def make_feature_fn(model, *, mesh: Mesh | None = None) -> FeatureFn:
-  """Returns `fn(params, batch) -> (features (b', D'), labels (b',), mask (b',))` on host.
+  """Returns `fn(params, batch, model_state=None) -> (features (b', D'), labels (b',),
+  mask (b',))` on host; `model_state` is the router state to route with
+  (`nn.router_state`; None or {} for a stateless router).
 
   b' is the global batch (b times the process count when sharded). One jit-compiled
   apply serves every batch, since batches are padded to a fixed size.
   """
-  def apply(params, images, labels, mask):
-    _, aux = model.apply({'params': params}, images, train=False)
+  def apply(params, model_state, images, labels, mask):
+    _, aux = model.apply({'params': params, **model_state}, images, train=False)
     return aux['pre_logits'], labels, mask
 
   if mesh is None:
     jitted = jax.jit(apply)
 
-    def fn(params, batch):
-      out = jitted(params, batch['image'], batch['label'], batch['mask'])
+    def fn(params, batch, model_state=None):
+      out = jitted(params, model_state or {}, batch['image'], batch['label'], batch['mask'])
       return tuple(np.asarray(o) for o in jax.device_get(out))
     return fn
 
   batch_sharding = NamedSharding(mesh, PartitionSpec(tuple(mesh.axis_names)))
   jitted = jax.jit(apply, out_shardings=NamedSharding(mesh, PartitionSpec()))
 
-  def sharded_fn(params, batch):
+  def sharded_fn(params, batch, model_state=None):
     global_batch = batch['image'].shape[0] * jax.process_count()
     if global_batch % mesh.size:
       raise ValueError(f'The global batch size {global_batch} must be a multiple of the '
@@ -51,7 +53,7 @@ def make_feature_fn(model, *, mesh: Mesh | None = None) -> FeatureFn:
     args = [jax.make_array_from_process_local_data(batch_sharding, np.asarray(batch[k]))
             for k in ('image', 'label', 'mask')]
     with jax.set_mesh(mesh):
-      out = jitted(params, *args)
+      out = jitted(params, model_state or {}, *args)
     # Replicated outputs: every process holds the full global batch locally.
     return tuple(np.asarray(o.addressable_data(0)) for o in out)
   return sharded_fn
@@ -64,11 +66,12 @@ def iterate(dataset) -> Iterable[Batch]:
   return iter(dataset)
 
 
-def extract(feature_fn: FeatureFn, params, dataset) -> tuple[np.ndarray, np.ndarray]:
+def extract(feature_fn: FeatureFn, params, dataset,
+            model_state=None) -> tuple[np.ndarray, np.ndarray]:
   """Features (N, D') float32 and labels (N,) int64 of the unpadded examples of `dataset`."""
   features, labels = [], []
   for batch in iterate(dataset):
-    f, y, m = feature_fn(params, batch)
+    f, y, m = feature_fn(params, batch, model_state)
     m = m.astype(bool)
     features.append(f[m].astype(np.float32))
     labels.append(y[m].astype(np.int64))

@@ -115,7 +115,9 @@ class FewShotEvaluator:
   """Extracts features with the given params and runs the few-shot protocol.
 
   `evaluator(params)` returns `{'fewshot/<dataset>/<shot>shot': mean accuracy}`;
-  `evaluator.run(params)` returns the full per-dataset, per-shot results.
+  `evaluator.run(params)` returns the full per-dataset, per-shot results. Both
+  take the router state to route with as `model_state` (`nn.router_state`; None
+  for a stateless router).
   """
 
   def __init__(self, model, datasets: Mapping[str, FewShotDataset], *,
@@ -131,13 +133,13 @@ class FewShotEvaluator:
                          l2_selection=l2_selection, holdout_fraction=float(holdout_fraction))
     self._feature_fn = features_lib.make_feature_fn(model, mesh=mesh)
 
-  def run(self, params) -> dict:
+  def run(self, params, model_state=None) -> dict:
     """`{dataset: {'name', 'train_split', 'test_split', 'num_classes', 'num_train',
     'num_test', 'shots': evaluate_features(...)}}`."""
     out = {}
     for key, ds in self.datasets.items():
-      train_x, train_y = features_lib.extract(self._feature_fn, params, ds.train)
-      test_x, test_y = features_lib.extract(self._feature_fn, params, ds.test)
+      train_x, train_y = features_lib.extract(self._feature_fn, params, ds.train, model_state)
+      test_x, test_y = features_lib.extract(self._feature_fn, params, ds.test, model_state)
       try:
         shots = evaluate_features(train_x, train_y, test_x, test_y,
                                   num_classes=ds.num_classes, **self.protocol)
@@ -150,8 +152,8 @@ class FewShotEvaluator:
                   'shots': shots}
     return out
 
-  def __call__(self, params) -> dict[str, float]:
-    return metrics_from_results(self.run(params))
+  def __call__(self, params, model_state=None) -> dict[str, float]:
+    return metrics_from_results(self.run(params, model_state))
 
 
 def metrics_from_results(results: Mapping[str, Mapping]) -> dict[str, float]:
@@ -203,7 +205,7 @@ def make_evaluator(config: ml_collections.ConfigDict, model, *, mesh=None) -> Fe
 class PeriodicFewShot:
   """Runs the evaluator on the first call, every `every_steps` and on `last_step`.
 
-  `action(step, params)` writes the metrics to the CLU `writer` (`write_scalars`)
+  `action(step, params, model_state=None)` writes the metrics to the CLU `writer` (`write_scalars`)
   and returns them when it triggered, else returns None. "First" is the first call,
   so a run resumed from a checkpoint evaluates at its first step too.
   """
@@ -220,12 +222,12 @@ class PeriodicFewShot:
   def should_run(self, step: int) -> bool:
     return (not self._called) or step % self.every_steps == 0 or step == self.last_step
 
-  def __call__(self, step: int, params) -> dict[str, float] | None:
+  def __call__(self, step: int, params, model_state=None) -> dict[str, float] | None:
     run = self.should_run(step)
     self._called = True
     if not run:
       return None
-    metrics = self.evaluator(params)
+    metrics = self.evaluator(params, model_state)
     logging.info('Few-shot at step %d: %s', step, metrics)
     self.writer.write_scalars(step, metrics)
     return metrics

@@ -237,19 +237,21 @@ def _first_line(e: BaseException) -> str:
 
 
 def make_eval_step(model, num_tokens: int, loss: str = 'softmax_xent'):
-  """(params, batch) -> sums over the batch's real examples: loss, correct, count, routing.
+  """(params, batch, model_state) -> sums over the batch's real examples: loss, correct,
+  count, routing.
 
   `loss` is the training loss's name (`train.losses`, without label smoothing). A
   loss that reads float targets ('labels', e.g. `sigmoid_xent`) on a batch with
   only integer labels gets their one-hot over the model's classes, as V-MoE
   evaluates its sigmoid-trained models on single-label sets. `routing` is
-  {layer: `routing_stats.routing_sums`}; N = `num_tokens` per image.
+  {layer: `routing_stats.routing_sums`}; N = `num_tokens` per image;
+  `model_state` the router state to route with (`nn.router_state`; {} for none).
   """
   loss_fn = losses_lib.get(loss)
 
-  def eval_step(params, batch):
-    (logits, _), state = model.apply({'params': params}, batch['image'], train=False,
-                                     mutable=['intermediates'])
+  def eval_step(params, batch, model_state=None):
+    (logits, _), state = model.apply({'params': params, **(model_state or {})},
+                                     batch['image'], train=False, mutable=['intermediates'])
     if loss in losses_lib.NEEDS_LABELS and 'labels' not in batch:
       batch = {**batch, 'labels': jax.nn.one_hot(batch['label'], logits.shape[-1])}
     mask = batch['mask']
@@ -288,10 +290,16 @@ def run(request: Request, *, devices: Sequence[Any] | None = None) -> dict[str, 
   params_sharding = partitioning.param_shardings(
       mesh, params, [(nn.EXPERT_PARAMS_REGEX, PartitionSpec('expert'))])
   params = jax.device_put(params, params_sharding)
+  # The router state the checkpoint routes with (topk_bias's bias), replicated.
+  model_state = jax.device_put(
+      nn.router_state.for_model(model, request.image_shape,
+                                checkpoints.restore_model_state(request.workdir, step)),
+      partitioning.replicated(mesh))
   batch_sharding = partitioning.batch_sharding(mesh)
   num_tokens = int(request.meta['param_shapes']['encoder/pos_embedding'][1])
   eval_step = jax.jit(make_eval_step(model, num_tokens, request.loss),
-                      in_shardings=(params_sharding, batch_sharding),
+                      in_shardings=(params_sharding, batch_sharding,
+                                    partitioning.replicated(mesh)),
                       out_shardings=partitioning.replicated(mesh))
   height, _, channels = request.image_shape
   dataset = data.make_dataset(
@@ -301,7 +309,7 @@ def run(request: Request, *, devices: Sequence[Any] | None = None) -> dict[str, 
   totals = None
   with jax.set_mesh(mesh):
     for batch in trainer.prefetch_to_mesh(dataset.as_numpy_iterator(), batch_sharding):
-      out = eval_step(params, batch)  # Summed on device; fetched once at the end.
+      out = eval_step(params, batch, model_state)  # Summed on device; fetched at the end.
       totals = out if totals is None else jax.tree.map(jnp.add, totals, out)
   if totals is None:
     raise UsageError(f'--split={request.split}: the split holds no examples')

@@ -6,6 +6,8 @@ Public API (docs/ARCHITECTURE.md):
                             rngs={'dropout': k1, 'gating': k2})
   (with mutable=['intermediates'], each MoE layer also returns its
   'expert_weights' (G, S, E), see `nn.moe`.)
+  A stateful router (topk_bias) adds the collection 'router_state' to the
+  variables: apply with `router_state.with_state(params, model_state)`.
   EXPERT_PARAMS_REGEX: matches the '/'-joined paths of expert parameters,
     which carry a leading E axis (shard them over the 'expert' mesh axis).
 """
@@ -15,6 +17,7 @@ import flax.linen as nn
 import jax.numpy as jnp
 
 from vmoe_sparse_ot.nn import config
+from vmoe_sparse_ot.nn import router_state
 from vmoe_sparse_ot.nn.config import COMPUTE_KEYS, MODEL_DTYPES
 from vmoe_sparse_ot.nn.dispatch import DISPATCHERS, DTYPES
 from vmoe_sparse_ot.nn.routers import ROUTERS, RouterConfig, check_keys, parse_router_options
@@ -114,4 +117,4 @@ def build_model(model_config: Mapping[str, Any]) -> nn.Module:
 
 
 __all__ = ["build_model", "COMPUTE_KEYS", "EXPERT_PARAMS_REGEX", "MODEL_DTYPES", "MODELS", "ROUTERS", "RouterConfig",
-           "config", "parse_router_options", "VisionTransformer"]
+           "config", "parse_router_options", "router_state", "VisionTransformer"]

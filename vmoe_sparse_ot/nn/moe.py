@@ -9,7 +9,9 @@ does not take (over capacity) get 0 from the layer and keep only the residual.
 The router is a plug-in (`nn/routers/`): the layer asks it for the buffer size
 C, its logits layer (named 'router'), and whether it needs the 'gating' rng,
 and gets back a `Routing` (slot assignment) or a `SoftRouting` (dense weights),
-which the dispatcher handles alike.
+which the dispatcher handles alike. A stateful router's state (e.g.
+`topk_bias`'s bias) is the layer's 'router_state' variables, and in training its
+statistics go to 'router_stats' when that collection is mutable (`nn.router_state`).
 
 For analysis the layer sows `intermediates/expert_weights`, float32 (G, S, E):
 the total combine weight each token receives from each expert (0 where not
@@ -27,6 +29,7 @@ import jax
 import jax.numpy as jnp
 
 from vmoe_sparse_ot.nn import routers
+from vmoe_sparse_ot.nn import router_state
 from vmoe_sparse_ot.nn.dispatch import get_dispatcher
 from vmoe_sparse_ot.nn.routing import expert_weights
 from vmoe_sparse_ot.nn.routing_metrics import common_metrics
@@ -112,7 +115,18 @@ class MoeLayer(nn.Module):
 
     logits = router.logits_module(opts, self.num_experts, capacity, "router")(tokens)
     rng = self.make_rng("gating") if router.needs_rng(opts, train) else None
-    routing = router.route(logits.astype(jnp.float32), token_mask, opts, capacity, train, rng)
+    logits = logits.astype(jnp.float32)
+    if router.state is None:
+      routing = router.route(logits, token_mask, opts, capacity, train, rng)
+    else:
+      init = router.state.init(opts, self.num_experts)
+      state = {name: self.variable(router_state.STATE, name, lambda v=v: v).value
+               for name, v in init.items()}
+      routing, statistics = router.route(logits, token_mask, opts, capacity, train, rng,
+                                         state=state)
+      if train and self.is_mutable_collection(router_state.STATISTICS):
+        for name, value in statistics.items():
+          self.put_variable(router_state.STATISTICS, name, value)
     if self.is_mutable_collection("intermediates"):
       self.sow("intermediates", "expert_weights", expert_weights(routing, s))
 

@@ -4,6 +4,11 @@ Each step directory holds three items:
 - 'params': the model parameters (sharded arrays, written by every process), on
   their own so that the few-shot job reads them without the optimizer;
 - 'state': the rest of the TrainState: {'opt_state', 'rng', 'step'};
+- 'model_state' (only for a model with router state, e.g. topk_bias): the
+  TrainState's `model_state`, {'router_state': per-layer state}, on its own so
+  that readers of the params can route as the trainer does
+  (`restore_model_state`); a run without state writes no such item, so its
+  checkpoints are what they always were;
 - 'meta': JSON with 'step', 'model_config', 'param_shapes', 'data' (what fixes the
   input stream's position), 'optimizer', 'schedule' and 'train_steps', so that a
   workdir whose checkpoint does not fit the config is refused with the
@@ -40,7 +45,7 @@ from vmoe_sparse_ot.train.errors import CheckpointWriteError
 from vmoe_sparse_ot.train.errors import ResumeMismatchError
 from vmoe_sparse_ot.train.state import TrainState
 
-ITEMS = ('params', 'state', 'meta')
+ITEMS = ('params', 'state', 'meta', 'model_state')
 TMP_PATTERN = '*.orbax-checkpoint-tmp*'
 CORRUPT_SUFFIX = '.corrupt'
 # Messages of writes that failed for lack of space (errno ENOSPC, EDQUOT, EFBIG;
@@ -87,7 +92,8 @@ def _manager(workdir: str, *, preservation_policy: Any = None, async_save: bool 
       preservation_policy=preservation_policy, create=not read_only, read_only=read_only,
       enable_async_checkpointing=async_save, cleanup_tmp_directories=not read_only)
   handlers = {'params': ocp.StandardCheckpointHandler(),
-              'state': ocp.StandardCheckpointHandler(), 'meta': ocp.JsonCheckpointHandler()}
+              'state': ocp.StandardCheckpointHandler(), 'meta': ocp.JsonCheckpointHandler(),
+              'model_state': ocp.StandardCheckpointHandler()}
   return ocp.CheckpointManager(checkpoint_dir(workdir), options=options,
                                item_handlers=handlers)
 
@@ -187,12 +193,22 @@ def check_resume(meta: dict[str, Any], expected: dict[str, Any], directory: str,
 
 
 def _restore_step(manager: ocp.CheckpointManager, step: int, abstract_params: Any,
-                  abstract_state: Any | None) -> tuple[Any, Any]:
+                  abstract_state: Any | None, abstract_model_state: Any = None
+                  ) -> tuple[Any, Any]:
+  """(params, rest): rest (None without `abstract_state`) holds 'model_state' when
+  `abstract_model_state` is a non-empty tree."""
   args = {'params': ocp.args.StandardRestore(abstract_params)}
   if abstract_state is not None:
     args['state'] = ocp.args.StandardRestore(abstract_state)
+  if abstract_model_state:
+    args['model_state'] = ocp.args.StandardRestore(abstract_model_state)
   restored = manager.restore(step, args=ocp.args.Composite(**args))
-  return restored['params'], restored.get('state') if abstract_state is not None else None
+  if abstract_state is None:
+    return restored['params'], None
+  rest = dict(restored['state'])
+  if abstract_model_state:
+    rest['model_state'] = restored['model_state']
+  return restored['params'], rest
 
 
 def _read_meta(manager: ocp.CheckpointManager, step: int) -> dict[str, Any]:
@@ -419,11 +435,13 @@ class Checkpointer:
     self.wait()  # Reports a failure of the previous save before starting a new one.
     self._finite_through = max(self._finite_through, step)
     rest = {'opt_state': state.opt_state, 'rng': state.rng, 'step': state.step}
+    items = {'params': ocp.args.StandardSave(state.params),
+             'state': ocp.args.StandardSave(rest), 'meta': ocp.args.JsonSave(meta)}
+    if state.model_state:
+      items['model_state'] = ocp.args.StandardSave(state.model_state)
     self._pending_step = step
     try:
-      self._manager.save(step, args=ocp.args.Composite(
-          params=ocp.args.StandardSave(state.params), state=ocp.args.StandardSave(rest),
-          meta=ocp.args.JsonSave(meta)), force=True)
+      self._manager.save(step, args=ocp.args.Composite(**items), force=True)
     except Exception as e:  # pylint: disable=broad-except
       self._write_failed(e)
 
@@ -463,7 +481,8 @@ class Checkpointer:
             'step': abstract_state.step}
     step, restored, damaged = _newest_restorable(
         self._manager, self.directory,
-        lambda s: _restore_step(self._manager, s, abstract_state.params, rest), check_meta)
+        lambda s: _restore_step(self._manager, s, abstract_state.params, rest,
+                                abstract_state.model_state), check_meta)
     if damaged:
       for bad, reason in damaged:
         target = _move_aside(self.directory, bad) if jax.process_index() == 0 else '?'
@@ -479,7 +498,7 @@ class Checkpointer:
       return None, None
     meta, (params, rest) = restored
     return TrainState(params=params, opt_state=rest['opt_state'], rng=rest['rng'],
-                      step=rest['step']), meta
+                      step=rest['step'], model_state=rest.get('model_state', {})), meta
 
   def close(self) -> None:
     try:
@@ -563,6 +582,23 @@ def read_meta(workdir: str, step: int | None = None) -> tuple[dict[str, Any], in
   """
   meta, _, step = _restore_read_only(workdir, step, lambda manager, s: None)
   return meta, step
+
+
+def restore_model_state(workdir: str, step: int) -> dict[str, Any]:
+  """The TrainState's `model_state` saved at `step` ({} for a run without router
+  state), on this process's first device: what evaluation routes with."""
+  def restore(manager, s):
+    metadata = manager.item_metadata(s).get('model_state')
+    if metadata is None:
+      return {}
+    device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+    abstract = jax.tree.map(
+        lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=device), metadata)
+    return manager.restore(s, args=ocp.args.Composite(
+        model_state=ocp.args.StandardRestore(abstract)))['model_state']
+
+  _, model_state, _ = _restore_read_only(workdir, step, restore)
+  return model_state
 
 
 def restore_params(workdir: str, step: int | None = None) -> tuple[Any, int]:

@@ -62,11 +62,14 @@ def metric_key(name: str, metric: str) -> str:
 
 
 def make_eval_step(model, loss: str = 'softmax_xent'):
-  """(params, batch) -> sums of loss and correct predictions over unmasked examples."""
+  """(params, batch, model_state) -> sums of loss and correct predictions over unmasked
+  examples. `model_state`: the router state to route with (`nn.router_state`; {}
+  for a stateless router), read, never updated."""
   loss_fn = losses_lib.get(loss)
 
-  def eval_step(params, batch):
-    logits, _ = model.apply({'params': params}, batch['image'], train=False)
+  def eval_step(params, batch, model_state=None):
+    logits, _ = model.apply({'params': params, **(model_state or {})}, batch['image'],
+                            train=False)
     mask = batch['mask'].astype(jnp.float32)
     per_example = loss_fn(logits, batch, 0.0)
     correct = losses_lib.top1_correct(logits, batch)

@@ -8,6 +8,11 @@ full-batch gradient (exactly, up to float summation order, for a model without
 batch statistics; MoE routing groups are formed within a microbatch, as they
 would be on a device holding B / M examples).
 
+A stateful router (`nn.router_state`, e.g. topk_bias) is updated once per
+optimizer step, not per microbatch: every microbatch routes with the state of
+the step's start, and the update reads the statistics summed over the M
+microbatches (its token counts are then those of the whole batch).
+
 Microbatch j takes examples j, j + M, j + 2M, ... (a strided split): a device
 that holds a contiguous block of the global batch holds the same share of every
 microbatch, so no example moves between devices.
@@ -23,8 +28,10 @@ from vmoe_sparse_ot.nn.sharding import constrain
 
 BATCH_AXES = ('data', 'expert')
 
-# (params, batch, key) -> (gradients like params, {metric name: scalar}).
-GradFn = Callable[[Any, Any, jax.Array], tuple[Any, dict[str, jax.Array]]]
+# (params, batch, key) -> (gradients like params, {metric name: scalar}, totals):
+# gradients and metrics are averaged over the microbatches, totals (e.g. the
+# router's token counts, `nn.router_state`) summed.
+GradFn = Callable[[Any, Any, jax.Array], tuple[Any, dict[str, jax.Array], Any]]
 
 
 def split(batch: Any, microsteps: int) -> Any:
@@ -39,8 +46,9 @@ def split(batch: Any, microsteps: int) -> Any:
 
 
 def accumulate(grad_fn: GradFn, params: Any, batch: Any, key: jax.Array,
-               microsteps: int) -> tuple[Any, dict[str, jax.Array]]:
-  """Mean gradients and mean metrics of `grad_fn` over `microsteps` microbatches.
+               microsteps: int) -> tuple[Any, dict[str, jax.Array], Any]:
+  """Mean gradients, mean metrics and summed totals of `grad_fn` over `microsteps`
+  microbatches.
 
   Microbatch j draws its randomness from `fold_in(key, j)`. With one microstep
   this is `grad_fn(params, batch, key)` itself (the same program and keys as a
@@ -58,5 +66,6 @@ def accumulate(grad_fn: GradFn, params: Any, batch: Any, key: jax.Array,
   first = jax.tree.map(lambda x: x[0], micro)
   zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype),
                        jax.eval_shape(grad_fn, params, first, key))
-  totals, _ = jax.lax.scan(body, zeros, jnp.arange(microsteps))
-  return jax.tree.map(lambda x: x / microsteps, totals)
+  (grads, metrics, sums), _ = jax.lax.scan(body, zeros, jnp.arange(microsteps))
+  mean = lambda x: x / microsteps
+  return jax.tree.map(mean, grads), jax.tree.map(mean, metrics), sums

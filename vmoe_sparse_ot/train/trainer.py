@@ -132,25 +132,30 @@ def make_step(model, tx: optax.GradientTransformation, label_smoothing: float = 
   `mixup_p` > 0 the batch is mixed first (`train.mixup`, a key split off the
   step's). With `microsteps` > 1 the gradient is accumulated over that many
   microbatches (`vmoe_sparse_ot.train.microsteps`); the metrics are their means.
+  A stateful router's state (`state.model_state`, `nn.router_state`) is updated
+  once per step from its statistics summed over the microbatches.
   """
   loss_per_example = losses_lib.get(loss)
+  router_cfg = nn.router_state.router_config(model)
 
-  def grads_and_values(params, batch, key):
+  def grads_and_values(params, model_state, batch, key):
     dropout_key, gating_key = jax.random.split(key)
 
     def loss_fn(params):
-      logits, aux = model.apply({'params': params}, batch['image'], train=True,
-                                rngs={'dropout': dropout_key, 'gating': gating_key})
+      (logits, aux), out = model.apply(
+          nn.router_state.with_state(params, model_state), batch['image'], train=True,
+          rngs={'dropout': dropout_key, 'gating': gating_key},
+          mutable=[nn.router_state.STATISTICS])
       ce = loss_per_example(logits, batch, label_smoothing).mean()
-      return ce + aux['auxiliary_loss'], (ce, logits, aux)
+      return ce + aux['auxiliary_loss'], (ce, logits, aux, out)
 
-    (loss, (ce, logits, aux)), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
+    (loss, (ce, logits, aux, out)), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
     values = {
         'loss': loss, 'cross_entropy': ce, 'auxiliary_loss': aux['auxiliary_loss'],
         'accuracy': jnp.mean(losses_lib.top1_correct(logits, batch)),
         **_flatten_routing(aux.get('routing', {})),
     }
-    return grads, values
+    return grads, values, dict(out.get(nn.router_state.STATISTICS, {}))
 
   def step_fn(state: TrainState, batch):
     step = state.step + 1
@@ -158,12 +163,16 @@ def make_step(model, tx: optax.GradientTransformation, label_smoothing: float = 
     if mixup_p:
       mixup_key, key = jax.random.split(key)
       batch = mixup_lib.mixup(mixup_key, batch, mixup_p)
-    grads, values = microsteps_lib.accumulate(grads_and_values, state.params, batch, key,
-                                              microsteps)
+    grads, values, statistics = microsteps_lib.accumulate(
+        lambda p, b, k: grads_and_values(p, state.model_state, b, k), state.params, batch,
+        key, microsteps)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     values['grad_norm'] = optax.tree.norm(grads)
+    # Router state (e.g. topk_bias's bias): once per optimizer step, from the
+    # statistics summed over the microbatches, outside the gradient.
+    model_state = nn.router_state.update(router_cfg, state.model_state, statistics)
     new_state = state.replace(params=optax.apply_updates(state.params, updates),
-                              opt_state=opt_state, step=step)
+                              opt_state=opt_state, step=step, model_state=model_state)
     return new_state, values
 
   return step_fn
@@ -181,11 +190,15 @@ def make_train_step(model, tx: optax.GradientTransformation, label_smoothing: fl
   return train_step
 
 
-def evaluate(eval_step, params, dataset, sharding) -> dict[str, float]:
-  """Loss and top-1 accuracy over every real (mask=True) example of `dataset`."""
+def evaluate(eval_step, params, dataset, sharding, model_state=None) -> dict[str, float]:
+  """Loss and top-1 accuracy over every real (mask=True) example of `dataset`.
+
+  `model_state`: the TrainState's (the current router state; {} or None: none).
+  """
   totals = None
   for batch in prefetch_to_mesh(dataset.as_numpy_iterator(), sharding):
-    out = eval_step(params, batch)  # Summed on device; fetched once at the end.
+    # Summed on device; fetched once at the end.
+    out = eval_step(params, batch, model_state or {})
     totals = out if totals is None else jax.tree.map(jnp.add, totals, out)
   totals = {k: float(v) for k, v in jax.device_get(totals).items()} if totals else {}
   count = max(totals.get('count', 0.0), 1.0)
@@ -255,11 +268,13 @@ def _train_and_evaluate(config, workdir, model, devices, allow_schedule_change):
 
   init_key, root_key = jax.random.split(jax.random.key(config.seed))
 
-  def init_params(key):
+  def init_variables(key):  # (params, model_state), see nn.router_state
     params_key, gating_key, dropout_key = jax.random.split(key, 3)
-    variables = model.init({'params': params_key, 'gating': gating_key,
-                            'dropout': dropout_key}, jnp.zeros(image_shape), train=False)
-    return variables['params']
+    return nn.router_state.split(model.init(
+        {'params': params_key, 'gating': gating_key, 'dropout': dropout_key},
+        jnp.zeros(image_shape), train=False))
+
+  init_params = lambda key: init_variables(key)[0]
 
   schedule = optimizer_lib.make_schedule(config.schedule, int(config.train_steps))
   abstract_params = jax.eval_shape(init_params, init_key)
@@ -268,7 +283,11 @@ def _train_and_evaluate(config, workdir, model, devices, allow_schedule_change):
   if frozen:
     logging.info('optimizer.freeze keeps %d parameter arrays fixed: %s', len(frozen),
                  ', '.join(frozen[:6]) + (', ...' if len(frozen) > 6 else ''))
-  init_state = lambda: state_lib.create(init_params(init_key), tx, root_key)
+
+  def init_state():
+    params, model_state = init_variables(init_key)
+    return state_lib.create(params, tx, root_key, model_state)
+
   abstract_state = jax.eval_shape(init_state)
   state_sharding = state_lib.shardings_on_mesh(mesh, tx, abstract_state)
   params_sharding = state_sharding.params
@@ -296,8 +315,10 @@ def _train_and_evaluate(config, workdir, model, devices, allow_schedule_change):
               init_params(init_key), config.initialization, params_sharding,
               num_prefix_tokens=int(config.model.classifier == 'token'),
               log=lambda line: logging.info('%s', line))
-          state = jax.jit(lambda p: state_lib.create(p, tx, root_key),
-                          out_shardings=state_sharding)(params)
+          # Router state (topk_bias's bias) is not in the source: it starts fresh.
+          model_state = jax.jit(lambda: init_variables(init_key)[1])()
+          state = jax.jit(lambda p, m: state_lib.create(p, tx, root_key, m),
+                          out_shardings=state_sharding)(params, model_state)
         start_step = 0
       else:
         start_step = int(jax.device_get(state.step))
@@ -334,14 +355,16 @@ def _train_loop(config, workdir, model, mesh, tx, schedule, ckpt, state, start_s
     writer.write_hparams({k: v for k, v in config_lib.flatten(config.to_dict()).items()
                           if isinstance(v, (int, float, str, bool))})
   eval_step = jax.jit(make_eval_step(model, config.loss.name),
-                      in_shardings=(state_sharding.params, batch_sharding),
+                      in_shardings=(state_sharding.params, batch_sharding,
+                                    state_sharding.model_state),
                       out_shardings=replicated)
   eval_sets = evaluation.eval_sets(config)
   eval_datasets = evaluation.make_datasets(config, eval_sets, eval_batch_size)
 
-  def run_eval(params):  # {set name: result}; '' is config.dataset.eval_split.
+  def run_eval(state):  # {set name: result}; '' is config.dataset.eval_split.
     return evaluation.evaluate_all(
-        lambda p, ds: evaluate(eval_step, p, ds, batch_sharding), params, eval_datasets)
+        lambda p, ds: evaluate(eval_step, p, ds, batch_sharding, state.model_state),
+        state.params, eval_datasets)
 
   batches = prefetch_to_mesh(
       _dataset(config, ds_cfg.train_split, batch_size, training=True,
@@ -381,7 +404,7 @@ def _train_loop(config, workdir, model, mesh, tx, schedule, ckpt, state, start_s
       eval_results.append(actions[1].get_last_callback_result())
       summary.update(progress.summary())
     if not eval_results:  # Nothing left to train: evaluate the restored params.
-      eval_results.append(run_eval(state.params))
+      eval_results.append(run_eval(state))
       evaluation.log_results(summary['step'], eval_results[-1], eval_sets, writer)
   finally:
     writer.close()
@@ -426,14 +449,15 @@ def _periodic_actions(config, writer, ckpt, meta, progress, run_eval, eval_sets,
     del t, metrics
     with progress.paused():
       start = time.monotonic()
-      results = run_eval(state.params)
+      results = run_eval(state)
       evaluation.log_results(step, results, eval_sets, writer, time.monotonic() - start)
     return results
 
   def few_shot(step, t, state, metrics):
     del t, metrics
     with progress.paused():
-      fewshot(step, state.params)  # PeriodicFewShot keeps its own schedule.
+      # PeriodicFewShot keeps its own schedule; the router state as evaluation's.
+      fewshot(step, state.params, state.model_state)
 
   actions = [
       periodic_actions.PeriodicCallback(

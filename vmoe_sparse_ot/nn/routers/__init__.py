@@ -8,6 +8,9 @@ Each module defines a frozen options dataclass and a `ROUTER = base.Router(...)`
   router = get_router(cfg.name)
   C = router.capacity(cfg.options, S, E)
   routing = router.route(logits, token_mask, cfg.options, C, train, rng)
+  # A stateful router (router.state set, e.g. 'topk_bias') takes its state and
+  # also returns the step's statistics:
+  routing, stats = router.route(..., state=router.state.init(cfg.options, E))
 
 No gradient flows through an assignment (top-k, Sinkhorn, the OT solver); a
 sparse router learns through its combine weights.
@@ -19,12 +22,13 @@ from typing import Any, Dict, Mapping, Optional
 import jax
 
 from vmoe_sparse_ot.nn.routers import base
-from vmoe_sparse_ot.nn.routers.base import Router, check_keys
+from vmoe_sparse_ot.nn.routers.base import Router, RouterState, check_keys
 
 Array = jax.Array
 WHERE = "model.encoder.moe.router"
 # One line per router module (each defines ROUTER).
-ROUTER_MODULES = ("topk", "sbase", "sparse_ot", "expert_choice", "soft_moe", "sinkhorn_ec")
+ROUTER_MODULES = ("topk", "sbase", "sparse_ot", "expert_choice", "soft_moe", "sinkhorn_ec",
+                  "topk_bias")
 ROUTERS: Dict[str, Router] = {}
 DEFAULT_ROUTER = "topk"
 
@@ -99,9 +103,14 @@ def parse_router_options(cfg: Mapping[str, Any], where: str = WHERE) -> RouterCo
 
 
 def route(logits: Array, token_mask: Array, cfg: RouterConfig, capacity: int, train: bool,
-          rng: Optional[Array] = None):
-  """Routes (G, S, E) logits with the router `cfg` names."""
-  return ROUTERS[cfg.name].route(logits, token_mask, cfg.options, capacity, train, rng)
+          rng: Optional[Array] = None, state: Optional[Dict[str, Array]] = None):
+  """Routes (G, S, E) logits with the router `cfg` names.
+
+  A stateful router needs `state` and returns (routing, statistics).
+  """
+  kwargs = {} if state is None else {"state": state}
+  return ROUTERS[cfg.name].route(logits, token_mask, cfg.options, capacity, train, rng,
+                                 **kwargs)
 
 
 def default_config() -> Dict[str, Any]:
@@ -116,5 +125,5 @@ def default_config() -> Dict[str, Any]:
 for _module in ROUTER_MODULES:
   register(importlib.import_module(f"{__name__}.{_module}").ROUTER)
 
-__all__ = ["ROUTERS", "ROUTER_MODULES", "Router", "RouterConfig", "check_keys",
+__all__ = ["ROUTERS", "ROUTER_MODULES", "Router", "RouterConfig", "RouterState", "check_keys",
            "default_config", "get_router", "parse_router_options", "register", "route"]

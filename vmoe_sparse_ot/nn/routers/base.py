@@ -11,6 +11,20 @@ padding), C = `capacity(opts, S, E)` buffer slots per expert, and an rng only
 when `needs_rng(opts, train)`. The MoE layer asks the `Router` for these and
 never looks at its name.
 
+A router with state that changes between training steps outside the gradient
+(e.g. `topk_bias`'s per-expert bias) also gives a `RouterState`: `init(opts, E)`
+is the layer's state at step 0, {name: array}; its route function then takes
+the state as a keyword and returns the step's statistics with the routing,
+
+  route(logits, token_mask, opts, capacity, train, rng, state=state)
+      -> (Routing | SoftRouting, statistics {name: array})
+
+and after each optimizer step the trainer calls `update(opts, state,
+statistics)`, the statistics summed over the step's microbatches. The MoE layer
+keeps the state in the Flax collection 'router_state' and writes the
+statistics to 'router_stats' (see `nn.router_state`): the plug-in itself never
+touches Flax variables, the train state or checkpoints.
+
 Options live in the config under `model.encoder.moe.router`:
 - fields of `CommonOptions`, and fields marked `top_level=True`, are read from
   the router dict itself (`router.num_selected_experts`, `router.noise_std`);
@@ -94,6 +108,23 @@ def never(opts, train: bool) -> bool:
   return False
 
 
+State = Dict[str, Array]
+
+
+@dataclasses.dataclass(frozen=True)
+class RouterState:
+  """A stateful router's state, per MoE layer (see the module docstring).
+
+  init: (opts, E) -> the state at step 0, {name: array}.
+  update: (opts, state, statistics) -> the state after one optimizer step, from
+    the statistics the route function returned, summed over the step's
+    microbatches. It runs outside the gradient; it must be a pure function of
+    its inputs (the trainer's exact resume relies on it).
+  """
+  init: Callable[[Any, int], State]
+  update: Callable[[Any, State, State], State]
+
+
 @dataclasses.dataclass(frozen=True)
 class Router:
   """A router plug-in; see the module docstring for the contract."""
@@ -103,6 +134,7 @@ class Router:
   needs_rng: Callable[[Any, bool], bool] = never
   capacity: Callable[[Any, int, int], int] = default_capacity
   logits_module: Callable[..., nn.Module] = dense_logits
+  state: Optional[RouterState] = None   # None: stateless (route returns the routing alone)
 
 
 def top_level_fields(options: type) -> Tuple[str, ...]:
