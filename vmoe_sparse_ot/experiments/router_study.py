@@ -12,9 +12,21 @@ MNIST for a few hundred steps, over several seeds, and reports
 - 10-shot linear transfer on scikit-learn's 8x8 digits (standing in for
   ImageNet 10-shot; the protocol of `vmoe_sparse_ot.fewshot`, averaged over the
   config's 3 few-shot draws; the paper averages 5),
+- how each router balances and drops, from the trainer's routing metrics of
+  the last log interval, averaged over the MoE layers: MaxVio (max expert load
+  over the mean load, minus 1; 0 when balanced), the fraction of tokens no
+  expert processes, and experts per token,
 - training wall time as a ratio to TopK trained in the same round (standing in
   for TPUv2-core-days): seeds are the outer loop and routers the inner one, so
-  every router sees the same load on a shared machine.
+  every router sees the same load on a shared machine. (Step times measured
+  side by side, with the compiled steps timed round-robin, are
+  benchmarks/routers.py's.)
+
+The full run uses capacity factor 0.75 (`CAPACITY_FACTOR`), below 1, so that
+the token-choice routers must drop tokens and the routers differ in balance.
+Expert-choice routers (`expert_choice`, `sinkhorn_ec`) count their capacity
+from S/E, as the reference does; they get K times the factor, so that every
+router has the same expert buffer size (E C = K S x 0.75 slots per group).
 
 Each (budget, router, seed) trains in a temporary work directory through the
 trainer's Python API (`train.trainer.train_and_evaluate`) and is then evaluated
@@ -32,12 +44,21 @@ from typing import Any, Sequence
 import numpy as np
 
 NAME = 'router_study'
-ROUTERS = ('topk', 'sbase', 'sparse_ot', 'expert_choice', 'soft_moe')
+ROUTERS = ('topk', 'sbase', 'sparse_ot', 'expert_choice', 'sinkhorn_ec', 'soft_moe',
+           'topk_bias')
+# Capacity factor of the full run (below 1: token-choice routers must drop).
+CAPACITY_FACTOR = 0.75
+# Routers whose capacity counts from S/E (no K), as the reference's expert choice.
+EXPERT_CHOICE = ('expert_choice', 'sinkhorn_ec')
+# Routing metrics of the table: (trainer's name, label).
+ROUTING_METRICS = (('max_load_violation', 'MaxVio'), ('dropped_fraction', 'dropped'),
+                   ('experts_per_token', 'experts/token'))
 CONFIG_FILE = pathlib.Path(__file__).resolve().parents[2] / 'configs' / 'vmoe_tiny_mnist.py'
-# Full run: the main budget and a shorter one (MNIST at the main budget is close
-# to saturated; the short budget shows how quickly each router learns).
-FULL_BUDGETS = (300, 60)
-FULL_SEEDS = 3
+# Full run: one budget (MNIST is close to saturated there; the balance columns
+# are what tell the routers apart). `run(budgets=(300, 60))` adds a short budget
+# and with it the marginal step time.
+FULL_BUDGETS = (300,)
+FULL_SEEDS = 5
 QUICK_BUDGETS = (4,)
 FEWSHOT_SHOTS = 10
 
@@ -57,7 +78,8 @@ PAPER = {
     },
 }
 ROUTER_LABELS = {'topk': 'TopK', 'sbase': 'S-BASE', 'sparse_ot': 'Sparsity-constrained',
-                 'expert_choice': 'Expert choice', 'soft_moe': 'Soft MoE'}
+                 'expert_choice': 'Expert choice', 'sinkhorn_ec': 'Sinkhorn EC',
+                 'soft_moe': 'Soft MoE', 'topk_bias': 'TopK loss-free bias'}
 
 
 def make_config(router: str, steps: int, seed: int, *, quick: bool):
@@ -75,6 +97,10 @@ def make_config(router: str, steps: int, seed: int, *, quick: bool):
     config.fewshot.every_steps = 0
     config.fewshot.shots = (FEWSHOT_SHOTS,)
     config.fewshot.datasets = fewshot_config.transfer_datasets('digits')
+    if not quick:
+      router_config = config.model.encoder.moe.router
+      k = router_config.num_selected_experts if router in EXPERT_CHOICE else 1
+      router_config.capacity_factor = CAPACITY_FACTOR * k
     if quick:
       config.batch_size = 16
       config.eval_batch_size = 200  # A multiple of 8 (the tests' fake devices).
@@ -100,8 +126,32 @@ def router_available(config) -> tuple[bool, str]:
   return True, ''
 
 
+def routing_summary(workdir: str) -> dict[str, float]:
+  """ROUTING_METRICS of the run's last train log interval, averaged over MoE layers.
+
+  Read from WORKDIR/metrics.jsonl (names 'routing/LAYER/METRIC'); {} for a dense
+  model.
+  """
+  import json  # pylint: disable=g-import-not-at-top
+  from vmoe_sparse_ot.train import metrics as metrics_lib  # pylint: disable=g-import-not-at-top
+  last = None
+  with open(os.path.join(workdir, metrics_lib.METRICS_FILE)) as f:
+    for line in f:
+      record = json.loads(line)
+      if record.get('split') == 'train' and any(k.startswith('routing/') for k in record):
+        last = record
+  out = {}
+  for name, _ in ROUTING_METRICS:
+    values = [v for k, v in (last or {}).items()
+              if k.startswith('routing/') and k.rsplit('/', 1)[1] == name]
+    if values:
+      out[name] = float(np.mean(values))
+  return out
+
+
 def train_one(config, workdir: str) -> dict[str, float]:
-  """Trains, then few-shot evaluates; top-1 and 10-shot in %, training wall seconds."""
+  """Trains, then few-shot evaluates; top-1 and 10-shot in %, training wall seconds,
+  and the routing metrics of `routing_summary`."""
   from vmoe_sparse_ot import fewshot  # pylint: disable=g-import-not-at-top
   from vmoe_sparse_ot.train import trainer  # pylint: disable=g-import-not-at-top
   start = time.perf_counter()
@@ -114,7 +164,8 @@ def train_one(config, workdir: str) -> dict[str, float]:
           'fewshot10': 100.0 * float(shot['accuracy_mean']),
           'train_wall_s': wall,
           'steps_per_sec': float(summary['steps_per_sec'])
-                           if 'steps_per_sec' in summary else None}
+                           if 'steps_per_sec' in summary else None,
+          **routing_summary(workdir)}
 
 
 def _stats(values: Sequence[float]) -> tuple[float, float]:
@@ -134,7 +185,13 @@ def summarize(runs: list[dict[str, Any]], routers: Sequence[str]) -> dict[str, d
     top1, top1_std = _stats([r['top1'] for r in rows])
     few, few_std = _stats([r['fewshot10'] for r in rows])
     wall, wall_std = _stats([r['train_wall_s'] for r in rows])
+    routing = {}
+    for name, _ in ROUTING_METRICS:
+      values = [r[name] for r in rows if r.get(name) is not None]
+      if values:
+        routing[f'{name}_mean'], routing[f'{name}_std'] = _stats(values)
     out[router] = {
+        **routing,
         'top1_mean': top1, 'top1_std': top1_std,
         'fewshot10_mean': few, 'fewshot10_std': few_std,
         'time_ratio_mean': _stats(ratios)[0] if ratios else None,
@@ -198,12 +255,15 @@ def run(out_dir: str, *, quick: bool, seeds: int | None,
           runs.append({'router': router, 'seed': seed, **metrics})
           print(f'router_study: steps={steps} seed={seed} {router}: '
                 f"top1={metrics['top1']:.2f} 10-shot={metrics['fewshot10']:.2f} "
-                f"train {metrics['train_wall_s']:.1f}s", flush=True)
+                + ''.join(f"{label}={metrics[name]:.3f} " for name, label in ROUTING_METRICS
+                          if name in metrics)
+                + f"train {metrics['train_wall_s']:.1f}s", flush=True)
       results[str(steps)] = {'routers': summarize(runs, known), 'runs': runs}
   payload = {
       'settings': {
           'config': 'configs/vmoe_tiny_mnist.py', 'budgets_steps': list(budgets),
           'seeds': num_seeds, 'quick': quick,
+          'capacity_factor': None if quick else CAPACITY_FACTOR,
           'fewshot': f'digits {FEWSHOT_SHOTS}-shot, mean over few-shot draws '
                      f'{list(make_config(known[0], budgets[0], 0, quick=quick).fewshot.seeds)}'
                      if known else None,
@@ -225,28 +285,31 @@ def plot(payload: dict, path: str) -> None:
   budgets = payload['budgets']
   routers = list(next(iter(budgets.values()))['routers'])
   metrics = [('top1', 'MNIST test top-1 (%)'), ('fewshot10', 'digits 10-shot top-1 (%)'),
+             ('max_load_violation', 'MaxVio (last interval)'),
+             ('dropped_fraction', 'dropped tokens (last interval)'),
              ('time_ratio', 'training wall time / TopK (same seed)')]
-  fig, axes = style.figure(1, 3, width=11, height=3.8, squeeze=True)
+  fig, axes = style.figure(1, len(metrics), width=18, height=3.8, squeeze=True)
   width = 0.8 / len(budgets)
   x = np.arange(len(routers))
   for b, (steps, res) in enumerate(budgets.items()):
     for ax, (key, label) in zip(axes, metrics):
-      means = [res['routers'][r][f'{key}_mean'] or np.nan for r in routers]
-      stds = [res['routers'][r][f'{key}_std'] or 0.0 for r in routers]
+      means = [res['routers'][r].get(f'{key}_mean', np.nan) for r in routers]
+      means = [np.nan if m is None else m for m in means]
+      stds = [res['routers'][r].get(f'{key}_std') or 0.0 for r in routers]
       bars = ax.bar(x + (b - (len(budgets) - 1) / 2) * width, means, width, yerr=stds,
                     capsize=3, label=f'{steps} steps')
-      ax.bar_label(bars, fmt='%.2f' if key == 'time_ratio' else '%.1f', fontsize=7,
+      ax.bar_label(bars, fmt='%.1f' if key in ('top1', 'fewshot10') else '%.2f', fontsize=7,
                    padding=2)
       ax.set_ylabel(label)
   for ax, (key, label) in zip(axes, metrics):
     ax.set_xticks(x, [ROUTER_LABELS.get(r, r) for r in routers], rotation=20, ha='right')
     ax.set_title(label)
-    if key != 'time_ratio':
+    if key in ('top1', 'fewshot10'):
       lows = [res['routers'][r][f'{key}_mean'] for res in budgets.values() for r in routers]
       ax.set_ylim(max(0.0, min(lows) - 10.0), 100.0)
-    else:
+    elif key == 'time_ratio':
       ax.axhline(1.0, color='0.5', lw=0.8, ls='--')
-  axes[2].legend(loc='upper left')
+  axes[-1].legend(loc='upper left')
   fig.suptitle(f"Routers on the tiny V-MoE (MNIST), mean ± std over "
                f"{payload['settings']['seeds']} seed(s)")
   style.save(fig, path)
@@ -255,14 +318,18 @@ def plot(payload: dict, path: str) -> None:
 def format_table(payload: dict) -> str:
   """One row per (budget, router), then the paper's B/32 and B/16 rows."""
   lines = [f"{'steps':>5}  {'router':<21} {'MNIST top-1':>14} {'digits 10-shot':>15} "
-           f"{'time / TopK':>12}"]
+           + ''.join(f'{label:>15}' for _, label in ROUTING_METRICS) + f"{'time / TopK':>14}"]
   for steps, res in payload['budgets'].items():
     for router, s in res['routers'].items():
       ratio = ('n/a' if s['time_ratio_mean'] is None
                else f"{s['time_ratio_mean']:.2f} ± {s['time_ratio_std']:.2f}")
+      routing = ''.join(f"{s[f'{name}_mean']:7.3f} ± {s[f'{name}_std']:5.3f}"
+                        if f'{name}_mean' in s else f"{'n/a':>15}"
+                        for name, _ in ROUTING_METRICS)
       lines.append(f"{steps:>5}  {ROUTER_LABELS.get(router, router):<21} "
                    f"{s['top1_mean']:6.2f} ± {s['top1_std']:4.2f} "
-                   f"{s['fewshot10_mean']:7.2f} ± {s['fewshot10_std']:4.2f} {ratio:>12}")
+                   f"{s['fewshot10_mean']:7.2f} ± {s['fewshot10_std']:4.2f} {routing}"
+                   f"{ratio:>14}")
   for router, why in payload.get('skipped', {}).items():
     lines.append(f"       {router:<21} skipped: {why}")
   lines.append('paper (JFT-300M prec@1, ImageNet 10-shot, TPUv2-core-days / TopK):')
