@@ -49,8 +49,11 @@ def test_gap_brackets_the_optimum_and_status_is_honest(rtol):
     assert res.reason() == "stalled"
 
 
+# Two seeds of one size, and a problem where k binds for certain (n k < m:
+# no k-sparse coupling) of the size the candidate-support tests below solve
+# (its interior point compiled once for the file).
 @pytest.mark.parametrize("m,n,k,gamma,seed", [(60, 40, 2, 1.0, 0), (60, 40, 2, 1.0, 1),
-                                              (200, 10, 5, 0.1, 2), (50, 50, 3, 0.3, 3)])
+                                              (60, 6, 5, 0.1, 2)])
 def test_certified_and_at_least_as_good_as_lbfgs(m, n, k, gamma, seed):
   a, b, C = problem(m, n, seed=seed, uniform=seed % 2 == 0)
   reg = ot.SparsityConstrained(k, gamma)
@@ -80,7 +83,8 @@ def test_non_binding_k_matches_lbfgs():
 
 
 def test_shifted_cost_shifts_the_value_only():
-  a, b, C = problem(30, 20, seed=5, uniform=False)
+  # (A problem of the Clarabel cases above: its interior point is compiled.)
+  a, b, C = problem(12, 8, seed=3, uniform=False)
   reg = ot.SparsityConstrained(k=2, gamma=0.5)
   r0 = ot.solve_interior_point(a, b, C, reg)
   r1 = ot.solve_interior_point(a, b, C - 2.0, reg)
@@ -137,11 +141,12 @@ def test_support_layout_and_products_match_dense_matrices(m, n, seed):
   np.testing.assert_allclose(np.asarray(sums[1]), Q.sum(0), rtol=1e-12, atol=1e-12)
 
 
-@pytest.mark.parametrize("m,n,k,gamma,seed", [(60, 6, 5, 0.1, 0), (90, 10, 6, 0.3, 1)])
-def test_candidate_support_reaches_the_dense_optimum(m, n, k, gamma, seed):
+def test_candidate_support_reaches_the_dense_optimum():
   # n k <= m: k binds in every column. From a rough start (20 L-BFGS
   # iterations) the support is grown until its bounds agree, at the dense
-  # interior point's optimum.
+  # interior point's optimum. (The problem of the next test: they share
+  # their compiled solvers.)
+  m, n, k, gamma, seed = 60, 6, 5, 0.1, 0
   a, b, C = problem(m, n, seed=seed, uniform=seed % 2 == 0)
   reg = ot.SparsityConstrained(k, gamma)
   dense = ot.solve_interior_point(a, b, C, reg)
@@ -210,11 +215,12 @@ def test_candidates_of_block_structured_costs_are_linked():
   # Two groups of rows, each cheap to its own group of columns: the mask's
   # entries fall apart into two groups, where the barrier's constraints lose
   # rank. A whole column is added to link them; the result is the optimum.
+  # (The size and k of the tests above: their solvers are compiled.)
   rng = np.random.RandomState(5)
-  m, n, k = 40, 6, 3
+  m, n, k = 60, 6, 5
   C = rng.rand(m, n) * 0.1
-  C[:20, 3:] += 10.0
-  C[20:, :3] += 10.0
+  C[:30, 3:] += 10.0
+  C[30:, :3] += 10.0
   a, b = np.full(m, 1 / m), np.full(n, 1 / n)
   reg = ot.SparsityConstrained(k, 0.1)
   rough = ot.solve(a, b, C, reg, max_iter=20, interior_point=False)
@@ -222,7 +228,7 @@ def test_candidates_of_block_structured_costs_are_linked():
   assert mask.all(axis=0).sum() == 1            # the linking column
   without = mask.copy()
   without[:, mask.all(axis=0)] = False
-  assert not without[:20, 3:].any() and not without[20:, :3].any()   # two groups
+  assert not without[:30, 3:].any() and not without[30:, :3].any()   # two groups
   res = ipm.solve_on_candidates(a, b, C, reg, rough.alpha)
   dense = ot.solve_interior_point(a, b, C, reg)
   assert res.reason() == "converged"

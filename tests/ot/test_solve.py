@@ -1,4 +1,6 @@
 """solve() and sinkhorn(): POT agreement, jit/vmap batches, router-style calls."""
+from types import SimpleNamespace
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -165,26 +167,27 @@ def test_solver_option_objects_equal_the_keywords():
     ot.solve(a, b, C, reg, solver=ot.LBFGS(history=0))
 
 
-# Kink-bound problems: L-BFGS stops short; the defaults finish with the
-# interior point. Reference optima from the conic solver Clarabel (see
-# tests/ot/test_interior_point.py).
-KINK = {(30, 30, 3, 0.5, 0, True): 0.02142716569366,
-        (40, 25, 3, 1.0, 7, False): 0.03337546296264}
+# A kink-bound problem: L-BFGS stops short; the defaults finish with the
+# interior point. Reference optimum from the conic solver Clarabel (see
+# tests/ot/test_interior_point.py, which checks the interior point against
+# it on a second, non-uniform problem too). The same problem as
+# test_interior_point_only_when_asked_or_needed: the two share their
+# compiled solvers.
+KINK_CASE = (30, 30, 3, 0.5, 0, True)
+KINK_VALUE = 0.02142716569366
 
 
-@pytest.mark.parametrize("case", sorted(KINK))
-def test_defaults_reach_the_optimum_of_kink_bound_problems(case):
-  m, n, k, gamma, seed, uniform = case
+def test_defaults_reach_the_optimum_of_kink_bound_problems():
+  m, n, k, gamma, seed, uniform = KINK_CASE
   a, b, C = problem(m, n, seed=seed, uniform=uniform)
   reg = ot.SparsityConstrained(k, gamma)
   lbfgs = ot.solve(a, b, C, reg, interior_point=False)
   res = ot.solve(a, b, C, reg)
-  # L-BFGS alone stops 1.7e-5 and 2.2e-4 short, its rows missing 5% and 13%
-  # of the mass.
-  assert float(lbfgs.value) < KINK[case] * (1 - 1e-6)
+  # L-BFGS alone stops 1.7e-5 short, its rows missing 5% of the mass.
+  assert float(lbfgs.value) < KINK_VALUE * (1 - 1e-6)
   assert np.abs(a - np.asarray(lbfgs.plan).sum(1)).sum() > 5e-3 * a.sum()
   assert res.reason() == "interior_point" and bool(res.converged)
-  assert float(res.value) == pytest.approx(KINK[case], rel=1e-8)
+  assert float(res.value) == pytest.approx(KINK_VALUE, rel=1e-8)
   assert int(res.num_iter) > int(lbfgs.num_iter)
   # The same result as the interior point called directly.
   direct = ot.solve_interior_point(a, b, C, reg)
@@ -192,16 +195,18 @@ def test_defaults_reach_the_optimum_of_kink_bound_problems(case):
 
 
 def test_interior_point_only_when_asked_or_needed(monkeypatch):
-  a, b, C = problem(30, 30, seed=0)
-  reg = ot.SparsityConstrained(3, 0.5)
+  m, n, k, gamma, seed, uniform = KINK_CASE
+  a, b, C = problem(m, n, seed=seed, uniform=uniform)
+  reg = ot.SparsityConstrained(k, gamma)
   # Past the size limit (m n^2 = 27,000 here) only an explicit True switches.
   monkeypatch.setattr(solvers, "_INTERIOR_POINT_MAX_WORK", 1e4)
   assert ot.solve(a, b, C, reg).reason() == "objective_tol"
   assert ot.solve(a, b, C, reg, interior_point=True).reason() == "interior_point"
   monkeypatch.undo()
   # Tuned stop rules ask for the L-BFGS run as configured; True overrides.
-  assert ot.solve(a, b, C, reg, max_iter=200).reason() != "interior_point"
-  assert ot.solve(a, b, C, reg, max_iter=200, interior_point=True).reason() == "interior_point"
+  # (rtol given, at its default value: the same compiled L-BFGS as above.)
+  assert ot.solve(a, b, C, reg, rtol=1e-9).reason() != "interior_point"
+  assert ot.solve(a, b, C, reg, rtol=1e-9, interior_point=True).reason() == "interior_point"
   # Under jit the branch cannot depend on values: L-BFGS's point.
   jitted = jax.jit(lambda a, b, C: ot.solve(a, b, C, reg))(a, b, C)
   assert jitted.reason() == "objective_tol"
@@ -216,11 +221,16 @@ def test_interior_point_only_when_asked_or_needed(monkeypatch):
     ot.solve(a, b, C, reg, interior_point="yes")
 
 
-@pytest.mark.parametrize("m,n,k,gamma,seed", [(60, 12, 5, 0.1, 2), (80, 8, 10, 0.5, 3)])
-def test_certain_kink_finishes_on_a_candidate_support(monkeypatch, m, n, k, gamma, seed):
+# n k <= m: k binds for certain. One problem for the two tests below (they
+# share the compiled 200-iteration L-BFGS and interior point).
+CERTAIN_CASE = (60, 12, 5, 0.1, 2)
+
+
+def test_certain_kink_finishes_on_a_candidate_support(monkeypatch):
   # n k <= m: the semi-dual's plans have too few nonzeros for the rows, so k
   # binds for certain; L-BFGS only runs its 200 iterations to aim the
   # interior point.
+  m, n, k, gamma, seed = CERTAIN_CASE
   a, b, C = problem(m, n, seed=seed, uniform=seed % 2 == 0)
   reg = ot.SparsityConstrained(k, gamma)
   best = ot.solve_interior_point(a, b, C, reg)
@@ -233,7 +243,7 @@ def test_certain_kink_finishes_on_a_candidate_support(monkeypatch, m, n, k, gamm
   calls = spy(monkeypatch, interior_point, "solve_on_candidates")
   monkeypatch.setattr(solvers, "_DENSE_INTERIOR_POINT_WORK", 0)
   monkeypatch.setattr(solvers, "_INTERIOR_POINT_MAX_WORK", n ** 3)
-  res = ot.solve(a, b, C, reg)
+  res = ot.solve(a, b, C, reg, trace=True)      # (trace: the L-BFGS compiled above)
   assert len(calls) == 1 and res.reason() == "interior_point" and bool(res.converged)
   assert float(res.value) == pytest.approx(float(best.value), rel=1e-9)
   # Past both: L-BFGS alone, with its full budget.
@@ -246,17 +256,23 @@ def test_certain_kink_finishes_on_a_candidate_support(monkeypatch, m, n, k, gamm
 def test_certain_kink_resumes_lbfgs_when_the_interior_point_does_not_improve(monkeypatch):
   # The interior point fails (NaN, as from a singular Newton system): L-BFGS
   # goes on from its 200th iterate for the other 800, trace and counts joined.
-  a, b, C = problem(60, 12, seed=2)
-  reg = ot.SparsityConstrained(5, 0.1)
-  first = ot.solve(a, b, C, reg, max_iter=solvers._KINK_CERTAIN_MAX_ITER, trace=True,
-                   interior_point=False)
+  m, n, k, gamma, seed = CERTAIN_CASE
+  a, b, C = problem(m, n, seed=seed, uniform=seed % 2 == 0)
+  reg = ot.SparsityConstrained(k, gamma)
 
   def failed(a, b, C, reg, *args, **kwargs):
-    return first._replace(value=jnp.asarray(np.nan), converged=jnp.asarray(False))
+    return SimpleNamespace(value=jnp.asarray(np.nan), converged=jnp.asarray(False))
   monkeypatch.setattr(interior_point, "solve_positive", failed)
+  # The two runs joined: L-BFGS's first 200 iterations (the run that aimed the
+  # interior point, compiled for the previous test) and the resumed rest.
+  chained = spy(monkeypatch, solvers, "_chain")
   res = ot.solve(a, b, C, reg, trace=True)
   assert res.reason() != "interior_point"
   assert res.trace.value.shape == (solvers._DEFAULT_MAX_ITER,)
+  assert len(chained) == 1
+  first = chained[0][0]
+  assert first.trace.value.shape == (solvers._KINK_CERTAIN_MAX_ITER,)
+  # The rest is an L-BFGS run from the 200th iterate, called on its own.
   rest = ot.solve(a, b, C, reg, init=first.alpha, trace=True, interior_point=False,
                   max_iter=solvers._DEFAULT_MAX_ITER - solvers._KINK_CERTAIN_MAX_ITER)
   assert int(res.num_iter) == int(first.num_iter) + int(rest.num_iter)

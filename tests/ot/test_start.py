@@ -62,16 +62,18 @@ def test_default_start_reaches_the_optimum_where_the_hard_minimum_has_a_kink(see
   soft = ot.solve(a, b, C, reg, max_iter=400)
   ref = ot.solve(a, b, C, reg, init=np.zeros(600), max_iter=4000)
   assert float(soft.value) >= float(ref.value) - 1e-6 * abs(float(ref.value))
-  # Why not the hard minimum (documents the failure the soft one avoids):
-  hard = ot.solve(a, b, C, reg, init=C.min(1), max_iter=400)
+  # Why not the hard minimum (documents the failure the soft one avoids),
+  # even with the reference's budget (and its compiled solver):
+  hard = ot.solve(a, b, C, reg, init=C.min(1), max_iter=4000)
   assert float(hard.value) < float(ref.value) - 1e-3 * abs(float(ref.value))
 
 
 @pytest.mark.parametrize("seed", [1, 2])
-@pytest.mark.parametrize("m, n, k", [(1000, 10, 115), (600, 8, 87)])
-def test_default_start_needs_fewer_iterations_than_zero(m, n, k, seed):
+def test_default_start_needs_fewer_iterations_than_zero(seed):
   """Large k (k ~ 1.15 m / n, the MNIST clustering ratio): iterations to reach
-  1e-6 of the optimum (measured: 0.38x to 0.65x of the zero start's here)."""
+  1e-6 of the optimum (measured: 0.38x to 0.65x of the zero start's here and
+  at 1000 x 10 with k = 115, a size dropped as the same case)."""
+  m, n, k = 600, 8, 87
   a, b, C = problem(m, n, seed=seed)
   reg = ot.SparsityConstrained(k=k, gamma=0.1)
   best = float(ot.solve(a, b, C, reg, init=np.zeros(m), max_iter=5000, rtol=1e-13).value)
