@@ -6,6 +6,8 @@ still run on device 0, so other tests are unaffected.
 """
 import os
 
+import pytest
+
 from tests.crash_recovery import pytest_xdist_make_scheduler  # noqa: F401  (a hook)
 from tests.xla_flags import xla_flags
 
@@ -71,3 +73,18 @@ def pytest_collection_modifyitems(config, items):
   rank = {path: i for i, path in enumerate(SLOWEST_FIRST)}
   # Stable: each file keeps its own order of tests.
   items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))
+
+
+@pytest.fixture(autouse=True)
+def _absl_logger_level_restored():
+  """Each test leaves absl's logger level as it found it.
+
+  Tests that run a command's main in-process reset absl's flags afterwards, and
+  the reset sets the logger to --verbosity's default (WARNING): a later test in
+  the same worker would then capture no INFO records (caplog).
+  """
+  from absl import logging as absl_logging  # pylint: disable=g-import-not-at-top
+  logger = absl_logging.get_absl_logger()
+  level = logger.level
+  yield
+  logger.setLevel(level)

@@ -16,9 +16,6 @@ def small_and_one_device(monkeypatch):
   Compiling the full tiny V-MoE for the 8 fake CPU devices is most of the quick
   run's time and tests nothing here: what is checked is the study's bookkeeping
   (rows, skips, summaries, figure, table), which the model size does not change.
-  With helpers.SMALL's model, batch, schedule and logging interval the training
-  programs are those of the trainer tests' topk and sparse_ot runs, so a session
-  compiles them once (tests/train/conftest.py's persistent cache).
   """
   make_config = router_study.make_config
   # The study's own protocol stays: its steps, final checkpoint, final evaluation.

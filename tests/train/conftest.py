@@ -1,22 +1,14 @@
-"""Trainer tests share a persistent XLA compilation cache (also with their subprocesses).
+"""Trained runs shared by several trainer test files.
 
-Most of a short test run is compilation; identical programs (the same config on
-the same mesh, in-process or in a CLI subprocess) then compile once per session.
+Session scope: once per pytest-xdist worker that needs one.
+
+The tests use no persistent XLA compilation cache. With one shared by the
+pytest-xdist workers and their subprocesses, workers died in two CI runs and
+one full run here, each time in another test; the one stack that was kept
+shows the abort inside XLA:CPU's `deserialize_executable`, reading a cache
+entry (JAX 0.10.2).
 """
-import os
-import tempfile
-
-import jax
-
-CACHE_DIR = os.path.join(tempfile.gettempdir(), 'vmoe_sparse_ot_test_xla_cache')
-os.environ['JAX_COMPILATION_CACHE_DIR'] = CACHE_DIR
-jax.config.update('jax_compilation_cache_dir', CACHE_DIR)
-jax.config.update('jax_persistent_cache_min_compile_time_secs', 0.5)
-
-
-# --- Trained runs shared by several test files (session scope: once per pytest-xdist
-# worker that needs one). ---------------------------------------------------------------
-import pytest  # pylint: disable=g-import-not-at-top,wrong-import-position
+import pytest
 
 
 @pytest.fixture(scope='session')

@@ -25,8 +25,8 @@ SMALL = {
     'batch_size': 16,
     'eval_batch_size': 64,
     'schedule.warmup_steps': 5,
-    # Fixed, so the compiled step does not depend on train_steps: tests with the
-    # same model and mesh then share one compilation (persistent cache).
+    # Fixed, so the schedule (and the compiled step) does not depend on
+    # train_steps: runs of different lengths compare step for step.
     'schedule.decay_steps': 100,
     'log_every_steps': 5,
     'eval_every_steps': 0,

@@ -52,10 +52,12 @@ def test_top1_is_against_the_integer_label_else_precision_at_1():
 class Linear:
   """A stand-in for the model: logits = flattened image @ w, no auxiliary loss."""
 
-  def apply(self, variables, images, train=False, rngs=None):
+  def apply(self, variables, images, train=False, rngs=None, mutable=False):
+    """As flax's apply: with `mutable` collections, also their (here empty) values."""
     del train, rngs
     x = images.reshape(images.shape[0], -1)
-    return x @ variables['params']['w'], {'auxiliary_loss': jnp.zeros(())}
+    out = x @ variables['params']['w'], {'auxiliary_loss': jnp.zeros(())}
+    return (out, {}) if mutable else out
 
 
 def test_eval_step_sums_the_configured_loss_over_real_examples():
