@@ -8,6 +8,7 @@ one full run here, each time in another test; the one stack that was kept
 shows the abort inside XLA:CPU's `deserialize_executable`, reading a cache
 entry (JAX 0.10.2).
 """
+import jax
 import pytest
 
 
