@@ -168,18 +168,10 @@ def _records_in_order(split):
 
 
 @pytest.fixture
-def records_read(monkeypatch):
+def records_read():
   """A one-entry list: the records that `SplitRecords.read` returned so far."""
-  count = [0]
-  read = records.SplitRecords.read
-
-  def counting(self, indices):
-    out = read(self, indices)
-    count[0] += len(out)
-    return out
-
-  monkeypatch.setattr(records.SplitRecords, 'read', counting)
-  return count
+  with records.counting_reads() as count:
+    yield count
 
 
 def test_processes_read_disjoint_records_whose_union_is_the_epoch():

@@ -18,6 +18,7 @@ included. Two file formats:
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import struct
@@ -153,3 +154,25 @@ def open_split(builder, split: str) -> SplitRecords:
   file_format = getattr(file_format, 'value', file_format) or 'tfrecord'
   instructions = builder.info.splits[split].file_instructions
   return SplitRecords([(fi.filename, fi.skip, fi.take) for fi in instructions], str(file_format))
+
+
+@contextlib.contextmanager
+def counting_reads():
+  """Counts the records `SplitRecords.read` returns inside the block (all threads).
+
+  Yields a one-entry list holding the count so far (assign 0 to restart it). For
+  tests and benchmarks that show how many records a pipeline reads.
+  """
+  count = [0]
+  read = SplitRecords.read
+
+  def counting(self, numbers):
+    out = read(self, numbers)
+    count[0] += len(out)
+    return out
+
+  SplitRecords.read = counting
+  try:
+    yield count
+  finally:
+    SplitRecords.read = read
