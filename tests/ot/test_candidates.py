@@ -39,7 +39,7 @@ def _primal(T, C):
 
 @pytest.mark.float32
 def test_router_plans_match_the_full_path_in_float32():
-  assert candidates.applies(K, M, candidates.default_num_candidates(K, M), jnp.float32)
+  assert candidates.applies(K, M, candidates.default_num_candidates(K, M))
   for seed in (0, 1):
     C, a, b = _router_problem(seed, jnp.float32)
     want, got = _both(C, a, b)
@@ -49,8 +49,45 @@ def test_router_plans_match_the_full_path_in_float32():
     assert ((got > 0).sum(axis=1) <= K).all()
 
 
-def test_plans_equal_the_full_path_in_float64_with_swaps_and_fallbacks():
-  """K + 1 candidates: the swaps run on most steps and often fall back."""
+def test_plans_equal_the_full_path_in_float64_with_repairs():
+  """K + 1 candidates: outside rows enter on most steps (the repair rounds)."""
   C, a, b = _router_problem(2, jnp.float64)
   want, got = _both(C, a, b, K + 1)
   np.testing.assert_allclose(got, want, atol=1e-10)
+
+
+def test_ties_go_to_the_lower_rows_as_in_the_full_path():
+  """Costs on a grid of 1/8: every column has runs of equal values at its
+  k-th, so the walk crosses ties (`_settle_ties`) and the members among them
+  are chosen by row. Float64: the plans equal the full path's."""
+  C, a, b = _router_problem(3, jnp.float64)
+  C = jnp.round(C * 8) / 8
+  want, got = _both(C, a, b)
+  np.testing.assert_allclose(got, want, atol=1e-10)
+  assert ((got > 0).sum(axis=1) <= K).all()
+
+
+def test_columns_where_k_does_not_bind_take_the_full_path():
+  """Masses of 1e-3 per row: a column's mass b_j = 0.016 goes to fewer than k
+  rows, so tau has no closed form on the top k and every step takes the full
+  path; padding rows (cost 100, no mass) get nothing."""
+  C, a, b = _router_problem(4, jnp.float64)
+  a = a.at[:, -5:].set(0.0) * 1e-3
+  C = C.at[:, -5:, :].set(100.0)
+  b = jnp.broadcast_to(jnp.sum(a, axis=1, keepdims=True) / N, b.shape)
+  want, got = _both(C, a, b)
+  assert ((want > 0).sum(axis=1) < K).any()       # k does not bind somewhere
+  np.testing.assert_allclose(got, want, atol=1e-12)
+  assert not got[:, -5:, :].any()
+
+
+def test_walk_finds_the_kth_value_from_any_guess():
+  """`_walk` then `_settle_ties` against np.sort, from guesses above, below
+  and at the answer, with and without ties, several columns at once."""
+  rng = np.random.default_rng(0)
+  for u in (rng.normal(size=(20, 6)), np.round(rng.normal(size=(20, 6)) * 2) / 2):
+    want = -np.sort(-u, axis=0)[K - 1]
+    for guess in (np.full(6, np.inf), np.full(6, -np.inf), want, want + 0.3, want - 0.3):
+      got, _, _ = candidates._settle_ties(jnp.asarray(u), candidates._walk(
+          jnp.asarray(u), jnp.asarray(guess)[None], K), K)
+      np.testing.assert_array_equal(np.asarray(got)[0], want)

@@ -2,22 +2,31 @@
 
 The same iterates as `batched.batched_semi_dual_adam` (Adam from zero, top-k
 sparse simplex projection of each column u_j = (alpha - c_j) / gamma), with
-each step's selection run on R candidate rows per column instead of all m.
-A column's top k lies among its candidates when no other row reaches the k-th
-largest candidate; one counting pass over the full (m, N) array checks that
-every step, so the candidates are never trusted blindly. Where the check fails
-the best outside row replaces the weakest candidate, one swap per column per
-round, until it holds; where a tie straddles the k-th value, or the swaps do
-not settle within `_MAX_SWAPS` rounds, the step falls back to the full
-selection. The plans then equal the full path's up to the rounding of the row
-sums (the candidates' values, their order and the thresholds are bit for bit
-the same).
+each step's selection run on R candidate rows per column instead of all m,
+and each column's k-th value found from the previous step's instead of from
+scratch:
 
-Why: the k "next maximum" passes of the full selection dominate a step, and
-on R = 64 of m = 400 rows they cost 0.12 ms instead of 3.1 ms (the router's
-B/32 batch, 512 columns, k = 28, one thread); the check is one pass. Alpha
-moves by about the learning rate per step, so the candidates change rarely
-(64 of 400 rows: swap rounds in about 10 of 50 steps).
+- **The walk** (`_walk`). Alpha moves by about the learning rate per step, so
+  a column's k-th value moves by a few ranks. One pass counts the candidates
+  at or above the last k-th value; each further pass moves every column one
+  value up or down (the next larger or smaller candidate), until each stands
+  on its k-th. At the router's B/32 shapes (m = 400, k = 28, R = 2k) that is
+  about 7 passes a step over (R, N) instead of k = 28 over (m, N). Ties, which
+  the walk counts once per value, are settled by counting (`_settle_ties`).
+- **The candidates stay right.** A column's top k lies among its candidates
+  when no other row reaches the k-th candidate value. Every step checks that
+  with one pass over the other rows, whose costs are kept with the candidates'
+  set to +inf so the pass needs no mask. Where an outside row reaches it, the
+  best outside row replaces the weakest candidate (one per column per round),
+  until the check holds.
+- **The threshold in closed form.** Where k binds (every one of the k entries
+  gets mass, the router's case), tau = (sum of the top k - b_j) / k; the
+  members are the entries >= the k-th, ties going to the lower rows as in the
+  full path. A column where k does not bind, or a check that does not settle
+  within `_MAX_REPAIRS` rounds, sends the step to the full path.
+
+The plans equal the full path's up to rounding: the same members, tau summed
+in another order.
 
 Shapes: G problems, m rows, n columns per problem, N = n * G columns in all
 (expert-major, as in `batched`), R candidates per column.
@@ -30,34 +39,78 @@ from jax import lax
 
 from vmoe_sparse_ot.ot import batched
 from vmoe_sparse_ot.ot import optim
-from vmoe_sparse_ot.ot import selection
 
 Array = jax.Array
 
-# Swap rounds per step before the step falls back to the full selection.
-_MAX_SWAPS = 8
+# Rounds of the candidates' repair per step before the step takes the full path.
+_MAX_REPAIRS = 8
 
 
 def default_num_candidates(k: int, m: int) -> int:
-  """R = 4 k rows per column, at most m / 2. At the router's B/32 batch (k =
-  28, m = 400) a column's top k left R = 48 candidates in 21 of 50 steps, R =
-  64 in 10, R = 96 in 4; 50 steps took 129 ms with R = 64 and 110 ms with R =
-  96 (one thread, loaded machine): the swaps cost more than the longer
-  candidate lists."""
-  return min(m // 2, 4 * k)
+  """R = 2 k rows per column (at most m - 1). At the router's B/32 batch (k =
+  28, m = 400; one thread): R = 40 took 88 ms for 50 steps (an outside row
+  entered in 3 of 4 steps), R = 56 53 ms, R = 84 55 ms."""
+  return min(m - 1, 2 * k)
 
 
-def applies(k: int, m: int, num_candidates: int, dtype) -> bool:
-  """Whether the candidate path helps: R well below m, and the passes kernel
-  (the radix kernel's cost does not grow with k, nor would it shrink with R)."""
-  return k < num_candidates <= m // 2 and not selection.uses_radix(k, m, dtype)
+def applies(k: int, m: int, num_candidates: int) -> bool:
+  """Whether the candidate path runs: more candidates than k, fewer than m."""
+  return k < num_candidates < m
 
 
-def _top_k_on(u_c: Array, k: int, b: Array):
-  """(t_c (R, N), kth (1, N), tie (1, N) bool) of the candidates' top-k projection."""
-  stats = batched._top_k_stats(u_c, k, b)
-  tau, kth, tie = stats[0:1], stats[1:2], stats[3:4] > 0
-  return jnp.where(u_c >= kth, jnp.maximum(u_c - tau, 0), 0), kth, tie
+def _settle_ties(u: Array, w: Array, k: int):
+  """(w, above, at_least): w moved until it is each column's k-th largest
+  entry of u (R, N), with above < k entries above it and at_least >= k at or
+  above it (1, N each)."""
+  def counts(w):
+    return (jnp.sum(u > w, axis=0, keepdims=True, dtype=jnp.int32),
+            jnp.sum(u >= w, axis=0, keepdims=True, dtype=jnp.int32))
+
+  def cond(carry):
+    _, (above, at_least) = carry
+    return jnp.any((above >= k) | (at_least < k))
+
+  def body(carry):
+    w, (above, at_least) = carry
+    higher = jnp.min(jnp.where(u > w, u, jnp.inf), axis=0, keepdims=True)
+    lower = jnp.max(jnp.where(u < w, u, -jnp.inf), axis=0, keepdims=True)
+    w = jnp.where(above >= k, higher, jnp.where(at_least < k, lower, w))
+    return w, counts(w)
+
+  w, (above, at_least) = lax.while_loop(cond, body, (w, counts(w)))
+  return w, above, at_least
+
+
+def _walk(u: Array, w: Array, k: int) -> Array:
+  """Each column's k-th largest entry of u (R, N), walked from a guess w (1, N).
+
+  Up (to the (c - k + 1)-th smallest entry >= w) where c >= k entries are >= w,
+  else down (to the (k - c)-th largest entry < w); up is the same walk on -u.
+  One pass per rank moved: exact where the values crossed are distinct, which
+  the caller checks (`_settle_ties` finishes the others).
+  """
+  c = jnp.sum(u >= w, axis=0, keepdims=True, dtype=jnp.int32)
+  up = c >= k
+  todo = jnp.where(up, c - k + 1, k - c)
+  sign = jnp.where(up, -1, 1).astype(u.dtype)
+  # Up's first move may land on w itself (an entry >= w): strict "<" on -u
+  # against the next float above -w.
+  lim = jnp.where(up, jnp.nextafter(-w, jnp.inf), w)
+  # Per-column values: materialised before the full-size passes read them
+  # (fused, XLA would recompute them for every entry).
+  sign, lim, todo = lax.optimization_barrier((sign, lim, todo))
+
+  def cond(carry):
+    return jnp.any(carry[1] > 0)
+
+  def body(carry):
+    lim, todo = carry
+    x = sign * u
+    nxt = jnp.max(jnp.where(x < lim, x, -jnp.inf), axis=0, keepdims=True)
+    return jnp.where(todo > 0, nxt, lim), todo - 1
+
+  lim, _ = lax.while_loop(cond, body, (lim, todo))
+  return sign * lim
 
 
 def batched_semi_dual_adam_candidates(C: Array, a: Array, b: Array, k: int, gamma,
@@ -72,92 +125,111 @@ def batched_semi_dual_adam_candidates(C: Array, a: Array, b: Array, k: int, gamm
   """
   g, m, n = C.shape
   r = default_num_candidates(k, m) if num_candidates is None else num_candidates
-  if not applies(k, m, r, C.dtype):
+  if not applies(k, m, r):
     return batched.batched_semi_dual_adam(C, a, b, k, gamma, num_steps, learning_rate)
   big_n = n * g
+  dtype = C.dtype
   ct = (jnp.transpose(C, (1, 2, 0)) / gamma).reshape(m, big_n)          # (m, N)
   b_cols = b.T.reshape(1, big_n)
   group = jnp.arange(big_n, dtype=jnp.int32) % g                        # column -> problem
-  col = jnp.broadcast_to(jnp.arange(big_n, dtype=jnp.int32), (r, big_n))
+  cols = jnp.arange(big_n, dtype=jnp.int32)
   a_rows = a.T                                                          # (m, G)
 
-  def full_u(alpha):
+  def full_u(alpha_s, costs):
     # As `batched`'s make_u (alpha / gamma, then minus C / gamma): the same bits.
-    return (alpha[:, None, :] / gamma - ct.reshape(m, n, g)).reshape(m, big_n)
+    return (alpha_s[:, None, :] - costs.reshape(m, n, g)).reshape(m, big_n)
 
-  def cand_u(alpha, rows, cc):
-    return (alpha / gamma).reshape(m * g)[rows * g + group] - cc
+  def cand_u(alpha_s, cand):
+    return alpha_s.reshape(m * g)[cand["rows"] * g + group] - cand["costs"]
 
-  def outside_count(alpha, u_c, kth):
-    # Rows outside the candidates at or above the candidates' k-th value: all
-    # such rows less the candidates among them (no mask to read in this pass).
-    every = jnp.sum(full_u(alpha) >= kth, axis=0, dtype=jnp.int32)
-    return every - jnp.sum(u_c >= kth, axis=0, dtype=jnp.int32)
+  def first_candidates():
+    # Each column's R cheapest rows (only the positions: slicing top_k's
+    # values makes XLA sort whole columns instead).
+    rows = lax.top_k(-ct.T, r)[1].T.astype(jnp.int32)                   # (R, N)
+    col = jnp.broadcast_to(cols, (r, big_n))
+    return {"rows": rows, "costs": ct[rows, col],
+            "outside": ct.at[rows, col].set(jnp.inf)}   # the other rows' costs
 
-  def swap(alpha, cand, u_c, short):
-    """Where `short`, the best outside row replaces the weakest candidate."""
-    rows, cc, inside = cand
-    best = jnp.argmax(jnp.where(inside, -jnp.inf, full_u(alpha)), axis=0).astype(jnp.int32)
-    weakest = jnp.argmin(u_c, axis=0)                                    # (N,)
-    cols = jnp.arange(big_n)
-    old = rows[weakest, cols]
-    rows = rows.at[weakest, cols].set(jnp.where(short, best, old))
-    cc = cc.at[weakest, cols].set(jnp.where(short, ct[best, cols], cc[weakest, cols]))
-    inside = inside.at[old, cols].set(~short).at[best, cols].set(short | inside[best, cols])
-    return rows, cc, inside
+  def repair(alpha_s, cand, u_c, w, out):
+    """Where a row outside reaches w, the best one replaces the weakest candidate."""
+    short = (out >= w)[0]
+    u = full_u(alpha_s, cand["outside"])
+    rows_m = lax.broadcasted_iota(jnp.int32, u.shape, 0)
+    best = jnp.min(jnp.where(u == out, rows_m, m), axis=0)             # ties: lower row
+    lowest = jnp.min(u_c, axis=0, keepdims=True)
+    weakest = jnp.min(jnp.where(u_c == lowest, lax.broadcasted_iota(jnp.int32, u_c.shape, 0),
+                                r), axis=0)
+    old = cand["rows"][weakest, cols]
+    new = jnp.where(short, best, old)
+    outside = cand["outside"].at[old, cols].set(jnp.where(short, ct[old, cols], jnp.inf))
+    return {"rows": cand["rows"].at[weakest, cols].set(new),
+            "costs": cand["costs"].at[weakest, cols].set(ct[new, cols]),
+            "outside": outside.at[new, cols].set(jnp.inf)}
 
-  def project(alpha, cand):
-    """(t_c (R, N), candidates, ok): the step's projection on the candidates,
-    after swapping until they hold every column's top k; ok False: fall back."""
-    def attempt(i, cand):
-      u_c = cand_u(alpha, cand[0], cand[1])
-      t_c, kth, tie = _top_k_on(u_c, k, b_cols)
-      return i, cand, t_c, (outside_count(alpha, u_c, kth) > 0, tie, u_c)
+  def kth(u_c, w):
+    return _settle_ties(u_c, _walk(u_c, w, k), k)     # (w, above, at_least)
 
-    def cond(state):
-      i, _, _, (short, tie, _) = state
-      return (i < _MAX_SWAPS) & jnp.any(short) & ~jnp.any(tie)
+  def settle(alpha_s, cand, w):
+    """(cand, u_c, w, ok): candidates holding each column's top k, w its k-th."""
+    u_c = cand_u(alpha_s, cand)
+    w, above, at_least = kth(u_c, w)
 
-    def body(state):
-      i, cand, _, (short, _, u_c) = state
-      return attempt(i + 1, swap(alpha, cand, u_c, short))
+    def outside_max(cand):
+      return jnp.max(full_u(alpha_s, cand["outside"]), axis=0, keepdims=True)
 
-    _, cand, t_c, (short, tie, _) = lax.while_loop(cond, body, attempt(0, cand))
-    return t_c, cand, ~jnp.any(short) & ~jnp.any(tie)
+    def cond(carry):
+      i, _, _, (w, _, _), out = carry
+      return (i < _MAX_REPAIRS) & jnp.any(out >= w)
 
-  def dense(t_c, rows):
-    return jnp.zeros((m, big_n), t_c.dtype).at[rows, col].set(t_c)
+    def body(carry):
+      i, cand, u_c, (w, _, _), out = carry
+      cand = repair(alpha_s, cand, u_c, w, out)
+      u_c = cand_u(alpha_s, cand)
+      found = kth(u_c, w)
+      return i + 1, cand, u_c, found, outside_max(cand)
 
-  def full_plan(alpha):
-    return batched._sparse_projection(full_u(alpha), k, b_cols, lambda t: t)
+    _, cand, u_c, found, out = lax.while_loop(
+        cond, body, (0, cand, u_c, (w, above, at_least), outside_max(cand)))
+    return cand, u_c, found, jnp.all(out < found[0])
 
-  def plan_of(alpha, cand):
-    t_c, cand, ok = project(alpha, cand)
-    return lax.cond(ok, lambda: dense(t_c, cand[0]), lambda: full_plan(alpha))
+  def project(alpha_s, cand, w):
+    """(cand, w, t_c (R, N), ok): the candidates' projection; ok False: full path."""
+    cand, u_c, (w, above, at_least), ok = settle(alpha_s, cand, w)
+    total = jnp.sum(jnp.where(u_c > w, u_c, 0), axis=0, keepdims=True) + (k - above) * w
+    tau = (total - b_cols) / k
+    binds = jnp.all(tau <= w)         # all k entries keep mass: tau in closed form
 
-  def row_sums(alpha, cand):
-    t_c, cand, ok = project(alpha, cand)
+    def lower_rows_first(u_c):
+      # Ties at w: the lower rows, as the full path.
+      at = u_c == w
+      key = jnp.where(at, cand["rows"], m)
+      rank = jnp.sum(key[None, :, :] < key[:, None, :], axis=1)
+      return (u_c > w) | (at & (rank < k - above))
 
-    def from_candidates():
-      sums = jnp.zeros((m * g,), t_c.dtype).at[cand[0] * g + group].add(t_c)
-      return sums.reshape(m, g)
+    member = lax.cond(jnp.any(at_least > k), lower_rows_first, lambda u_c: u_c >= w, u_c)
+    return cand, w, jnp.where(member, u_c - tau, 0), ok & binds
 
-    def from_full():
-      return jnp.sum(full_plan(alpha).reshape(m, n, g), axis=1)
-
-    return lax.cond(ok, from_candidates, from_full), cand
+  def full_plan(alpha_s):
+    return batched._sparse_projection(full_u(alpha_s, ct), k, b_cols, lambda t: t)
 
   def step(i, carry):
-    alpha, mu, nu, cand = carry
-    sums, cand = row_sums(alpha, cand)
+    alpha, mu, nu, cand, w = carry
+    alpha_s = alpha / gamma
+    cand, w, t_c, ok = project(alpha_s, cand, w)
+    sums = lax.cond(
+        ok,
+        lambda: jnp.zeros((m * g,), dtype).at[cand["rows"] * g + group].add(t_c).reshape(m, g),
+        lambda: jnp.sum(full_plan(alpha_s).reshape(m, n, g), axis=1))
     alpha, mu, nu = optim.adam_update(i, alpha, mu, nu, a_rows - sums, learning_rate)
-    return alpha, mu, nu, cand
+    return alpha, mu, nu, cand, w
 
-  zeros = jnp.zeros((m, g), C.dtype)
-  # First candidates: each column's R largest entries at alpha = 0, once.
-  # Carried: their rows, their costs / gamma, and the (m, N) mask of them.
-  rows = lax.top_k(-ct.T, r)[1].T.astype(jnp.int32)                     # (R, N)
-  cand = (rows, ct[rows, col], jnp.zeros((m, big_n), bool).at[rows, col].set(True))
-  alpha, _, _, cand = lax.fori_loop(0, num_steps, step, (zeros, zeros, zeros, cand))
-  plan = plan_of(alpha, cand)
+  zeros = jnp.zeros((m, g), dtype)
+  w0 = jnp.full((1, big_n), jnp.inf, dtype)
+  alpha, _, _, cand, w = lax.fori_loop(0, num_steps, step,
+                                       (zeros, zeros, zeros, first_candidates(), w0))
+  alpha_s = alpha / gamma
+  cand, w, t_c, ok = project(alpha_s, cand, w)
+  col = jnp.broadcast_to(cols, (r, big_n))
+  plan = lax.cond(ok, lambda: jnp.zeros((m, big_n), dtype).at[cand["rows"], col].set(t_c),
+                  lambda: full_plan(alpha_s))
   return jnp.transpose(plan.reshape(m, n, g), (2, 0, 1))
