@@ -44,6 +44,9 @@ Array = jax.Array
 
 # Rounds of the candidates' repair per step before the step takes the full path.
 _MAX_REPAIRS = 8
+# The check keeps the maximum of each block of _BLOCK rows, so that a repair
+# looks for the best outside row in one block instead of all m rows.
+_BLOCK = 16
 
 
 def default_num_candidates(k: int, m: int) -> int:
@@ -137,7 +140,17 @@ def batched_semi_dual_adam_candidates(C: Array, a: Array, b: Array, k: int, gamm
 
   def full_u(alpha_s, costs):
     # As `batched`'s make_u (alpha / gamma, then minus C / gamma): the same bits.
-    return (alpha_s[:, None, :] - costs.reshape(m, n, g)).reshape(m, big_n)
+    rows = costs.shape[0]
+    return (alpha_s[:rows, None, :] - costs.reshape(rows, n, g)).reshape(rows, big_n)
+
+  blocks = -(-m // _BLOCK)
+  padded = blocks * _BLOCK
+
+  def block_max(alpha_s, outside):
+    """(blocks, N): each block's largest u over the rows outside the candidates."""
+    alpha_p = jnp.pad(alpha_s, ((0, padded - m), (0, 0)))
+    u = full_u(alpha_p, outside)                                         # (padded, N)
+    return jnp.max(u.reshape(blocks, _BLOCK, big_n), axis=1)
 
   def cand_u(alpha_s, cand):
     return alpha_s.reshape(m * g)[cand["rows"] * g + group] - cand["costs"]
@@ -147,24 +160,34 @@ def batched_semi_dual_adam_candidates(C: Array, a: Array, b: Array, k: int, gamm
     # values makes XLA sort whole columns instead).
     rows = lax.top_k(-ct.T, r)[1].T.astype(jnp.int32)                   # (R, N)
     col = jnp.broadcast_to(cols, (r, big_n))
-    return {"rows": rows, "costs": ct[rows, col],
-            "outside": ct.at[rows, col].set(jnp.inf)}   # the other rows' costs
+    # The other rows' costs (the candidates' and the padding rows' +inf).
+    outside = jnp.pad(ct, ((0, padded - m), (0, 0)), constant_values=jnp.inf)
+    return {"rows": rows, "costs": ct[rows, col], "outside": outside.at[rows, col].set(jnp.inf)}
 
-  def repair(alpha_s, cand, u_c, w, out):
+  def repair(alpha_s, cand, u_c, w, maxima):
     """Where a row outside reaches w, the best one replaces the weakest candidate."""
-    short = (out >= w)[0]
-    u = full_u(alpha_s, cand["outside"])
-    rows_m = lax.broadcasted_iota(jnp.int32, u.shape, 0)
-    best = jnp.min(jnp.where(u == out, rows_m, m), axis=0)             # ties: lower row
+    out = jnp.max(maxima, axis=0)
+    short = out >= w[0]
+    # The best outside row: the lowest of the first block holding the maximum.
+    block_ids = lax.broadcasted_iota(jnp.int32, maxima.shape, 0)
+    block = jnp.min(jnp.where(maxima == out, block_ids, blocks), axis=0)
+    rows_b = jnp.minimum(block * _BLOCK + jnp.arange(_BLOCK, dtype=jnp.int32)[:, None],
+                         padded - 1)                                     # (_BLOCK, N)
+    alpha_p = jnp.pad(alpha_s, ((0, padded - m), (0, 0))).reshape(padded * g)
+    u_b = alpha_p[rows_b * g + group] - cand["outside"][rows_b, cols]
+    best = jnp.min(jnp.where(u_b == out, rows_b, padded), axis=0)        # ties: lower row
     lowest = jnp.min(u_c, axis=0, keepdims=True)
     weakest = jnp.min(jnp.where(u_c == lowest, lax.broadcasted_iota(jnp.int32, u_c.shape, 0),
                                 r), axis=0)
     old = cand["rows"][weakest, cols]
     new = jnp.where(short, best, old)
-    outside = cand["outside"].at[old, cols].set(jnp.where(short, ct[old, cols], jnp.inf))
+    # One scatter: the old row's cost back outside, the new row's out (where
+    # nothing changes, both write +inf to the old row).
+    outside = cand["outside"].at[jnp.concatenate([old, new]), jnp.concatenate([cols, cols])].set(
+        jnp.concatenate([jnp.where(short, ct[old, cols], jnp.inf), jnp.full_like(w[0], jnp.inf)]))
     return {"rows": cand["rows"].at[weakest, cols].set(new),
             "costs": cand["costs"].at[weakest, cols].set(ct[new, cols]),
-            "outside": outside.at[new, cols].set(jnp.inf)}
+            "outside": outside}
 
   def kth(u_c, w):
     return _settle_ties(u_c, _walk(u_c, w, k), k)     # (w, above, at_least)
@@ -174,23 +197,23 @@ def batched_semi_dual_adam_candidates(C: Array, a: Array, b: Array, k: int, gamm
     u_c = cand_u(alpha_s, cand)
     w, above, at_least = kth(u_c, w)
 
-    def outside_max(cand):
-      return jnp.max(full_u(alpha_s, cand["outside"]), axis=0, keepdims=True)
+    def reached(found, maxima):
+      return jnp.any(jnp.max(maxima, axis=0) >= found[0][0])
 
     def cond(carry):
-      i, _, _, (w, _, _), out = carry
-      return (i < _MAX_REPAIRS) & jnp.any(out >= w)
+      i, _, _, found, maxima = carry
+      return (i < _MAX_REPAIRS) & reached(found, maxima)
 
     def body(carry):
-      i, cand, u_c, (w, _, _), out = carry
-      cand = repair(alpha_s, cand, u_c, w, out)
+      i, cand, u_c, (w, _, _), maxima = carry
+      cand = repair(alpha_s, cand, u_c, w, maxima)
       u_c = cand_u(alpha_s, cand)
       found = kth(u_c, w)
-      return i + 1, cand, u_c, found, outside_max(cand)
+      return i + 1, cand, u_c, found, block_max(alpha_s, cand["outside"])
 
-    _, cand, u_c, found, out = lax.while_loop(
-        cond, body, (0, cand, u_c, (w, above, at_least), outside_max(cand)))
-    return cand, u_c, found, jnp.all(out < found[0])
+    _, cand, u_c, found, maxima = lax.while_loop(
+        cond, body, (0, cand, u_c, (w, above, at_least), block_max(alpha_s, cand["outside"])))
+    return cand, u_c, found, ~reached(found, maxima)
 
   def project(alpha_s, cand, w):
     """(cand, w, t_c (R, N), ok): the candidates' projection; ok False: full path."""
