@@ -194,7 +194,8 @@ def batched_semi_dual_adam_candidates(C: Array, a: Array, b: Array, k: int, gamm
     return _settle_ties(u_c, _walk(u_c, w, k), k)     # (w, above, at_least)
 
   def settle(alpha_s, cand, w):
-    """(cand, u_c, w, ok): candidates holding each column's top k, w its k-th."""
+    """(cand, u_c, (w, above, at_least), ok): candidates holding each
+    column's top k (ok False: not within _MAX_REPAIRS rounds), w its k-th."""
     u_c = cand_u(alpha_s, cand)
     w, above, at_least = kth(u_c, w)
 
