@@ -11,6 +11,9 @@
 # (tests/crash_recovery.py). Only crashes are retried: the --only-rerun pattern
 # matches no ordinary failure, so a failing assertion fails at once. A second
 # crash of the same test, or a third crashed worker, fails the run.
+#
+# Where the time goes (mostly XLA compilation): add `-p tests.compile_profile`
+# (see that file) for each test's wall and compile seconds.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
