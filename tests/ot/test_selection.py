@@ -134,9 +134,9 @@ def test_large_k_solve_objective_equals_the_passes_kernels(formulation, monkeypa
   assert selection.uses_radix(k, m, jnp.float64)
   # The kernel is picked when the solver is traced: a program cached with
   # the default one (the passes, at this k) must not be reused.
-  solvers._solve.clear_cache()
+  solvers._solve_program.clear_cache()
   radix = ot.solve(a, b, C, reg, formulation=formulation, tol=1e-9, max_iter=2000)
-  solvers._solve.clear_cache()
+  solvers._solve_program.clear_cache()
   nnz = (np.asarray(radix.plan) > 0).sum(0)
   assert nnz.max() == k                                              # binding
   x = np.asarray(radix.alpha if formulation == "semi_dual"

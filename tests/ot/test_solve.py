@@ -167,6 +167,25 @@ def test_solver_option_objects_equal_the_keywords():
     ot.solve(a, b, C, reg, solver=ot.LBFGS(history=0))
 
 
+def test_other_numeric_options_reuse_the_compiled_solver():
+  """Tolerances, budgets and the learning rate are values of one program
+  (solvers._solve_program): changing them compiles nothing, and each still
+  acts (a budget of 3 stops at 3 iterations; tol = 0 runs the whole budget)."""
+  from vmoe_sparse_ot.ot import solvers
+  a, b, C = problem(10, 8, seed=7)
+  reg = ot.SparsityConstrained(k=3, gamma=0.1)
+  ot.solve(a, b, C, reg, rtol=1e-7)
+  ot.solve(a, b, C, reg, solver="adam", max_iter=30, tol=0.0)
+  compiled = solvers._solve_program._cache_size()
+  short = ot.solve(a, b, C, reg, max_iter=3, tol=1e-9)
+  tight = ot.solve(a, b, C, reg, rtol=1e-12, ftol=1e-3, patience=2)
+  assert (int(short.num_iter), short.reason()) == (3, "max_iter")
+  assert int(tight.num_iter) > 3 and tight.reason() in ("objective_tol", "stalled")
+  adam = ot.solve(a, b, C, reg, solver="adam", max_iter=7, tol=0.0, learning_rate=0.5)
+  assert (int(adam.num_iter), adam.reason()) == (7, "fixed_iter")
+  assert solvers._solve_program._cache_size() == compiled
+
+
 # A kink-bound problem: L-BFGS stops short; the defaults finish with the
 # interior point. Reference optimum from the conic solver Clarabel (see
 # tests/ot/test_interior_point.py, which checks the interior point against

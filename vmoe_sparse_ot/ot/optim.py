@@ -108,21 +108,27 @@ def adam_update(i, x, m, v, g, learning_rate, b1=ADAM_B1, b2=ADAM_B2, eps=ADAM_E
   return x, m, v
 
 
-def adam(fun: Callable, x0: Array, *, max_iter: int, tol: float, learning_rate: float,
+def adam(fun: Callable, x0: Array, *, max_iter, tol, learning_rate,
          b1: float = ADAM_B1, b2: float = ADAM_B2, eps: float = ADAM_EPS,
-         trace: bool = False, tol_scale=1.0) -> OptState:
+         trace: bool = False, tol_scale=1.0, fixed_iter: Optional[bool] = None) -> OptState:
   """Adam ascent. Stops when max|grad| <= tol * tol_scale (checked only if tol > 0).
 
+  max_iter, tol and learning_rate may be traced scalars (one compiled program
+  for every value); then `fixed_iter` (Python bool: tol == 0, a fixed-length
+  loop) must be given, and with trace=True max_iter must stay a Python int
+  (the trace's length).
   trace=True also returns an `OTTrace` of the iterates (one more carried buffer
   per recorded quantity; nothing when off)."""
   dtype = x0.dtype
+  if fixed_iter is None:
+    fixed_iter = tol == 0
 
   def step(i, x, m, v, g):
     return adam_update(i, x, m, v, g, learning_rate, b1, b2, eps)
 
   zeros = jnp.zeros_like(x0)
   tr0 = _empty_trace(max_iter, dtype) if trace else None
-  if tol == 0:
+  if fixed_iter:
     # Iteration i evaluates at x_i (before its step), so the entry it records is
     # iteration i - 1's result; the final evaluation records the last one.
     def body(i, carry):
@@ -208,9 +214,10 @@ def _lbfgs_inverse_hessian_times(g, S, Y, STY, YTY, gamma0, head):
   return gamma0 * g + coef_S @ S + coef_Y @ Y
 
 
-def lbfgs(fun: Callable, x0: Array, *, max_iter: int, tol: float, history: int = 10,
-          ftol: float = 0.0, patience: int = 1, rtol: float = 0.0, c1: float = 1e-4,
-          max_linesearch: int = 30, trace: bool = False, tol_scale=1.0) -> OptState:
+def lbfgs(fun: Callable, x0: Array, *, max_iter, tol, history: int = 10,
+          ftol=0.0, patience=1, rtol=0.0, c1: float = 1e-4,
+          max_linesearch: int = 30, trace: bool = False, tol_scale=1.0,
+          trace_len: Optional[int] = None) -> OptState:
   """L-BFGS ascent with Armijo backtracking. Stops when max|grad| <= tol * tol_scale, when an
   iteration increases the value by <= ftol * |value| (ftol > 0), after max_iter
   iterations, or when the line search can no longer increase the value.
@@ -224,7 +231,12 @@ def lbfgs(fun: Callable, x0: Array, *, max_iter: int, tol: float, history: int =
   rtol > 0 stops once the quasi-Newton model predicts that at most rtol * |value|
   is left to gain: -g^T p / 2 (p the L-BFGS step, g^T p < 0) is the model's
   increase at its maximiser, the Newton decrement's estimate of the suboptimality.
-  The test is made before the line search, so a stop costs no evaluation."""
+  The test is made before the line search, so a stop costs no evaluation.
+
+  max_iter, tol, ftol, patience and rtol may be traced scalars: a rule whose
+  tolerance is 0 is off at run time, so one compiled program serves every
+  value. trace=True needs the trace's length as a Python int: trace_len
+  (default max_iter)."""
   dtype = x0.dtype
   d = x0.shape[0]
   M = history
@@ -258,10 +270,7 @@ def lbfgs(fun: Callable, x0: Array, *, max_iter: int, tol: float, history: int =
     reason: Array
 
   def cond(c: Carry):
-    keep = (c.it < max_iter) & ~c.stalled
-    if tol > 0:
-      keep = keep & (_gnorm(c.g) > gtol)
-    return keep
+    return (c.it < max_iter) & ~c.stalled & ((tol <= 0) | (_gnorm(c.g) > gtol))
 
   def body(c: Carry):
     p = direction(c.g, c)
@@ -299,10 +308,7 @@ def lbfgs(fun: Callable, x0: Array, *, max_iter: int, tol: float, history: int =
 
     # Predicted remaining gain small enough: stop without evaluating (ok = True
     # makes the line search loop run zero times; the step is not taken).
-    if rtol > 0:
-      done = ~bad & (c.it > 0) & (-0.5 * gp <= rtol * jnp.abs(c.f))
-    else:
-      done = jnp.asarray(False)
+    done = (rtol > 0) & ~bad & (c.it > 0) & (-0.5 * gp <= rtol * jnp.abs(c.f))
     t0 = jnp.where(c.it == 0, jnp.minimum(1.0, 1.0 / jnp.maximum(jnp.sqrt(-gp), tiny)),
                    1.0).astype(dtype)
     t, f_new, g_new, ok, moved, n = lax.while_loop(
@@ -337,13 +343,11 @@ def lbfgs(fun: Callable, x0: Array, *, max_iter: int, tol: float, history: int =
     # rounding level. Stop.
     no_gain = (~ok | ~moved) & ~done
     objective_stop = done
-    small = c.small
-    if ftol > 0:
-      # Both the achieved and the predicted gain must be small: a short step
-      # alone (backtracking across a kink) is no sign of convergence.
-      tiny_gain = (c.f - f_new <= ftol * jnp.abs(f_new)) & (-0.5 * gp <= ftol * jnp.abs(c.f))
-      small = jnp.where(tiny_gain, small + 1, 0)
-      objective_stop = objective_stop | (ok & (small >= patience))
+    # ftol: both the achieved and the predicted gain must be small: a short
+    # step alone (backtracking across a kink) is no sign of convergence.
+    tiny_gain = (c.f - f_new <= ftol * jnp.abs(f_new)) & (-0.5 * gp <= ftol * jnp.abs(c.f))
+    small = jnp.where(ftol > 0, jnp.where(tiny_gain, c.small + 1, 0), c.small)
+    objective_stop = objective_stop | ((ftol > 0) & ok & (small >= patience))
     stalled = no_gain | objective_stop
     reason = jnp.where(objective_stop, OBJECTIVE_TOL, jnp.where(no_gain, STALLED, c.reason))
     # An iteration stopped by rtol before its line search is not counted (nor
@@ -360,11 +364,10 @@ def lbfgs(fun: Callable, x0: Array, *, max_iter: int, tol: float, history: int =
                jnp.zeros((M, M), dtype),
                jnp.asarray(0, jnp.int32), jnp.asarray(1.0, dtype), jnp.asarray(False),
                jnp.asarray(0, jnp.int32),
-               _empty_trace(max_iter, dtype) if trace else None,
+               _empty_trace(max_iter if trace_len is None else trace_len, dtype)
+               if trace else None,
                jnp.asarray(MAX_ITER, jnp.int32))
   c = lax.while_loop(cond, body, init)
-  status = c.reason
-  if tol > 0:
-    status = jnp.where(_gnorm(c.g) <= gtol, CONVERGED, status)
+  status = jnp.where((tol > 0) & (_gnorm(c.g) <= gtol), CONVERGED, c.reason)
   return OptState(c.x, -c.f, -c.g, c.it, c.evals, _gnorm(c.g),
                   _finish_trace(c.trace, c.it, c.evals), status)

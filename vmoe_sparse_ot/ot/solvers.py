@@ -5,10 +5,12 @@ reg_semi_dual) with L-BFGS or Adam, recovers the plan from the conjugate's
 gradient, and reports the duality gap P(T) - value, P the convex primal the
 optimum solves (P_Psi for SparsityConstrained, Proposition 3 (biconjugates)).
 
-The solver after the argument checks is one jitted function with static
-options, so `solve` runs eagerly, under `jit` and under `vmap` (many problems
-at once); only the eager finish of kink-bound runs (see `solve`, "Kinks")
-works on the host between jitted steps.
+The solver after the argument checks is one jitted function, so `solve` runs
+eagerly, under `jit` and under `vmap` (many problems at once); only the eager
+finish of kink-bound runs (see `solve`, "Kinks") works on the host between
+jitted steps. Its numeric options (tolerances, budget, learning rate) are
+arguments of that program, not constants in it: solving the same shapes with
+other options compiles nothing new.
 """
 from __future__ import annotations
 
@@ -465,13 +467,37 @@ def _chain(first: OTResult, second: OTResult) -> OTResult:
                          num_evals=first.num_evals + second.num_evals, trace=trace)
 
 
-@functools.partial(jax.jit, static_argnames=(
-    "formulation", "solver", "max_iter", "tol", "learning_rate", "history", "ftol",
-    "patience", "rtol", "trace", "result"))
 def _solve(a, b, C, reg, alpha0, beta0, *, formulation, solver, max_iter, tol,
            learning_rate, history, ftol, patience, rtol, trace, result=True) -> OTResult:
-  """The solver's program. result=False (semi-dual only): plan, value, beta
-  and duality_gap are left None for `semi_dual_at` to fill in."""
+  """The solver's program (`_solve_program`) for these options.
+
+  The numeric options (max_iter, tol, learning_rate, ftol, patience, rtol)
+  are passed to it as values, not compiled in: a problem solved again with
+  other tolerances or budgets (L-BFGS's 200 iterations and then the rest of
+  its budget at a certain kink, a sweep over tol) reuses one compiled
+  program. Only what shapes the program is static: the formulation, the
+  solver, the history size, Adam's fixed-length loop (tol == 0) and, with
+  trace=True, max_iter (the trace's length).
+  """
+  numeric = dict(max_iter=max_iter, tol=tol, learning_rate=learning_rate, ftol=ftol,
+                 patience=patience, rtol=rtol)
+  return _solve_program(a, b, C, reg, alpha0, beta0, numeric, formulation=formulation,
+                        solver=solver, history=history, fixed_iter=solver == "adam" and tol == 0,
+                        trace_len=max_iter if trace else 0, result=result)
+
+
+@functools.partial(jax.jit, static_argnames=(
+    "formulation", "solver", "history", "fixed_iter", "trace_len", "result"))
+def _solve_program(a, b, C, reg, alpha0, beta0, numeric, *, formulation, solver, history,
+                   fixed_iter, trace_len, result) -> OTResult:
+  """The solver's program. numeric: the options of `_solve` as scalars;
+  trace_len: max_iter with trace=True, else 0. result=False (semi-dual
+  only): plan, value, beta and duality_gap are left None for `semi_dual_at`
+  to fill in."""
+  trace = trace_len > 0
+  max_iter = trace_len if trace else numeric["max_iter"]
+  tol, learning_rate, ftol = numeric["tol"], numeric["learning_rate"], numeric["ftol"]
+  patience, rtol = numeric["patience"], numeric["rtol"]
   m, n = C.shape
   # L-BFGS solves C / s with gamma / s (the same plan; potentials and values
   # in units of s), s a power of two (exact) near the costs' typical gap where
@@ -525,7 +551,7 @@ def _solve(a, b, C, reg, alpha0, beta0, *, formulation, solver, max_iter, tol,
 
   if solver == "adam":
     st = optim.adam(fun, x0, max_iter=max_iter, tol=tol, learning_rate=learning_rate,
-                    trace=trace, tol_scale=mass)
+                    trace=trace, tol_scale=mass, fixed_iter=fixed_iter)
   else:
     # Marginals of extreme total mass: L-BFGS on the objective per unit of mass,
     # so that its first step length and its curvature tests (absolute epsilons)
