@@ -319,8 +319,10 @@ def _train_and_evaluate(config, workdir, model, devices, allow_schedule_change):
         if config.initialization.path is None:
           state = jax.jit(init_state, out_shardings=state_sharding)()
         else:
+          # Jitted: eagerly, model.init compiles each of its ops on its own
+          # (the tiny test model: ~100 small programs, several seconds).
           params = initialization.initialize_sharded(
-              init_params(init_key), config.initialization, params_sharding,
+              jax.jit(init_params)(init_key), config.initialization, params_sharding,
               num_prefix_tokens=int(config.model.classifier == 'token'),
               log=lambda line: logging.info('%s', line))
           # Router state (topk_bias's bias) is not in the source: it starts fresh.
