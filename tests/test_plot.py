@@ -62,7 +62,9 @@ def test_expert_choices_follow_the_sown_weights(workdir):
   # The sown (G, S, E) weights: per slot, the combine weight lands on (token, expert);
   # TopK's combine weights are softmax gates of at most K=2 experts, so each token's
   # weights sum to at most 1 and at most 2 are nonzero.
-  _, state = model.apply({'params': params}, images, train=False, mutable=['intermediates'])
+  # Jitted as in plot.expert_choices: the same program gives the same weights.
+  _, state = jax.jit(lambda v, x: model.apply(v, x, train=False, mutable=['intermediates']))(
+      {'params': params}, images)
   w = np.asarray(state['intermediates']['encoder']['encoderblock_1']['moe']
                  ['expert_weights'][0])
   assert w.ndim == 3 and w.shape[-1] == 4

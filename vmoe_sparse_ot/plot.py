@@ -226,9 +226,12 @@ def expert_choices(model, params, images: np.ndarray, classifier: str,
   cut into groups of S, so (G*S, E)[:B*N] reshapes back to (B, N, E). `model_state`:
   the router state to route with (`nn.router_state`; None for none).
   """
+  import jax  # pylint: disable=g-import-not-at-top  (only the routing figure needs it)
   b = images.shape[0]
-  _, state = model.apply({'params': params, **(model_state or {})}, images, train=False,
-                         mutable=['intermediates'])
+  # Jitted: applied eagerly, the model compiles each of its ops on its own.
+  apply = jax.jit(lambda variables, x: model.apply(variables, x, train=False,
+                                                   mutable=['intermediates']))
+  _, state = apply({'params': params, **(model_state or {})}, images)
   out = {}
   encoder = state['intermediates']['encoder']
   for layer in sorted(encoder, key=lambda name: (len(name), name)):

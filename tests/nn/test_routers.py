@@ -262,8 +262,9 @@ def test_a_new_router_is_one_registration():
     assert default_router_config().argmax_test.weight == 1.0
     model = vnn.build_model(tiny_config("argmax_test", **{"argmax_test.weight": 0.5}))
     images = jax.random.normal(jax.random.key(0), (2, 8, 8, 3))
-    params = model.init(jax.random.key(1), images)["params"]
-    _, state = model.apply({"params": params}, images, mutable=["intermediates"])
+    params = jax.jit(model.init)(jax.random.key(1), images)["params"]
+    _, state = jax.jit(lambda p, x: model.apply({"params": p}, x, mutable=["intermediates"]))(
+        params, images)
     w = state["intermediates"]["encoder"]["encoderblock_1"]["moe"]["expert_weights"][0]
     assert set(np.unique(np.asarray(w)).tolist()) <= {0.0, 0.5}
     with pytest.raises(ValueError, match="already registered"):
@@ -368,7 +369,7 @@ def test_sparse_ot_candidates_gradients_flow():
     r = routers.route(x, mask, config, capacity=c, train=False)
     return jnp.sum(r.combine_weight), r
 
-  (_, r), grad = jax.value_and_grad(loss, has_aux=True)(logits)
+  (_, r), grad = jax.jit(jax.value_and_grad(loss, has_aux=True))(logits)
   assert np.asarray(r.valid).sum(axis=-1).max() <= c and np.asarray(r.valid).any()
   assert bool(jnp.all(jnp.isfinite(grad))) and float(jnp.abs(grad).sum()) > 0
 

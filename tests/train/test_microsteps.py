@@ -24,9 +24,12 @@ def _batch(seed):
 
 def _state(model_config, tx, seed):
   model = nn.build_model(model_config)
-  params = model.init({'params': jax.random.key(seed)}, jnp.zeros((1, 28, 28, 1)),
-                      train=False)['params']
-  return model, state_lib.create(params, tx, jax.random.key(seed + 1))
+
+  @jax.jit
+  def init(key):  # One program (eagerly, each op of init compiles on its own).
+    params = model.init({'params': key}, jnp.zeros((1, 28, 28, 1)), train=False)['params']
+    return state_lib.create(params, tx, jax.random.key(seed + 1))
+  return model, init(jax.random.key(seed))
 
 
 def test_split_is_strided_and_covers_the_batch_once():

@@ -159,10 +159,11 @@ def test_adafactor_with_bfloat16_momentum_trains_a_few_steps():
   config = small_config(model__name='vit', optimizer__name='adafactor',
                         optimizer__mu_dtype='bfloat16')
   model = nn.build_model(config.model)
-  params = model.init({'params': jax.random.key(0)}, jnp.zeros((1, 28, 28, 1)),
-                      train=False)['params']
+  # Jitted: eagerly, each op of init (and of the optimizer's init) compiles on its own.
+  params = jax.jit(lambda k: model.init({'params': k}, jnp.zeros((1, 28, 28, 1)),
+                                        train=False)['params'])(jax.random.key(0))
   tx = opt.make_optimizer(config.optimizer, optax.constant_schedule(3e-3), params)
-  state = state_lib.create(params, tx, jax.random.key(1))
+  state = jax.jit(lambda p: state_lib.create(p, tx, jax.random.key(1)))(params)
   rng = np.random.default_rng(0)
   batch = {'image': rng.uniform(size=(16, 28, 28, 1)).astype(np.float32),
            'label': rng.integers(0, 10, size=16)}

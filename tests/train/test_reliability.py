@@ -1,4 +1,5 @@
 """Damaged checkpoints fall back, one trainer per workdir, a full disk keeps the last good one."""
+import contextlib
 import glob
 import logging
 import os
@@ -11,6 +12,7 @@ import textwrap
 import jax
 import numpy as np
 import pytest
+from jax import monitoring
 
 from vmoe_sparse_ot.train import checkpoints
 from vmoe_sparse_ot.train import errors
@@ -43,6 +45,20 @@ def trained(tmp_path_factory):
   trainer.train_and_evaluate(_config(), workdir, devices=jax.devices()[:1])
   assert _steps(workdir) == ['4', '8']
   return workdir, {s: checkpoints.restore_params(workdir, s)[0] for s in (4, 8)}
+
+
+@contextlib.contextmanager
+def _counting_compiles(into: list):
+  """Appends one entry per XLA compilation in the block to `into`."""
+  def listener(event, duration, **kwargs):
+    del kwargs
+    if event == '/jax/core/compile/backend_compile_duration':
+      into.append(duration)
+  monitoring.register_event_duration_secs_listener(listener)
+  try:
+    yield
+  finally:
+    monitoring.unregister_event_duration_listener(listener)
 
 
 def _largest_file(directory):
@@ -84,9 +100,14 @@ def test_damaged_latest_checkpoint_falls_back_to_the_previous_one(trained, tmp_p
   assert _steps(workdir) == ['4', '8']
 
   # The trainer moves it aside, says so in one line, and resumes from step 4:
-  # training steps 5-8 again gives the undamaged step 8 bit for bit.
+  # training steps 5-8 again gives the undamaged step 8 bit for bit. Its
+  # programs are those the trained run compiled (train.programs: same config,
+  # same device): nothing is traced or compiled again.
   caplog.clear()
-  summary = trainer.train_and_evaluate(_config(), workdir, devices=jax.devices()[:1])
+  compiles = []
+  with _counting_compiles(compiles):
+    summary = trainer.train_and_evaluate(_config(), workdir, devices=jax.devices()[:1])
+  assert compiles == [], compiles
   moved = [r.getMessage() for r in caplog.records if 'is damaged' in r.getMessage()]
   assert len(moved) == 1 and '\n' not in moved[0], moved
   assert moved[0].startswith(f'Checkpoint step 8 in {workdir}/checkpoints is damaged (')

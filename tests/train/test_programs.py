@@ -1,0 +1,51 @@
+"""train.programs: a run's jitted functions kept for the next run with the same key."""
+import jax
+import numpy as np
+
+from vmoe_sparse_ot.train import partitioning
+from vmoe_sparse_ot.train import programs
+from tests.train.helpers import small_config
+
+
+def _mesh(devices):
+  return partitioning.make_mesh(small_config().mesh, devices, 4)
+
+
+def test_key_changes_with_the_config_the_mesh_and_the_components():
+  config, mesh = small_config(), _mesh(jax.devices()[:1])
+  router = object()
+  key = programs.run_key(config, mesh, (router,))
+  assert key == programs.run_key(small_config(), _mesh(jax.devices()[:1]), (router,))
+  assert hash(key) == hash(programs.run_key(small_config(), mesh, (router,)))
+  assert key != programs.run_key(small_config(seed=1), mesh, (router,))
+  assert key != programs.run_key(small_config(schedule__peak_value=1e-2), mesh, (router,))
+  assert key != programs.run_key(config, _mesh(jax.devices()[1:2]), (router,))
+  assert key != programs.run_key(config, _mesh(jax.devices()[:2]), (router,))
+  assert key != programs.run_key(config, mesh, (object(),))   # e.g. a router registered anew
+
+
+def test_get_builds_once_per_key_and_name_and_keeps_the_latest_keys():
+  programs.clear()
+  built = []
+
+  def build(value):
+    def make():
+      built.append(value)
+      return value
+    return make
+
+  mesh = _mesh(jax.devices()[:1])
+  keys = [programs.run_key(small_config(seed=s), mesh) for s in range(programs.MAX_RUNS + 1)]
+  assert programs.get(keys[0], 'step', build('a')) == 'a'
+  assert programs.get(keys[0], 'step', build('b')) == 'a'      # kept
+  assert programs.get(keys[0], 'eval', build('c')) == 'c'      # another name
+  assert programs.get(keys[1], 'step', build('d')) == 'd'      # another key
+  assert programs.get(keys[0], 'step', build('x')) == 'a'      # used again: keys[1] is older
+  for key in keys[2:]:                                          # one key too many...
+    programs.get(key, 'step', build('e'))
+  assert programs.get(keys[1], 'step', build('f')) == 'f'      # ...keys[1] went first
+  assert programs.get(keys[0], 'step', build('g')) == 'g'
+  assert built == ['a', 'c', 'd'] + ['e'] * (programs.MAX_RUNS - 1) + ['f', 'g']
+  programs.clear()
+  assert programs.get(keys[0], 'step', build('h')) == 'h'
+  programs.clear()
