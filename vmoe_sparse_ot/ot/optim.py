@@ -216,8 +216,7 @@ def _lbfgs_inverse_hessian_times(g, S, Y, STY, YTY, gamma0, head):
 
 def lbfgs(fun: Callable, x0: Array, *, max_iter, tol, history: int = 10,
           ftol=0.0, patience=1, rtol=0.0, c1: float = 1e-4,
-          max_linesearch: int = 30, trace: bool = False, tol_scale=1.0,
-          trace_len: Optional[int] = None) -> OptState:
+          max_linesearch: int = 30, trace: bool = False, tol_scale=1.0) -> OptState:
   """L-BFGS ascent with Armijo backtracking. Stops when max|grad| <= tol * tol_scale, when an
   iteration increases the value by <= ftol * |value| (ftol > 0), after max_iter
   iterations, or when the line search can no longer increase the value.
@@ -235,8 +234,8 @@ def lbfgs(fun: Callable, x0: Array, *, max_iter, tol, history: int = 10,
 
   max_iter, tol, ftol, patience and rtol may be traced scalars: a rule whose
   tolerance is 0 is off at run time, so one compiled program serves every
-  value. trace=True needs the trace's length as a Python int: trace_len
-  (default max_iter)."""
+  value. With trace=True max_iter must stay a Python int (the trace's
+  length)."""
   dtype = x0.dtype
   d = x0.shape[0]
   M = history
@@ -364,8 +363,7 @@ def lbfgs(fun: Callable, x0: Array, *, max_iter, tol, history: int = 10,
                jnp.zeros((M, M), dtype),
                jnp.asarray(0, jnp.int32), jnp.asarray(1.0, dtype), jnp.asarray(False),
                jnp.asarray(0, jnp.int32),
-               _empty_trace(max_iter if trace_len is None else trace_len, dtype)
-               if trace else None,
+               _empty_trace(max_iter, dtype) if trace else None,
                jnp.asarray(MAX_ITER, jnp.int32))
   c = lax.while_loop(cond, body, init)
   status = jnp.where((tol > 0) & (_gnorm(c.g) <= gtol), CONVERGED, c.reason)
