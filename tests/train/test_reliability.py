@@ -18,6 +18,7 @@ from vmoe_sparse_ot.train import checkpoints
 from vmoe_sparse_ot.train import errors
 from vmoe_sparse_ot.train import lock as lock_lib
 from vmoe_sparse_ot.train import trainer
+from tests import compile_profile
 from tests.train import helpers
 
 RUN = dict(train_steps=8, checkpoint__every_steps=4, checkpoint__keep=3, log_every_steps=4)
@@ -52,7 +53,7 @@ def _counting_compiles(into: list):
   """Appends one entry per XLA compilation in the block to `into`."""
   def listener(event, duration, **kwargs):
     del kwargs
-    if event == '/jax/core/compile/backend_compile_duration':
+    if event == compile_profile.COMPILE_EVENT:
       into.append(duration)
   monitoring.register_event_duration_secs_listener(listener)
   try:
