@@ -190,7 +190,11 @@ def make_step(model, tx: optax.GradientTransformation, label_smoothing: float = 
 def make_train_step(model, tx: optax.GradientTransformation, label_smoothing: float = 0.0,
                     microsteps: int = 1, loss: str = 'softmax_xent', mixup_p: float = 0.0):
   """(TrainState, batch, TrainMetrics) -> (TrainState, TrainMetrics with this step merged)."""
-  step_fn = make_step(model, tx, label_smoothing, microsteps, loss, mixup_p)
+  return with_metrics(make_step(model, tx, label_smoothing, microsteps, loss, mixup_p))
+
+
+def with_metrics(step_fn):
+  """The train step of a `make_step` function: its values merged into the metrics."""
 
   def train_step(state: TrainState, batch, metrics: metrics_lib.TrainMetrics):
     new_state, values = step_fn(state, batch)
@@ -281,6 +285,9 @@ def _train_and_evaluate(config, workdir, model, devices, allow_schedule_change):
 
   init_key, root_key = jax.random.split(jax.random.key(config.seed))
 
+  # Jitted: the abstract shapes and the initializing programs below share one
+  # trace of the model's init.
+  @jax.jit
   def init_variables(key):  # (params, model_state), see nn.router_state
     params_key, gating_key, dropout_key = jax.random.split(key, 3)
     return nn.router_state.split(model.init(
@@ -397,15 +404,18 @@ def _train_loop(config, workdir, model, mesh, tx, schedule, ckpt, state, start_s
     if start_step < train_steps:
       first_batch = next(batches)
       batches = itertools.chain([first_batch], batches)
-      step_args = (model, tx, float(config.label_smoothing), int(config.microsteps),
-                   config.loss.name, float(config.mixup.p))
+      # Jitted, so that the metric names' shapes and the train step share one
+      # trace of it (nested in the train step, XLA inlines it).
+      step_fn = jax.jit(make_step(model, tx, float(config.label_smoothing),
+                                  int(config.microsteps), config.loss.name,
+                                  float(config.mixup.p)))
       names = programs.get(run_key, 'metric_names', lambda: sorted(
-          jax.eval_shape(make_step(*step_args), state, first_batch)[1]))
+          jax.eval_shape(step_fn, state, first_batch)[1]))
       empty_metrics = programs.get(run_key, 'empty_metrics', lambda: jax.jit(
           lambda: metrics_lib.TrainMetrics.empty(names, int(config.log_every_steps)),
           out_shardings=replicated))
       train_step = programs.get(run_key, 'train_step', lambda: jax.jit(
-          make_train_step(*step_args), in_shardings=(state_sharding, batch_sharding, replicated),
+          with_metrics(step_fn), in_shardings=(state_sharding, batch_sharding, replicated),
           out_shardings=(state_sharding, replicated), donate_argnums=(0, 2)))
       progress = progress_lib.ProgressLogger(
           first_step=start_step + 1, total_steps=train_steps,
