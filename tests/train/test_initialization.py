@@ -1,5 +1,6 @@
 """The trainer with config.initialization, optimizer.freeze and label_smoothing; export CLI."""
 import json
+import re
 
 import jax
 import numpy as np
@@ -38,6 +39,7 @@ def test_upcycled_run_with_frozen_blocks_and_label_smoothing(dense_workdir, tmp_
     summary = trainer.train_and_evaluate(config, str(tmp_path))
   assert summary['step'] == 2 and np.isfinite(summary['losses']).all()
   assert 'upcycled 1 MoE layer(s) (encoder/encoderblock_1)' in caplog.text
+  assert re.search(r'Initialized \d+ of \d+ parameters', caplog.text)
   source, out = _flat(dense_workdir), _flat(str(tmp_path))
   frozen = [k for k in out if k.startswith(('encoder/encoderblock_0/', 'embedding/'))]
   assert len(frozen) == 18
@@ -46,10 +48,15 @@ def test_upcycled_run_with_frozen_blocks_and_label_smoothing(dense_workdir, tmp_
   moved = [k for k in out if k not in frozen and not np.array_equal(
       out[k], source.get(k, source.get(k.replace('moe/experts/wi_kernel', 'mlp/Dense_0/kernel'))))]
   assert 'encoder/encoderblock_1/moe/experts/wi_kernel' in moved and 'head/kernel' in moved
-  # A resumed run ignores initialization: the checkpoint wins.
-  config.train_steps = 3
-  summary = trainer.train_and_evaluate(config, str(tmp_path), allow_schedule_change=True)
-  assert summary['step'] == 3
+  # A restart ignores initialization: the checkpoint wins. (The same config, so
+  # the run's programs are reused: it restores step 2 and only evaluates.)
+  caplog.clear()
+  with caplog.at_level('INFO'):
+    again = trainer.train_and_evaluate(config, str(tmp_path))
+  assert again['step'] == 2 and 'Resumed from step 2' in caplog.text
+  assert 'upcycled 1 MoE layer' not in caplog.text
+  assert not re.search(r'Initialized \d+ of \d+ parameters', caplog.text)
+  assert again['eval'] == summary['eval']   # The trained params, not the source's.
 
 
 def test_label_smoothing_against_the_formula():
