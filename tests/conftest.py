@@ -12,6 +12,11 @@ from tests.crash_recovery import pytest_xdist_make_scheduler  # noqa: F401  (a h
 from tests.xla_flags import xla_flags
 
 os.environ.setdefault("XLA_FLAGS", xla_flags(8))
+# No Python traceback in each lowered op's location (JAX keeps 10 frames by
+# default, for profiles and debug dumps): the OT selection and projection
+# files lowered and compiled in 10% less time without them. Inherited by the
+# subprocesses tests start.
+os.environ.setdefault("JAX_TRACEBACK_IN_LOCATIONS_LIMIT", "0")
 os.environ.setdefault("POT_BACKEND_DISABLE_TENSORFLOW", "1")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
