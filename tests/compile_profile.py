@@ -12,6 +12,7 @@ programs compiled. Compiles in subprocesses a test starts are not counted (they
 show as wall time). `python -m tests.compile_profile FILE` sums them per file.
 """
 import collections
+import contextlib
 import json
 import os
 import sys
@@ -22,6 +23,23 @@ import pytest
 # JAX reports each XLA compilation under this event name (tests count compiles by it).
 COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 _totals = {"seconds": 0.0, "count": 0}
+
+
+@contextlib.contextmanager
+def counting_compiles(into: list):
+  """Appends one entry (its seconds) per XLA compilation in the block to `into`."""
+  from jax import monitoring  # pylint: disable=g-import-not-at-top
+
+  def listener(event, duration, **kwargs):
+    del kwargs
+    if event == COMPILE_EVENT:
+      into.append(duration)
+
+  monitoring.register_event_duration_secs_listener(listener)
+  try:
+    yield
+  finally:
+    monitoring.unregister_event_duration_listener(listener)
 
 
 def _listener(event, duration, **kwargs):

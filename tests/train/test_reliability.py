@@ -1,5 +1,4 @@
 """Damaged checkpoints fall back, one trainer per workdir, a full disk keeps the last good one."""
-import contextlib
 import glob
 import logging
 import os
@@ -12,7 +11,6 @@ import textwrap
 import jax
 import numpy as np
 import pytest
-from jax import monitoring
 
 from vmoe_sparse_ot.train import checkpoints
 from vmoe_sparse_ot.train import errors
@@ -46,20 +44,6 @@ def trained(tmp_path_factory):
   trainer.train_and_evaluate(_config(), workdir, devices=jax.devices()[:1])
   assert _steps(workdir) == ['4', '8']
   return workdir, {s: checkpoints.restore_params(workdir, s)[0] for s in (4, 8)}
-
-
-@contextlib.contextmanager
-def _counting_compiles(into: list):
-  """Appends one entry per XLA compilation in the block to `into`."""
-  def listener(event, duration, **kwargs):
-    del kwargs
-    if event == compile_profile.COMPILE_EVENT:
-      into.append(duration)
-  monitoring.register_event_duration_secs_listener(listener)
-  try:
-    yield
-  finally:
-    monitoring.unregister_event_duration_listener(listener)
 
 
 def _largest_file(directory):
@@ -106,7 +90,7 @@ def test_damaged_latest_checkpoint_falls_back_to_the_previous_one(trained, tmp_p
   # same device): nothing is traced or compiled again.
   caplog.clear()
   compiles = []
-  with _counting_compiles(compiles):
+  with compile_profile.counting_compiles(compiles):
     summary = trainer.train_and_evaluate(_config(), workdir, devices=jax.devices()[:1])
   assert compiles == [], compiles
   moved = [r.getMessage() for r in caplog.records if 'is damaged' in r.getMessage()]
