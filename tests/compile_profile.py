@@ -5,16 +5,19 @@ time in one measured run), so `--durations` alone does not say what to cut. Run
 
     PROFILE_OUT=/tmp/tests.jsonl bash scripts/test.sh -p tests.compile_profile
 
-and each test appends {test, wall, cpu, compile, ncompile, pid}: seconds of
-wall and process CPU time, seconds spent in XLA's backend compilation
-(JAX's "/jax/core/compile/backend_compile_duration" events) and the number of
-programs compiled. Compiles in subprocesses a test starts are not counted (they
-show as wall time). `python -m tests.compile_profile FILE` sums them per file.
+and each test appends {test, wall, cpu, child_cpu, compile, ncompile, trace,
+lower, pid}: seconds of wall and process CPU time, the CPU time of the
+subprocesses it started and waited for, seconds spent in XLA's backend
+compilation (JAX's "/jax/core/compile/backend_compile_duration" events), the
+number of programs compiled, and seconds spent tracing jaxprs and lowering
+them to MLIR. Compiles in subprocesses are not counted (they are in child_cpu).
+`python -m tests.compile_profile FILE` sums them per file.
 """
 import collections
 import contextlib
 import json
 import os
+import resource
 import sys
 import time
 
@@ -22,7 +25,10 @@ import pytest
 
 # JAX reports each XLA compilation under this event name (tests count compiles by it).
 COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
-_totals = {"seconds": 0.0, "count": 0}
+# Tracing to a jaxpr and lowering it to MLIR, the steps before each compilation.
+_TRACE_EVENT = "/jax/core/compile/jaxpr_trace_duration"
+_LOWER_EVENT = "/jax/core/compile/jaxpr_to_mlir_module_duration"
+_totals = {"seconds": 0.0, "count": 0, "trace": 0.0, "lower": 0.0}
 
 
 @contextlib.contextmanager
@@ -47,6 +53,10 @@ def _listener(event, duration, **kwargs):
   if event == COMPILE_EVENT:
     _totals["seconds"] += duration
     _totals["count"] += 1
+  elif event == _TRACE_EVENT:
+    _totals["trace"] += duration
+  elif event == _LOWER_EVENT:
+    _totals["lower"] += duration
 
 
 def pytest_configure(config):
@@ -55,34 +65,43 @@ def pytest_configure(config):
   monitoring.register_event_duration_secs_listener(_listener)
 
 
+def _children_cpu():
+  usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+  return usage.ru_utime + usage.ru_stime
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):
   del nextitem
-  seconds, count = _totals["seconds"], _totals["count"]
-  wall, cpu = time.time(), time.process_time()
+  before = dict(_totals)
+  wall, cpu, child_cpu = time.time(), time.process_time(), _children_cpu()
   yield
   record = {"test": item.nodeid, "wall": time.time() - wall, "cpu": time.process_time() - cpu,
-            "compile": _totals["seconds"] - seconds, "ncompile": _totals["count"] - count,
+            "child_cpu": _children_cpu() - child_cpu,
+            "compile": _totals["seconds"] - before["seconds"],
+            "ncompile": _totals["count"] - before["count"],
+            "trace": _totals["trace"] - before["trace"], "lower": _totals["lower"] - before["lower"],
             "pid": os.getpid()}
   with open(os.environ.get("PROFILE_OUT", "compile_profile.jsonl"), "a") as f:
     f.write(json.dumps(record) + "\n")
 
 
 def per_file(path: str):
-  """[(file, wall, compile, programs, tests)], the longest first."""
-  sums = collections.defaultdict(lambda: [0.0, 0.0, 0, 0])
+  """[(file, wall, cpu + child_cpu, compile, programs, tests)], the longest first."""
+  sums = collections.defaultdict(lambda: [0.0, 0.0, 0.0, 0, 0])
   with open(path) as f:
     for line in f:
       record = json.loads(line)
       total = sums[record["test"].split("::")[0]]
       total[0] += record["wall"]
-      total[1] += record["compile"]
-      total[2] += record["ncompile"]
-      total[3] += 1
+      total[1] += record["cpu"] + record.get("child_cpu", 0.0)
+      total[2] += record["compile"]
+      total[3] += record["ncompile"]
+      total[4] += 1
   return sorted(((name, *v) for name, v in sums.items()), key=lambda row: -row[1])
 
 
 if __name__ == "__main__":
-  for name, wall, compiled, programs, tests in per_file(sys.argv[1]):
-    print(f"{wall:8.1f} s wall {compiled:8.1f} s compiling {programs:5d} programs "
-          f"{tests:4d} tests  {name}")
+  for name, wall, cpu, compiled, programs, tests in per_file(sys.argv[1]):
+    print(f"{wall:8.1f} s wall {cpu:8.1f} s CPU {compiled:8.1f} s compiling "
+          f"{programs:5d} programs {tests:4d} tests  {name}")
