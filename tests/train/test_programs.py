@@ -24,6 +24,25 @@ def test_key_changes_with_the_config_the_mesh_and_the_components():
   assert key != programs.run_key(config, mesh, (object(),))   # e.g. a router registered anew
 
 
+def test_key_leaves_out_what_only_drives_the_loop():
+  mesh = _mesh(jax.devices()[:1])
+  key = programs.run_key(small_config(), mesh)
+  # SMALL fixes schedule.decay_steps: the length and the cadences build no function.
+  assert key == programs.run_key(small_config(
+      train_steps=17, checkpoint__every_steps=3, checkpoint__keep=1, eval_every_steps=2,
+      fewshot__every_steps=4), mesh)
+  # A decay that runs until the last step makes the schedule, so the step, depend
+  # on train_steps; so do the logging interval (the metrics buffer) and the batch.
+  until_last = dict(schedule__decay_steps=None, schedule__warmup_steps=5)
+  assert (programs.run_key(small_config(train_steps=20, **until_last), mesh)
+          != programs.run_key(small_config(train_steps=21, **until_last), mesh))
+  assert (programs.run_key(small_config(train_steps=20, **until_last), mesh)
+          == programs.run_key(small_config(train_steps=20, eval_every_steps=5, **until_last),
+                              mesh))
+  assert key != programs.run_key(small_config(log_every_steps=4), mesh)
+  assert key != programs.run_key(small_config(batch_size=32), mesh)
+
+
 def test_get_builds_once_per_key_and_name_and_keeps_the_latest_keys():
   programs.clear()
   built = []

@@ -10,17 +10,28 @@ import optax
 from vmoe_sparse_ot.train import partitioning
 
 
+def resolved_schedule(schedule: Mapping[str, Any], train_steps: int) -> dict[str, Any]:
+  """`schedule` with its `decay_steps` filled in: when unset, until `train_steps`.
+
+  The schedule depends on `train_steps` through this alone.
+  """
+  resolved = dict(schedule)
+  if resolved.get('decay_steps') is None:
+    resolved['decay_steps'] = max(int(train_steps) - int(schedule['warmup_steps']), 1)
+  return resolved
+
+
 def make_schedule(schedule: Mapping[str, Any], train_steps: int) -> optax.Schedule:
   """Linear warmup from 0 to `peak_value`, then linear / cosine decay or constant.
 
   Decay runs for `decay_steps` steps after warmup (default: until `train_steps`),
   ending at `end_value`.
   """
+  schedule = resolved_schedule(schedule, train_steps)
   name = schedule['name']
   peak, end = float(schedule['peak_value']), float(schedule['end_value'])
   warmup = int(schedule['warmup_steps'])
-  decay_steps = schedule.get('decay_steps')
-  decay_steps = max(int(train_steps) - warmup, 1) if decay_steps is None else int(decay_steps)
+  decay_steps = int(schedule['decay_steps'])
   if name == 'warmup_constant':
     after = optax.constant_schedule(peak)
   elif name == 'warmup_linear_decay':

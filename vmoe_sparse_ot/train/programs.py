@@ -13,7 +13,12 @@ resolved config (model, optimizer, schedule, loss, seed, batch sizes...), the
 mesh (its devices and axes), the process count and the router and loss
 objects the config names (a router registered anew under the same name is
 another key). A run whose key differs in anything builds its own, as before.
-At most `MAX_RUNS` keys are kept, the least recently used dropped first.
+Left out are the entries that only drive the loop around the functions
+(`LOOP_ONLY`: how many steps, when to checkpoint, evaluate or run few-shot):
+`train_steps` is keyed through the schedule it resolves (a decay that runs
+until the last step), so a longer run of the same schedule, or one that
+checkpoints more often, reuses the programs. At most `MAX_RUNS` keys are kept,
+the least recently used dropped first.
 """
 from __future__ import annotations
 
@@ -23,16 +28,25 @@ from typing import Any, Callable, Hashable
 
 import jax
 
+from vmoe_sparse_ot.train import optimizer as optimizer_lib
+
 MAX_RUNS = 4
+# Config entries no kept function is built from (the trainer's loop reads them;
+# few-shot evaluators are built per run, outside this cache).
+LOOP_ONLY = ('train_steps', 'checkpoint', 'eval_every_steps', 'fewshot')
 _runs: collections.OrderedDict[Hashable, dict[str, Any]] = collections.OrderedDict()
 
 
 def run_key(config, mesh, components: tuple = ()) -> tuple:
   """The key of a run: `config` resolved to JSON (an object JSON cannot write
-  is keyed by its repr, which names its address: never shared), the mesh's
-  device ids, axis names and sizes, the process count, and `components` (the
-  objects the config names, by identity)."""
-  return (json.dumps(config.to_dict(), sort_keys=True, default=repr),
+  is keyed by its repr, which names its address: never shared) less
+  `LOOP_ONLY`, with its schedule resolved for `train_steps`; the mesh's device
+  ids, axis names and sizes, the process count, and `components` (the objects
+  the config names, by identity)."""
+  built_from = {k: v for k, v in config.to_dict().items() if k not in LOOP_ONLY}
+  built_from['schedule'] = optimizer_lib.resolved_schedule(config.schedule,
+                                                           config.train_steps)
+  return (json.dumps(built_from, sort_keys=True, default=repr),
           tuple(int(d.id) for d in mesh.devices.flat), tuple(dict(mesh.shape).items()),
           jax.process_count(), tuple(id(c) for c in components), _Held(components))
 
