@@ -95,8 +95,8 @@ def job_in_process(monkeypatch, capfd):
   """`job_in_process(*args)`: what `python -m vmoe_sparse_ot.fewshot ARGS` runs after absl's
   set-up (config_cli.parse_flags, then main), in this process; (status, stdout, stderr).
 
-  For command lines that fail before anything compiles: no interpreter, JAX and
-  TensorFlow start per call. absl's global flags are left unparsed afterwards, without
+  No interpreter, JAX and TensorFlow start per call (the job's console as a process:
+  test_job_evaluates_latest_checkpoint_prints_table_and_writes_json). absl's global flags are left unparsed afterwards, without
   the --config.* override flags config_flags defined.
   """
   from absl import flags  # pylint: disable=g-import-not-at-top
@@ -208,8 +208,8 @@ def test_cli_refuses_another_router_then_uses_the_checkpoint_config_with_the_fla
   assert proc.returncode == 1
   assert "model.encoder.moe.router.name: config 'sparse_ot', checkpoint 'topk'" in proc.stderr
   assert 'Traceback' not in proc.stderr
-  proc = _run_job(f'--config={config_path}:sparse_ot', f'--workdir={workdir}', '--step=3',
-                  '--use_checkpoint_config')
+  proc = job_in_process(f'--config={config_path}:sparse_ot', f'--workdir={workdir}',
+                        '--step=3', '--use_checkpoint_config')
   assert proc.returncode == 0, proc.stderr[-3000:]
   assert 'router topk' in proc.stdout
   with open(workdir / 'fewshot' / 'results.json') as f:
