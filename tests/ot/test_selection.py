@@ -19,9 +19,22 @@ def brute_mask(x, k, axis):
   return np.moveaxis(mask, -1, axis)
 
 
+# Called eagerly, each function compiles every primitive inside it as its own
+# program; jitted once here (k, axis and m static), each compiles one program
+# per shape, shared by the tests and cases of this module.
+_sel = jax.jit(selection.threshold_top_k_mask, static_argnums=(1, 2))
+_lax_top_k = jax.jit(jax.lax.top_k, static_argnums=1)
+_top_k = jax.jit(selection.top_k, static_argnames=("k", "axis"))
+_top_k_mask = jax.jit(selection.top_k_mask, static_argnames=("k", "axis"))
+_order_keys = jax.jit(selection._order_keys)
+_kth_largest_key = jax.jit(selection.kth_largest_key, static_argnums=(1, 2))
+_select_key = jax.jit(selection._select_key, static_argnames=("k", "axis", "early_exit"))
+_densify = jax.jit(selection.densify, static_argnames=("m", "axis"))
+
+
 def lax_mask(x, k, axis):
-  xs = jnp.moveaxis(x, axis, -1)
-  _, idx = jax.lax.top_k(xs, k)
+  xs = np.moveaxis(np.asarray(x), axis, -1)
+  _, idx = _lax_top_k(xs, k)
   mask = np.zeros(xs.shape, bool)
   np.put_along_axis(mask, np.asarray(idx), True, axis=-1)
   return np.moveaxis(mask, -1, axis)
@@ -38,11 +51,9 @@ def _inputs(dtype, seed=0):
   return [ties, smooth, special]
 
 
-_sel = jax.jit(selection.threshold_top_k_mask, static_argnums=(1, 2))
-
-
 def _check(dtype):
-  x = jnp.asarray(np.stack(_inputs(dtype)))                            # (3, m, 9)
+  x_np = np.stack(_inputs(dtype))                                       # (3, m, 9)
+  x, x_t = jnp.asarray(x_np), jnp.asarray(np.swapaxes(x_np, 1, 2))
   assert x.dtype == dtype
   m = x.shape[1]
   # k = 1 and 7: the passes kernel; m - 1 = 36: the radix kernel (float64
@@ -52,7 +63,7 @@ def _check(dtype):
     np.testing.assert_array_equal(got, brute_mask(x, k, 1), err_msg=f"k={k}")
     np.testing.assert_array_equal(got, lax_mask(x, k, 1), err_msg=f"k={k}")
     # Along the last axis too.
-    got_t = np.asarray(_sel(jnp.swapaxes(x, 1, 2), k, -1))
+    got_t = np.asarray(_sel(x_t, k, -1))
     np.testing.assert_array_equal(got_t, np.swapaxes(got, 1, 2))
 
 
@@ -74,16 +85,16 @@ def test_radix_mask_matches_lax_top_k_and_brute_force_without_x64():
 def test_kth_largest_key_is_the_kth_sorted_value(dtype):
   rng = np.random.default_rng(1)
   x = jnp.asarray(rng.standard_normal((50, 6)) * 10.0 ** rng.integers(-30, 30, (50, 6)), dtype)
-  keys = selection._order_keys(x)
+  keys = _order_keys(x)
   # The keys sort like the values.
   order_k = np.argsort(np.asarray(keys), axis=0, kind="stable")
   order_x = np.argsort(np.asarray(x), axis=0, kind="stable")
   np.testing.assert_array_equal(order_k, order_x)
   xs = -np.sort(-np.asarray(x), axis=0)
   for k in (1, 13, 50):
-    kth = selection.kth_largest_key(keys, k, 0)
-    np.testing.assert_array_equal(
-        np.asarray(kth)[0], np.asarray(selection._order_keys(jnp.asarray(xs[k - 1]))))
+    kth = _kth_largest_key(keys, k, 0)
+    np.testing.assert_array_equal(np.asarray(kth)[0],
+                                  np.asarray(_order_keys(jnp.asarray(xs[k - 1]))))
 
 
 def test_kernel_choice_and_top_k_mask_dispatch():
@@ -98,16 +109,16 @@ def test_kernel_choice_and_top_k_mask_dispatch():
   assert not selection.uses_radix(16, 1000, jnp.float64, minor_axis=True)
   rng = np.random.default_rng(2)
   x = jnp.asarray(rng.integers(0, 50, size=(300, 5)).astype(np.float64))
-  mask, values = ot.top_k_mask(x, 120, axis=0)                      # the radix kernel
+  mask, values = _top_k_mask(x, 120, axis=0)                         # the radix kernel
   np.testing.assert_array_equal(np.asarray(mask), brute_mask(x, 120, 0))
   np.testing.assert_array_equal(np.asarray(values), -np.sort(-np.asarray(x), axis=0)[:120])
-  vals, idx = ot.top_k(x, 120, axis=0)
+  vals, idx = _top_k(x, 120, axis=0)
   np.testing.assert_array_equal(np.take_along_axis(np.asarray(x), np.asarray(idx), 0), vals)
 
 
 def test_compile_does_not_unroll_k():
   """The radix kernel's program is the same size whatever k is."""
-  x = jnp.zeros((3000, 4))
+  x = np.zeros((3000, 4))                                              # float64 (x64)
   sizes = [jax.jit(lambda x: selection.threshold_top_k_mask(x, k, 0)).lower(x).as_text()
            .count("\n") for k in (100, 2900)]
   assert sizes[0] == sizes[1]
@@ -139,8 +150,8 @@ def test_large_k_solve_objective_equals_the_passes_kernels(formulation, monkeypa
   solvers._solve_program.clear_cache()
   nnz = (np.asarray(radix.plan) > 0).sum(0)
   assert nnz.max() == k                                              # binding
-  x = np.asarray(radix.alpha if formulation == "semi_dual"
-                 else jnp.concatenate([radix.alpha, radix.beta]))
+  x = np.asarray(radix.alpha) if formulation == "semi_dual" else np.concatenate(
+      [np.asarray(radix.alpha), np.asarray(radix.beta)])
   noise = 1e-3 * np.random.default_rng(0).standard_normal((2,) + x.shape)
   points = np.concatenate([x[None], x + noise])
 
@@ -176,7 +187,9 @@ def test_mnist_clustering_size_solves():
   k = int(np.ceil(1.15 * m / n))
   rng = np.random.default_rng(4)
   C = jnp.asarray(rng.random((m, n)), jnp.float32)
-  a, b = jnp.full((m,), 1 / m, jnp.float32), jnp.full((n,), 1 / n, jnp.float32)
+  # (Built in numpy: jnp.full compiles a program per call.)
+  a = jnp.asarray(np.full((m,), 1 / m, np.float32))
+  b = jnp.asarray(np.full((n,), 1 / n, np.float32))
   assert selection.uses_radix(k, m, jnp.float32)
   # gamma large enough for k to bind (the L2 plan would spread wider).
   res = ot.solve(a, b, C, ot.SparsityConstrained(k=k, gamma=1e4), max_iter=20, tol=0.0,
@@ -213,13 +226,13 @@ def test_early_exit_mixes_separated_near_tied_and_tied_columns(dtype):
   got = np.asarray(_sel(xj, k, 0))
   np.testing.assert_array_equal(got, brute_mask(x, k, 0))
   np.testing.assert_array_equal(got, lax_mask(xj, k, 0))
-  keys = selection._order_keys(xj)
-  t, count = selection._select_key(keys, k, 0, early_exit=True)
-  kth = selection.kth_largest_key(keys, k, 0)
+  keys = _order_keys(xj)
+  t, count = _select_key(keys, k, 0, early_exit=True)
+  kth = _kth_largest_key(keys, k, 0)
   assert np.all(np.asarray(t) <= np.asarray(kth))              # a lower bound ...
   exact = np.asarray(count)[0] == k                            # ... exact where count = k
   np.testing.assert_array_equal(exact, [True, True, False, False])
-  np.testing.assert_array_equal(np.asarray(keys >= t)[:, exact], got[:, exact])
+  np.testing.assert_array_equal((np.asarray(keys) >= np.asarray(t))[:, exact], got[:, exact])
 
 
 @pytest.mark.parametrize("m", [2, 64, 65])
@@ -231,11 +244,11 @@ def test_ties_go_to_the_lowest_indices_at_any_length(m):
   rng = np.random.default_rng(m)
   x = rng.integers(0, 3, size=(m, 5)).astype(np.float64)      # three values: ties at every k
   x[:, 4] = 1.0                                               # one column all tied
-  xj = jnp.asarray(x)
+  xj, xj_t = jnp.asarray(x), jnp.asarray(x.T)
   for k in sorted({1, 2, m // 2 + 1, m - 1, m} - {0}):
     want = brute_mask(x, k, 0)
     np.testing.assert_array_equal(np.asarray(_sel(xj, k, 0)), want, err_msg=f"k={k}")
-    np.testing.assert_array_equal(np.asarray(_sel(xj.T, k, 1)), want.T, err_msg=f"k={k}")
+    np.testing.assert_array_equal(np.asarray(_sel(xj_t, k, 1)), want.T, err_msg=f"k={k}")
 
 
 def test_vmapped_large_k_solves_with_binding_columns_equal_single_solves():
@@ -244,50 +257,55 @@ def test_vmapped_large_k_solves_with_binding_columns_equal_single_solves():
   largest), and every plan must still be its own solve's. Mass 1 per column on
   2000 rows makes the plain simplex supports exceed k = 40, so k binds."""
   rng = np.random.default_rng(0)
-  Cs = jnp.asarray(rng.random((3, 2000, 8)))
-  a, b = jnp.full(2000, 8 / 2000), jnp.ones(8)
+  Cs_np = rng.random((3, 2000, 8))
+  Cs = jnp.asarray(Cs_np)
+  # (Built in numpy: jnp.full, jnp.ones and indexing compile a program each.)
+  a, b = jnp.asarray(np.full(2000, 8 / 2000)), jnp.asarray(np.ones(8))
   reg = ot.SparsityConstrained(k=40, gamma=0.1)
   assert ot.uses_radix(40, 2000, jnp.float64, minor_axis=True)
   # From alpha = 0: the default start (a log-sum-exp of C) rounds differently
   # under vmap, and 50 iterations across kinks amplify that to other supports.
-  zero = jnp.zeros(2000)
+  zero = jnp.asarray(np.zeros(2000))
   batched = jax.vmap(lambda C: ot.solve(a, b, C, reg, max_iter=50, tol=0.0, init=zero).plan)(Cs)
   for i in range(3):
-    single = np.asarray(ot.solve(a, b, Cs[i], reg, max_iter=50, tol=0.0, init=zero).plan)
+    single = np.asarray(ot.solve(a, b, jnp.asarray(Cs_np[i]), reg, max_iter=50, tol=0.0,
+                                 init=zero).plan)
     assert (np.count_nonzero(single, axis=0) == 40).all()          # k binds everywhere
     np.testing.assert_allclose(np.asarray(batched[i]), single, atol=1e-12)
 
 
 def test_top_k_mask_matches_lax_top_k_with_ties_and_batches():
   x = jnp.asarray([[3.0, 1.0, 3.0, 2.0, 3.0], [0.0, 0.0, 0.0, 0.0, 1.0]])
-  mask, vals = ot.top_k_mask(x, 2, axis=-1)
+  mask, vals = _top_k_mask(x, 2, axis=-1)
   np.testing.assert_array_equal(np.asarray(mask), [[1, 0, 1, 0, 0], [1, 0, 0, 0, 1]])
   np.testing.assert_array_equal(np.asarray(vals), [[3, 3], [1, 0]])
   rng = np.random.RandomState(2)
-  x = jnp.asarray(rng.randint(0, 4, size=(3, 4, 9)).astype(np.float64))
+  x_np = rng.randint(0, 4, size=(3, 4, 9)).astype(np.float64)
+  x = jnp.asarray(x_np)
   for k in (1, 3, 9):
-    mask, vals = ot.top_k_mask(x, k, axis=-1)
-    v_ref, i_ref = jax.lax.top_k(x, k)
+    mask, vals = _top_k_mask(x, k, axis=-1)
+    v_ref, i_ref = _lax_top_k(x, k)
     ref = np.zeros(x.shape, bool)
     np.put_along_axis(ref, np.asarray(i_ref), True, axis=-1)
     np.testing.assert_array_equal(np.asarray(mask), ref)
     np.testing.assert_array_equal(np.asarray(vals), np.asarray(v_ref))
   # axis=0 on a matrix equals the transposed axis=-1.
-  m0, _ = ot.top_k_mask(x[0], 2, axis=0)
-  m1, _ = ot.top_k_mask(x[0].T, 2, axis=-1)
+  m0, _ = _top_k_mask(jnp.asarray(x_np[0]), 2, axis=0)
+  m1, _ = _top_k_mask(jnp.asarray(x_np[0].T), 2, axis=-1)
   np.testing.assert_array_equal(np.asarray(m0), np.asarray(m1).T)
 
 
 def _check_top_k_against_lax(x):
   for k in (1, 3, x.shape[-1]):
-    vals, idx = selection.top_k(x, k, axis=-1)
-    v_ref, i_ref = jax.lax.top_k(x, k)
+    vals, idx = _top_k(x, k, axis=-1)
+    v_ref, i_ref = _lax_top_k(x, k)
     np.testing.assert_array_equal(np.asarray(idx), np.asarray(i_ref))
     np.testing.assert_array_equal(np.asarray(vals), np.asarray(v_ref))
     assert vals.dtype == x.dtype and idx.dtype == jnp.int32
   # axis=0 on a matrix equals the transposed axis=-1.
-  v0, i0 = selection.top_k(x[0], 2, axis=0)
-  v1, i1 = selection.top_k(x[0].T, 2, axis=-1)
+  x0 = np.asarray(x)[0]
+  v0, i0 = _top_k(jnp.asarray(x0), 2, axis=0)
+  v1, i1 = _top_k(jnp.asarray(x0.T), 2, axis=-1)
   np.testing.assert_array_equal(np.asarray(i0), np.asarray(i1).T)
   np.testing.assert_array_equal(np.asarray(v0), np.asarray(v1).T)
 
@@ -300,8 +318,8 @@ def test_top_k_values_and_indices_match_lax_top_k_with_ties(dtype):
   # Exact values are read back even where float64 keys round them (m = 1000:
   # 10 index bits replace mantissa bits), and distinct values stay in order.
   x = jnp.asarray(rng.randn(2, 1000).astype(dtype))
-  vals, idx = selection.top_k(x, 7, axis=-1)
-  v_ref, i_ref = jax.lax.top_k(x, 7)
+  vals, idx = _top_k(x, 7, axis=-1)
+  v_ref, i_ref = _lax_top_k(x, 7)
   np.testing.assert_array_equal(np.asarray(vals), np.asarray(v_ref))
   np.testing.assert_array_equal(np.asarray(idx), np.asarray(i_ref))
 
@@ -318,14 +336,15 @@ def test_blocked_top_k_matches_lax_top_k(dtype, m):
   crowded[m // 2: m // 2 + 8] = np.arange(8, 0, -1)              # top 8 in two blocks
   spread = rng.randn(m)
   spread[::selection._BLOCK] += 10.0                           # one large entry per block
-  x = jnp.asarray(np.stack([*ties, crowded, spread, -np.abs(spread)]).astype(dtype))
+  x_np = np.stack([*ties, crowded, spread, -np.abs(spread)]).astype(dtype)
+  x, x_t = jnp.asarray(x_np), jnp.asarray(x_np.T)
   for k in (1, 2, 5):
     assert m >= selection._BLOCK_MIN_ROWS_PER_K * k * selection._BLOCK  # blocked
-    vals, idx = selection.top_k(x, k, axis=-1)
-    v_ref, i_ref = jax.lax.top_k(x, k)
+    vals, idx = _top_k(x, k, axis=-1)
+    v_ref, i_ref = _lax_top_k(x, k)
     np.testing.assert_array_equal(np.asarray(idx), np.asarray(i_ref), err_msg=f"k={k}")
     np.testing.assert_array_equal(np.asarray(vals), np.asarray(v_ref), err_msg=f"k={k}")
-    mask, _ = selection.top_k_mask(x.T, k, axis=0)
+    mask, _ = _top_k_mask(x_t, k, axis=0)
     ref = np.zeros(x.shape, bool)
     np.put_along_axis(ref, np.asarray(i_ref), True, axis=-1)
     np.testing.assert_array_equal(np.asarray(mask), ref.T, err_msg=f"k={k}")
@@ -341,7 +360,7 @@ def test_top_k_without_x64_matches_lax_top_k_with_ties():
 def test_densify_places_values_at_indices():
   vals = jnp.asarray([[1.5, -2.0], [0.0, 4.0]])          # k = 2 along axis 0, n = 2
   idx = jnp.asarray([[3, 0], [1, 2]], jnp.int32)
-  out = selection.densify(vals, idx, 5, axis=0)
+  out = _densify(vals, idx, 5, axis=0)
   expect = np.zeros((5, 2))
   expect[3, 0], expect[1, 0], expect[0, 1], expect[2, 1] = 1.5, 0.0, -2.0, 4.0
   np.testing.assert_array_equal(np.asarray(out), expect)
