@@ -63,7 +63,8 @@ def test_einsum_and_indices_agree_with_gradients():
     y = combine(jnp.tanh(dispatch(x, rr) @ wmat), rr, s)
     return jnp.sum(y ** 2)
 
-  vals = {n: jax.value_and_grad(lambda x, w, n=n: loss(n, x, w), argnums=(0, 1))(
+  # Jitted: eagerly, each op of the forward and backward passes compiles on its own.
+  vals = {n: jax.jit(jax.value_and_grad(lambda x, w, n=n: loss(n, x, w), argnums=(0, 1)))(
       x, r.combine_weight) for n in ("indices", "einsum")}
   (v1, (gx1, gw1)), (v2, (gx2, gw2)) = vals["indices"], vals["einsum"]
   np.testing.assert_allclose(v1, v2, rtol=1e-5)
@@ -90,7 +91,7 @@ def test_bfloat16_dispatch_rounds_like_bfloat16_and_keeps_the_dtype(name):
   buf, y = jax.jit(dispatch)(x, r), jax.jit(combine, static_argnums=2)(out, r, s)
   assert buf.dtype == y.dtype == jnp.float32
   # The naive loop on bfloat16-rounded inputs and weights, up to bfloat16 sums.
-  bf = lambda a: np.asarray(jnp.asarray(a, jnp.bfloat16).astype(jnp.float32))
+  bf = lambda a: np.asarray(a).astype(jnp.bfloat16).astype(np.float32)   # numpy: no compile
   want_buf, _ = naive(bf(x), out, r)
   _, want_y = naive(x, bf(out), r._replace(combine_weight=jnp.asarray(bf(r.combine_weight))))
   np.testing.assert_array_equal(buf, want_buf)              # a gather: exact

@@ -1,5 +1,6 @@
 """Each router's assignments on small hand-made logits; the registry and option parsing."""
 import dataclasses
+import functools
 import math
 
 import numpy as np
@@ -13,7 +14,15 @@ from vmoe_sparse_ot.nn import routing as rt
 from vmoe_sparse_ot.nn.routing_metrics import common_metrics
 from vmoe_sparse_ot.nn.config import default_router_config
 
-ALL = jnp.ones((1, 4), bool)
+# Inputs are numpy arrays: a jnp array made from a list or numpy array compiles a
+# conversion program per shape.
+ALL = np.ones((1, 4), bool)
+
+# The functions under test, jitted: called eagerly, each jnp op inside compiles as
+# its own XLA program (50-60 per test); jitted, one program per shape and config.
+_route = jax.jit(routers.route, static_argnames=("cfg", "capacity", "train"))
+_common_metrics = jax.jit(common_metrics)
+_expert_weights = jax.jit(rt.expert_weights, static_argnames="group_size")
 
 
 def cfg(name, **options):
@@ -22,7 +31,7 @@ def cfg(name, **options):
 
 def _slots(r, g=0):
   """{expert: sorted tokens} of group g."""
-  ti, va = np.asarray(r.token_index[g]), np.asarray(r.valid[g])
+  ti, va = np.asarray(r.token_index)[g], np.asarray(r.valid)[g]   # numpy: no compile
   return {e: sorted(ti[e][va[e]].tolist()) for e in range(ti.shape[0])}
 
 
@@ -44,11 +53,11 @@ LOGITS = np.array([[[3.0, 1.0, 0.0],
 
 
 def test_topk_picks_top_k_and_weights_are_gates():
-  r = routers.route(jnp.asarray(LOGITS), ALL, cfg("topk"), capacity=4, train=False)
+  r = _route(LOGITS, ALL, cfg("topk"), capacity=4, train=False)
   # Top-2 per token: t0 {0,1}, t1 {1,2}, t2 {2,0}, t3 {0,2}.
   assert _slots(r) == {0: [0, 2, 3], 1: [0, 1], 2: [1, 2, 3]}
   gates = _softmax(LOGITS[0])
-  ti, va, w = map(np.asarray, (r.token_index[0], r.valid[0], r.combine_weight[0]))
+  ti, va, w = (np.asarray(a)[0] for a in (r.token_index, r.valid, r.combine_weight))
   for e in range(3):
     for c in range(4):
       assert w[e, c] == pytest.approx(gates[ti[e, c], e] if va[e, c] else 0.0, rel=1e-6)
@@ -89,8 +98,8 @@ def test_topk_auxiliary_losses_are_per_group_means():
 
 
 def test_topk_eval_never_computes_the_load_term():
-  logits = jnp.asarray(np.tile(LOGITS, (2, 1, 1)))
-  mask = jnp.ones((2, 4), bool)
+  logits = np.tile(LOGITS, (2, 1, 1))
+  mask = np.ones((2, 4), bool)
   opts = cfg("topk", noise_std=0.5)
 
   def ops(train):
@@ -107,25 +116,25 @@ def test_topk_eval_never_computes_the_load_term():
 
 def test_topk_capacity_first_choices_first_and_batch_priority():
   # Every token prefers expert 0; capacity 2.
-  logits = jnp.array([[[1.0, 0.0, -1.0], [2.0, 0.5, 0.0], [3.0, 0.0, 1.0], [0.5, 0.4, 0.0]]])
-  r = routers.route(logits, ALL, cfg("topk"), capacity=2, train=False)
+  logits = np.array([[[1.0, 0.0, -1.0], [2.0, 0.5, 0.0], [3.0, 0.0, 1.0], [0.5, 0.4, 0.0]]],
+                    np.float32)
+  r = _route(logits, ALL, cfg("topk"), capacity=2, train=False)
   # Expert 0 takes the first two tokens by position; second choices fill the rest.
   assert _slots(r) == {0: [0, 1], 1: [0, 1], 2: [2]}
-  m = common_metrics(r, ALL)
+  m = _common_metrics(r, ALL)
   np.testing.assert_allclose(m["dropped_fraction"], 0.25)   # token 3 gets nothing
   np.testing.assert_allclose(m["experts_per_token"], 5 / 4)
-  r = routers.route(logits, ALL, cfg("topk", batch_priority=True), capacity=2, train=False)
+  r = _route(logits, ALL, cfg("topk", batch_priority=True), capacity=2, train=False)
   # With batch priority, tokens with the largest top gate (2, then 1) go first.
   assert _slots(r)[0] == [1, 2]
 
 
 def test_topk_noise_only_in_training():
   opts = cfg("topk", num_selected_experts=1, noise_std=30.0)   # std 30 / E = 10
-  logits = jnp.asarray(LOGITS)
-  a = routers.route(logits, ALL, opts, 4, train=False, rng=jax.random.key(0))
-  b = routers.route(logits, ALL, opts, 4, train=False, rng=jax.random.key(1))
+  a = _route(LOGITS, ALL, opts, 4, train=False, rng=jax.random.key(0))
+  b = _route(LOGITS, ALL, opts, 4, train=False, rng=jax.random.key(1))
   assert _slots(a) == _slots(b) == {0: [0, 3], 1: [1], 2: [2]}
-  picks = [_slots(routers.route(logits, ALL, opts, 4, train=True, rng=jax.random.key(i)))
+  picks = [_slots(_route(LOGITS, ALL, opts, 4, train=True, rng=jax.random.key(i)))
            for i in range(5)]
   assert any(p != _slots(a) for p in picks)
 
@@ -143,7 +152,7 @@ def test_gate_noise_std_is_noise_std_over_e(router, noise_std):
   opts = cfg(router, num_selected_experts=e, noise_std=noise_std)
   gates = jax.jit(lambda x: rt.expert_weights(routers.route(
       x, jnp.ones((1, s), bool), opts, capacity=s, train=True, rng=jax.random.key(0)), s))(
-          jnp.zeros((1, s, e)))                 # jit: one compile, cheaper than eager ops
+          np.zeros((1, s, e), np.float32))      # jit: one compile, cheaper than eager ops
   log_gates = np.log(np.asarray(gates))                                # (1, S, E)
   centered = log_gates - log_gates.mean(-1, keepdims=True)
   want = (noise_std / e) ** 2 * (e - 1) / e         # 1.0: (1/4)^2 * 3/4 = 0.046875
@@ -190,14 +199,14 @@ def test_expert_choice_capacity_is_the_references_compute_capacity(s, e, cf, wan
 
 
 def test_expert_choice_takes_top_c_tokens_per_expert():
-  r = routers.route(jnp.asarray(LOGITS), ALL, cfg("expert_choice"), capacity=2, train=False)
+  r = _route(LOGITS, ALL, cfg("expert_choice"), capacity=2, train=False)
   gates = _softmax(LOGITS[0])
   want = {e: sorted(np.argsort(-gates[:, e], kind="stable")[:2].tolist()) for e in range(3)}
   assert _slots(r) == want
   assert float(r.auxiliary_loss) == 0.0
   # A padding token is never taken.
-  mask = jnp.array([[True, True, True, False]])
-  r = routers.route(jnp.asarray(LOGITS), mask, cfg("expert_choice"), capacity=3, train=False)
+  mask = np.array([[True, True, True, False]])
+  r = _route(LOGITS, mask, cfg("expert_choice"), capacity=3, train=False)
   assert all(3 not in v for v in _slots(r).values())
 
 
@@ -285,18 +294,17 @@ SKEWED = np.array([[[3.0, 0.0], [2.5, 0.0], [1.0, 0.5], [1.2, 1.0]]], np.float32
 
 def test_sbase_balances_where_topk_does_not():
   _need("sinkhorn")
-  logits = jnp.asarray(SKEWED)
-  topk = routers.route(logits, ALL, cfg("topk", num_selected_experts=1), capacity=4,
-                       train=False)
+  topk = _route(SKEWED, ALL, cfg("topk", num_selected_experts=1), capacity=4, train=False)
   assert _slots(topk) == {0: [0, 1, 2, 3], 1: []}
-  r = routers.route(logits, ALL, cfg("sbase", num_selected_experts=1, num_iters=50),
-                    capacity=4, train=False)
+  r = _route(SKEWED, ALL, cfg("sbase", num_selected_experts=1, num_iters=50), capacity=4,
+             train=False)
   # Mass S/E = 2 per expert: the two tokens with the smallest margins move to expert 1
   # (entropic plan: sum_i sigmoid(l_i1 - l_i0 + d) = 2 gives d ~ 1.55).
   assert _slots(r) == {0: [0, 1], 1: [2, 3]}
   gates = _softmax(SKEWED[0])
-  np.testing.assert_allclose(r.combine_weight[0, 1, :2], gates[[2, 3], 1], rtol=1e-6)
-  np.testing.assert_allclose(common_metrics(r, ALL)["experts_per_token"], 1.0)
+  np.testing.assert_allclose(np.asarray(r.combine_weight)[0, 1, :2], gates[[2, 3], 1],
+                             rtol=1e-6)
+  np.testing.assert_allclose(_common_metrics(r, ALL)["experts_per_token"], 1.0)
 
 
 def _numpy_sinkhorn(logits, eps, iters, experts_first):
@@ -337,13 +345,12 @@ def test_sbase_update_order_matches_a_numpy_sinkhorn(first_update):
 def test_sparse_ot_expert_choice_takes_column_support():
   _need("solve")
   # k = C = 2 tokens per expert, mass 2 per expert: the top two by margin stay on 0.
-  logits = jnp.asarray(np.array([[[3.0, 0.0], [2.0, 0.0], [1.0, 0.0], [0.5, 0.0]]],
-                                np.float32))
-  r = routers.route(logits, ALL, cfg("sparse_ot"), capacity=2, train=False)
+  logits = np.array([[[3.0, 0.0], [2.0, 0.0], [1.0, 0.0], [0.5, 0.0]]], np.float32)
+  r = _route(logits, ALL, cfg("sparse_ot"), capacity=2, train=False)
   assert _slots(r) == {0: [0, 1], 1: [2, 3]}
-  gates = _softmax(np.asarray(logits[0]))
-  np.testing.assert_allclose(r.combine_weight[0, 0], gates[np.asarray(r.token_index[0, 0]), 0],
-                             rtol=1e-6)
+  gates = _softmax(logits[0])
+  np.testing.assert_allclose(np.asarray(r.combine_weight)[0, 0],
+                             gates[np.asarray(r.token_index)[0, 0], 0], rtol=1e-6)
 
 
 def test_sparse_ot_k_sets_the_buffer_size():
@@ -362,7 +369,7 @@ def test_sparse_ot_candidates_gradients_flow():
   finite gradients through the gates."""
   g, s, e, c = 2, 32, 4, 6
   logits = jax.random.normal(jax.random.key(5), (g, s, e))
-  mask = jnp.ones((g, s), bool)
+  mask = np.ones((g, s), bool)
   config = cfg("sparse_ot", k=c, implementation="candidates")
 
   def loss(x):
@@ -371,7 +378,19 @@ def test_sparse_ot_candidates_gradients_flow():
 
   (_, r), grad = jax.jit(jax.value_and_grad(loss, has_aux=True))(logits)
   assert np.asarray(r.valid).sum(axis=-1).max() <= c and np.asarray(r.valid).any()
-  assert bool(jnp.all(jnp.isfinite(grad))) and float(jnp.abs(grad).sum()) > 0
+  grad = np.asarray(grad)                      # numpy: no compile per check
+  assert bool(np.all(np.isfinite(grad))) and float(np.abs(grad).sum()) > 0
+
+
+@functools.partial(jax.jit, static_argnames="k")
+def _plans_at_alpha_zero(logits, k):
+  """Each group's semi-dual plan at alpha = 0 (jitted: eagerly, 60 tiny programs)."""
+  from vmoe_sparse_ot import ot
+  _, s, e = logits.shape
+  cost = 1.0 - jax.nn.softmax(logits, -1)
+  b = jnp.full((e,), s / e)
+  reg = ot.SparsityConstrained(k=k, gamma=1.0)
+  return jnp.stack([ot.plan_from_semi_dual(jnp.zeros((s,)), b, cc, reg) for cc in cost])
 
 
 @pytest.mark.parametrize("solver,steps", [("adam", 50), ("lbfgs", 300)])
@@ -379,24 +398,19 @@ def test_sparse_ot_plan_columns_sparse_marginals_and_support(solver, steps):
   _need("solve")
   from vmoe_sparse_ot.nn.routers import sparse_ot
   g, s, e, c = 2, 16, 4, 6
-  logits = jax.random.normal(jax.random.key(0), (g, s, e)) * 2
+  logits = np.asarray(jax.random.normal(jax.random.key(0), (g, s, e))) * 2
   opts = cfg("sparse_ot", solver=solver, num_steps=steps)
-  mask = jnp.ones((g, s), bool)
+  mask = np.ones((g, s), bool)
   # One jit, so XLA computes the plan once for both outputs.
   r, plans = jax.jit(lambda x: (routers.route(x, mask, opts, c, False),
                                 sparse_ot.plans(x, mask, opts.options, c)))(logits)
   plans = np.asarray(plans)
-  cost = 1.0 - jax.nn.softmax(logits, -1)
-  b = jnp.full((e,), s / e)
   assert ((plans > 0).sum(axis=1) <= c).all()                 # <= k nonzeros per column
   np.testing.assert_allclose(plans.sum(axis=1), s / e, rtol=1e-5)   # column marginals
   # Row marginals (mass 1 per token) only hold approximately: the sparsity-
   # constrained semi-dual is not exact in general. The solver must still improve
   # them clearly over the plan at alpha = 0 (each column's top-k by gate).
-  from vmoe_sparse_ot import ot
-  reg = ot.SparsityConstrained(k=c, gamma=1.0)
-  init = np.stack([np.asarray(ot.plan_from_semi_dual(jnp.zeros((s,)), b, cc, reg))
-                   for cc in cost])
+  init = np.asarray(_plans_at_alpha_zero(logits, c))
   row_err, init_err = (np.abs(p.sum(axis=2) - 1).mean() for p in (plans, init))
   # Measured: 0.61 x init_err with L-BFGS on an AMD EPYC, under 0.6 elsewhere.
   assert row_err < 0.15 and row_err < 0.7 * init_err, (row_err, init_err)
@@ -408,13 +422,13 @@ def test_sparse_ot_plan_columns_sparse_marginals_and_support(solver, steps):
 
 def test_sparse_ot_token_choice_at_most_k_experts_per_token():
   _need("solve")
-  logits = jax.random.normal(jax.random.key(1), (2, 12, 4)) * 2
+  logits = np.asarray(jax.random.normal(jax.random.key(1), (2, 12, 4))) * 2
   opts = cfg("sparse_ot", num_selected_experts=1, form="token_choice", solver="lbfgs",
              num_steps=300)
   r = jax.jit(lambda x: routers.route(x, jnp.ones((2, 12), bool), opts, 12, False))(logits)
   per_token = np.zeros((2, 12), int)
   for gi in range(2):
-    for t in np.asarray(r.token_index[gi])[np.asarray(r.valid[gi])]:
+    for t in np.asarray(r.token_index)[gi][np.asarray(r.valid)[gi]]:
       per_token[gi, t] += 1
   assert (per_token == 1).all()          # K = 1 expert each, no capacity binding (C = S)
   # Balanced: mass S/E = 3 per expert and one expert per token give 3 tokens each.
@@ -425,7 +439,7 @@ def test_soft_moe_weights_sum_as_the_definition_says():
   g, s, e, c = 2, 5, 3, 2
   logits = np.asarray(jax.random.normal(jax.random.key(2), (g, s, e, c))) * 2
   mask = np.array([[True] * 5, [True, True, True, False, False]])
-  r = routers.route(jnp.asarray(logits), jnp.asarray(mask), cfg("soft_moe"), c, False)
+  r = _route(logits, mask, cfg("soft_moe"), c, False)
   assert isinstance(r, rt.SoftRouting)
   d, w = np.asarray(r.dispatch_weight), np.asarray(r.combine_weight)
   # Dispatch: softmax over the group's real tokens, per slot.
@@ -440,7 +454,7 @@ def test_soft_moe_weights_sum_as_the_definition_says():
   np.testing.assert_allclose(w[mask], want[mask], rtol=1e-5)
   assert float(r.auxiliary_loss) == 0.0
   # Its per-expert weight is the sum over the expert's slots.
-  np.testing.assert_allclose(rt.expert_weights(r, s), w.sum(-1), rtol=1e-6)
+  np.testing.assert_allclose(_expert_weights(r, s), w.sum(-1), rtol=1e-6)
   # Slots per expert: round(S * capacity_factor / E), or `capacity`.
   soft = routers.ROUTERS["soft_moe"]
   assert soft.capacity(cfg("soft_moe").options, 64, 8) == 8
@@ -452,8 +466,8 @@ def test_soft_moe_weights_sum_as_the_definition_says():
 
 def test_expert_weights_of_a_sparse_routing():
   # G=1, S=3, E=2, C=2: expert 0 holds tokens 2, 0; expert 1 holds token 2 and an empty slot.
-  r = rt.Routing(jnp.array([[[2, 0], [2, 0]]], jnp.int32),
-                 jnp.array([[[True, True], [True, False]]]),
-                 jnp.array([[[0.25, 0.5], [0.75, 0.0]]]), jnp.zeros(()), {})
-  np.testing.assert_array_equal(rt.expert_weights(r, 3),
+  r = rt.Routing(np.array([[[2, 0], [2, 0]]], np.int32),
+                 np.array([[[True, True], [True, False]]]),
+                 np.array([[[0.25, 0.5], [0.75, 0.0]]], np.float32), np.zeros((), np.float32), {})
+  np.testing.assert_array_equal(_expert_weights(r, 3),
                                 [[[0.5, 0.0], [0.0, 0.0], [0.25, 0.75]]])

@@ -10,7 +10,7 @@ from vmoe_sparse_ot.nn.moe import MoeLayer
 from vmoe_sparse_ot.nn.routers import topk_bias
 from vmoe_sparse_ot.nn.routing_metrics import common_metrics
 
-ALL = jnp.ones((1, 4), bool)
+ALL = np.ones((1, 4), bool)
 # S=4 tokens, E=3 experts (as in test_routers.py).
 LOGITS = np.array([[[3.0, 1.0, 0.0],
                     [0.0, 2.0, 1.5],
@@ -23,20 +23,24 @@ def cfg(name, **options):
 
 
 def _slots(r):
-  ti, va = np.asarray(r.token_index[0]), np.asarray(r.valid[0])
+  ti, va = np.asarray(r.token_index)[0], np.asarray(r.valid)[0]   # numpy: no compile
   return {e: sorted(ti[e][va[e]].tolist()) for e in range(ti.shape[0])}
+
+
+# Jitted once per shape and config (eagerly, each op compiles as its own program).
+_jit_route = jax.jit(routers.route, static_argnames=("cfg", "capacity", "train"))
+_jit_softmax = jax.jit(jax.nn.softmax)
 
 
 def _route(bias, logits=LOGITS, mask=ALL, capacity=4, **options):
   c = cfg("topk_bias", **options)
-  return jax.jit(lambda b: routers.route(jnp.asarray(logits), mask, c, capacity, train=True,
-                                         state={"bias": b}))(jnp.asarray(bias, jnp.float32))
+  return _jit_route(logits, mask, c, capacity, train=True,
+                    state={"bias": np.asarray(bias, np.float32)})
 
 
 def test_zero_bias_routes_as_topk_without_noise():
   r, stats = _route([0.0, 0.0, 0.0])
-  want = jax.jit(lambda x: routers.route(x, ALL, cfg("topk", noise_std=0.0), 4, train=True))(
-      jnp.asarray(LOGITS))
+  want = _jit_route(LOGITS, ALL, cfg("topk", noise_std=0.0), 4, train=True)
   for a, b in zip(r[:3], want[:3]):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
   # Top-2 per token: t0 {0,1}, t1 {1,2}, t2 {2,0}, t3 {0,2}.
@@ -50,8 +54,8 @@ def test_bias_changes_the_choice_but_not_the_combine_weights():
   r, stats = _route([-1.0, 0.0, 0.0])
   assert _slots(r) == {0: [], 1: [0, 1, 2, 3], 2: [0, 1, 2, 3]}
   np.testing.assert_array_equal(stats["load"], [0, 4, 4])
-  gates = np.asarray(jax.nn.softmax(LOGITS[0]))
-  ti, va, w = map(np.asarray, (r.token_index[0], r.valid[0], r.combine_weight[0]))
+  gates = np.asarray(_jit_softmax(LOGITS[0]))
+  ti, va, w = (np.asarray(a)[0] for a in (r.token_index, r.valid, r.combine_weight))
   for e in range(3):
     for c in range(4):
       assert w[e, c] == pytest.approx(gates[ti[e, c], e] if va[e, c] else 0.0, rel=1e-6)
@@ -65,19 +69,20 @@ def test_bias_changes_the_choice_but_not_the_combine_weights():
 
 def test_update_rule_by_hand():
   opts = cfg("topk_bias", update_rate=0.1).options
-  state = {"bias": jnp.asarray([0.2, -0.1, 0.0, 0.05], jnp.float32)}
-  load = jnp.asarray([5, 1, 3, 3], jnp.int32)         # mean 3: over, under, at, at
-  new = routers.ROUTERS["topk_bias"].state.update(opts, state, {"load": load})
+  state = {"bias": np.asarray([0.2, -0.1, 0.0, 0.05], np.float32)}
+  load = np.asarray([5, 1, 3, 3], np.int32)           # mean 3: over, under, at, at
+  new = jax.jit(routers.ROUTERS["topk_bias"].state.update, static_argnums=0)(
+      opts, state, {"load": load})
   np.testing.assert_allclose(new["bias"], [0.1, 0.0, 0.0, 0.05], rtol=1e-6)
   init = routers.ROUTERS["topk_bias"].state.init(opts, 4)
   np.testing.assert_array_equal(init["bias"], np.zeros(4, np.float32))
 
 
 def test_padding_tokens_do_not_count_and_balance_loss_by_hand():
-  mask = jnp.asarray([[True, True, True, False]])
+  mask = np.asarray([[True, True, True, False]])
   r, stats = _route([0.0, 0.0, 0.0], mask=mask, balance_loss_weight=0.5)
   np.testing.assert_array_equal(stats["load"], [2, 2, 2])   # t0 {0,1}, t1 {1,2}, t2 {2,0}
-  gates = np.asarray(jax.nn.softmax(LOGITS[0]))[:3]
+  gates = np.asarray(_jit_softmax(LOGITS[0]))[:3]
   chosen = np.array([[1, 1, 0], [0, 1, 1], [1, 0, 1]], np.float32)
   f = 3 / (2 * 3) * chosen.sum(0)                            # E / (K T) * counts
   p = gates.mean(0)
@@ -89,8 +94,8 @@ def test_padding_tokens_do_not_count_and_balance_loss_by_hand():
 def test_the_bias_drives_an_unbalanced_router_to_balance():
   """S=64 tokens that all prefer expert 0 (K=1): MaxVio falls as the bias moves."""
   rng = np.random.default_rng(0)
-  logits = jnp.asarray(rng.normal(size=(1, 64, 4)) + [2.0, 0.5, 0.0, 0.0], jnp.float32)
-  mask = jnp.ones((1, 64), bool)
+  logits = np.asarray(rng.normal(size=(1, 64, 4)) + [2.0, 0.5, 0.0, 0.0], np.float32)
+  mask = np.ones((1, 64), bool)
   c = cfg("topk_bias", num_selected_experts=1, update_rate=0.01)
   spec = routers.ROUTERS["topk_bias"].state
 
@@ -108,7 +113,7 @@ def test_the_bias_drives_an_unbalanced_router_to_balance():
 
 def test_moe_layer_keeps_the_bias_in_router_state_and_counts_in_router_stats():
   layer = MoeLayer(num_experts=3, mlp_dim=8, group_size=4, router=cfg("topk_bias"))
-  x = jnp.asarray(np.random.default_rng(1).normal(size=(2, 4, 6)), jnp.float32)
+  x = np.random.default_rng(1).normal(size=(2, 4, 6)).astype(np.float32)
   variables = jax.jit(lambda k: layer.init(k, x, train=False))(jax.random.key(0))
   params, state = router_state.split(variables)
   np.testing.assert_array_equal(state[router_state.STATE]["bias"], np.zeros(3))
@@ -122,10 +127,10 @@ def test_moe_layer_keeps_the_bias_in_router_state_and_counts_in_router_stats():
     return out[router_state.STATISTICS]["load"], y, metrics["bias_range"]
 
   # Training with 'router_stats' mutable: the counts of the 8 tokens' 2 choices.
-  load, y0, _ = apply(jnp.zeros(3))
+  load, y0, _ = apply(np.zeros(3, np.float32))
   assert int(np.sum(load)) == 16
   # Evaluation reads the bias (a large one changes the output) and writes nothing.
-  load, y1, bias_range = apply(jnp.asarray([-5.0, 0.0, 0.0]))
+  load, y1, bias_range = apply(np.asarray([-5.0, 0.0, 0.0], np.float32))
   np.testing.assert_array_equal(load, [0, 8, 8])
   assert not np.allclose(y0, y1)
   assert float(bias_range) == 5.0

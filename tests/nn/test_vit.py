@@ -58,7 +58,7 @@ def test_forward_contract_eval_determinism_rngs_and_gradients(router, params):
   cfg.encoder.dropout_rate = 0.1
   model = vnn.build_model(cfg)
   images = _images(5)                # 5 images x 4 tokens = 20 tokens: last group padded
-  labels = jnp.array([0, 1, 2, 0, 1])
+  labels = np.array([0, 1, 2, 0, 1])
 
   @jax.jit
   def run(p, k1, k2):
@@ -79,7 +79,7 @@ def test_forward_contract_eval_determinism_rngs_and_gradients(router, params):
   assert logits.shape == (5, 3)
   assert aux["pre_logits"].shape == (5, 16)
   assert set(aux["routing"]) == {"encoderblock_1"}
-  metrics = aux["routing"]["encoderblock_1"]
+  metrics = jax.tree.map(np.asarray, aux["routing"]["encoderblock_1"])   # numpy: no compiles
   assert all(jnp.shape(v) == () for v in metrics.values())
   assert METRICS <= set(metrics)
   if router == "soft_moe":       # every token reaches every expert: nothing is dropped
@@ -98,10 +98,10 @@ def test_forward_contract_eval_determinism_rngs_and_gradients(router, params):
   np.testing.assert_array_equal(train_a, train_b)
   assert not np.allclose(train_a, train_c)
 
-  # Gradients reach the router and every expert.
-  moe = grads["encoder"]["encoderblock_1"]["moe"]
-  assert all(jnp.abs(v).sum() > 0 for v in jax.tree.leaves(moe["router"]))
-  per_expert = jnp.abs(moe["experts"]["wi_kernel"]).sum(axis=(1, 2))
+  # Gradients reach the router and every expert (checked in numpy: no compiles).
+  moe = jax.tree.map(np.asarray, grads["encoder"]["encoderblock_1"]["moe"])
+  assert all(np.abs(v).sum() > 0 for v in jax.tree.leaves(moe["router"]))
+  per_expert = np.abs(moe["experts"]["wi_kernel"]).sum(axis=(1, 2))
   assert (per_expert > 0).all(), per_expert
 
 
@@ -113,7 +113,8 @@ def test_dense_vit_and_gap_representation():
   model = vnn.build_model(cfg)
   images = _images()
   params = _init(model, images)
-  logits, aux = model.apply({"params": params}, images, train=False)
+  # Jitted: an eager apply compiles each op as its own program (about 60).
+  logits, aux = jax.jit(lambda p: model.apply({"params": p}, images, train=False))(params)
   assert logits.shape == (4, 3) and aux["pre_logits"].shape == (4, 7)
   assert aux["routing"] == {} and float(aux["auxiliary_loss"]) == 0.0
   flat = flax.traverse_util.flatten_dict(params, sep="/")

@@ -13,9 +13,15 @@ from vmoe_sparse_ot.train import partitioning
 
 
 def _schedule(name, **kw):
+  """The schedule, jitted: called eagerly, each of its ops compiles as its own program."""
   cfg = dict(name=name, peak_value=1.0, end_value=0.1, warmup_steps=10, decay_steps=None)
   cfg.update(kw)
-  return opt.make_schedule(cfg, train_steps=110)
+  return jax.jit(opt.make_schedule(cfg, train_steps=110))
+
+
+def _jitted(tx):
+  """tx's init and update, each jitted into one program (eagerly, dozens of tiny ones)."""
+  return jax.jit(tx.init), jax.jit(tx.update)
 
 
 def test_schedules_warm_up_then_decay():
@@ -32,20 +38,21 @@ def test_schedules_warm_up_then_decay():
 
 
 def test_decoupled_weight_decay_on_kernels_only_and_clipping():
-  params = {'dense': {'kernel': jnp.ones((2,)), 'bias': jnp.ones((2,))}}
+  params = {'dense': {'kernel': np.ones((2,), np.float32), 'bias': np.ones((2,), np.float32)}}
   cfg = dict(config_lib.base_config().optimizer)
   cfg.update(name='adamw', weight_decay=0.5, gradient_clip_norm=None)
-  tx = opt.make_optimizer(cfg, optax.constant_schedule(0.1), params)
-  zero = jax.tree.map(jnp.zeros_like, params)
-  updates, _ = tx.update(zero, tx.init(params), params)
+  init, update = _jitted(opt.make_optimizer(cfg, optax.constant_schedule(0.1), params))
+  zero = jax.tree.map(np.zeros_like, params)
+  updates, _ = update(zero, init(params), params)
   # Zero gradient: Adam's step is 0, the kernel decays by lr * wd * w, the bias not.
   np.testing.assert_allclose(updates['dense']['kernel'], -0.05 * np.ones(2), rtol=1e-6)
   np.testing.assert_allclose(updates['dense']['bias'], 0.0)
   cfg.update(name='sgd', momentum=0.0, weight_decay=0.0, gradient_clip_norm=1.0)
-  tx = opt.make_optimizer(cfg, optax.constant_schedule(1.0), params)
-  grads = {'dense': {'kernel': jnp.full((2,), 30.0), 'bias': jnp.full((2,), 40.0)}}
-  updates, _ = tx.update(grads, tx.init(params), params)
-  assert float(optax.tree.norm(updates)) == pytest.approx(1.0, rel=1e-5)
+  init, update = _jitted(opt.make_optimizer(cfg, optax.constant_schedule(1.0), params))
+  grads = {'dense': {'kernel': np.full((2,), 30.0, np.float32),
+                     'bias': np.full((2,), 40.0, np.float32)}}
+  updates, _ = update(grads, init(params), params)
+  assert float(jax.jit(optax.tree.norm)(updates)) == pytest.approx(1.0, rel=1e-5)
 
 
 def test_expert_params_split_over_expert_axis_and_state_on_mesh():
@@ -93,11 +100,10 @@ def test_adafactor_first_update_against_the_factored_formula():
   rng = np.random.default_rng(0)
   g = rng.normal(size=(64, 48)).astype(np.float32)   # Factored (both dims >= 32).
   b = rng.normal(size=(48,)).astype(np.float32)       # Too small: full second moment.
-  params = {'w': jnp.zeros((64, 48)), 'b': jnp.zeros((48,))}
-  tx = opt.make_optimizer(_cfg(name='adafactor', momentum=0.9),
-                          optax.constant_schedule(0.5), params)
-  updates, state = tx.update({'w': jnp.asarray(g), 'b': jnp.asarray(b)}, tx.init(params),
-                             params)
+  params = {'w': np.zeros((64, 48), np.float32), 'b': np.zeros((48,), np.float32)}
+  init, update = _jitted(opt.make_optimizer(_cfg(name='adafactor', momentum=0.9),
+                                            optax.constant_schedule(0.5), params))
+  updates, state = update({'w': g, 'b': b}, init(params), params)
   # Step 1: decay min(1 - 1^-0.8, b2) = 0, so the moments are this step's.
   eps = 1e-30
   v_row, v_col = (g ** 2 + eps).mean(1), (g ** 2 + eps).mean(0)
@@ -112,18 +118,18 @@ def test_adafactor_first_update_against_the_factored_formula():
 
 
 def test_mu_dtype_keeps_the_first_moment_in_bfloat16():
-  params = {'w': jnp.ones((4, 3))}
+  params = {'w': np.ones((4, 3), np.float32)}
   for name, field in (('adam', 'mu'), ('sgd', 'trace'), ('adafactor', 'ema')):
-    tx = opt.make_optimizer(_cfg(name=name, mu_dtype='bfloat16'),
-                            optax.constant_schedule(0.1), params)
-    state = tx.init(params)
+    init, update = _jitted(opt.make_optimizer(_cfg(name=name, mu_dtype='bfloat16'),
+                                              optax.constant_schedule(0.1), params))
+    state = init(params)
     moments = [s for s in jax.tree.leaves(state, is_leaf=lambda s: hasattr(s, field))
                if hasattr(s, field)]
     assert moments and getattr(moments[0], field)['w'].dtype == jnp.bfloat16, name
-    updates, _ = tx.update({'w': jnp.full((4, 3), 0.5)}, state, params)
-    new = optax.apply_updates(params, updates)
+    updates, _ = update({'w': np.full((4, 3), 0.5, np.float32)}, state, params)
+    new = jax.jit(optax.apply_updates)(params, updates)
     assert new['w'].dtype == jnp.float32 and np.isfinite(new['w']).all()
-    assert float(new['w'][0, 0]) < 1.0, name
+    assert float(np.asarray(new['w'])[0, 0]) < 1.0, name
 
 
 def test_adafactor_state_follows_the_expert_split_on_eight_devices():
