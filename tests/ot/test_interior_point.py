@@ -1,4 +1,5 @@
 """solve_interior_point: the exact optimum of binding-k problems, with a certificate."""
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -6,6 +7,12 @@ import pytest
 from tests.ot.helpers import problem, spy
 from vmoe_sparse_ot import ot
 from vmoe_sparse_ot.ot import interior_point as ipm
+
+# Jitted (the regularizer a pytree argument): one program per problem shape
+# instead of one per primitive eagerly.
+semi_dual_objective = jax.jit(ot.semi_dual_objective)
+schur_products = jax.jit(ipm._schur_products, static_argnums=(3, 4))
+column_sums = jax.jit(ipm._column_sums, static_argnums=(1, 2))
 
 # The optimum of P_Psi from an independent interior-point solver: Clarabel
 # 0.11.1 through cvxpy 1.9.3 on the second-order-cone form
@@ -66,7 +73,7 @@ def test_certified_and_at_least_as_good_as_lbfgs(m, n, k, gamma, seed):
   lbfgs = ot.solve(a, b, C, reg, max_iter=3000, rtol=1e-13)
   assert float(lbfgs.value) <= value + 1e-12 * abs(value)
   # The returned potentials are what `value` is: the semi-dual at alpha.
-  assert float(ot.semi_dual_objective(res.alpha, a, b, C, reg)) == pytest.approx(value, rel=1e-12)
+  assert float(semi_dual_objective(res.alpha, a, b, C, reg)) == pytest.approx(value, rel=1e-12)
   assert np.all(np.sum(np.asarray(res.plan) != 0, axis=0) <= k)
 
 
@@ -131,12 +138,11 @@ def test_support_layout_and_products_match_dense_matrices(m, n, seed):
   # Brute force: (m, n) matrices with zeros off the mask.
   rng = np.random.RandomState(seed + 10)
   P, Q = rng.randn(m, n) * mask, rng.randn(m, n) * mask
-  on_slots = [jnp.where(valid, jnp.take_along_axis(jnp.asarray(x), support.cols, 1), 0)
-              for x in (P, Q)]
-  tt, tl, ll = ipm._schur_products(*on_slots, support, n, False)
+  on_slots = [np.where(valid, np.take_along_axis(x, cols, 1), 0) for x in (P, Q)]
+  tt, tl, ll = schur_products(*on_slots, support, n, False)
   for got, want in ((tt, P.T @ P), (tl, P.T @ Q), (ll, Q.T @ Q)):
     np.testing.assert_allclose(np.asarray(got), want, rtol=1e-12, atol=1e-12)
-  sums = ipm._column_sums(support, n, False, *on_slots)
+  sums = column_sums(support, n, False, *on_slots)
   np.testing.assert_allclose(np.asarray(sums[0]), P.sum(0), rtol=1e-12, atol=1e-12)
   np.testing.assert_allclose(np.asarray(sums[1]), Q.sum(0), rtol=1e-12, atol=1e-12)
 
@@ -158,7 +164,7 @@ def test_candidate_support_reaches_the_dense_optimum():
   assert value == pytest.approx(best, rel=1e-9)
   # Each result's two bounds bracket the other's value.
   assert value <= best + float(dense.duality_gap) and best <= value + gap
-  assert float(ot.semi_dual_objective(res.alpha, a, b, C, reg)) == pytest.approx(value, rel=1e-12)
+  assert float(semi_dual_objective(res.alpha, a, b, C, reg)) == pytest.approx(value, rel=1e-12)
   # The whole problem as a "candidate" support: the pair-list Newton system
   # gives the dense one's optimum.
   full = ipm.solve_positive(a, b, C, reg, support=ipm.support_of(np.ones((m, n), bool)))

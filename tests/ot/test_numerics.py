@@ -119,5 +119,5 @@ def test_status_names_each_stop():
   res = ot.solve(a, b, C, REG, tol=1e-17, rtol=0.0, ftol=0.0, max_iter=5000)
   assert res.reason() == "stalled" and not bool(res.converged)
   # Under vmap: one status per problem.
-  out = jax.vmap(lambda c: ot.solve(a, b, c, REG, tol=1e-6).status)(jnp.stack([C, 2 * C]))
+  out = jax.vmap(lambda c: ot.solve(a, b, c, REG, tol=1e-6).status)(np.stack([C, 2 * C]))
   np.testing.assert_array_equal(np.asarray(out), 0)

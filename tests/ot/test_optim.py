@@ -6,6 +6,11 @@ import pytest
 
 from vmoe_sparse_ot.ot import optim
 
+# Jitted as in the solver's loop (slot and head traced there too): one program
+# each instead of one per primitive eagerly, shared by every case.
+store_pair = jax.jit(optim._store_pair)
+inverse_hessian_times = jax.jit(optim._lbfgs_inverse_hessian_times)
+
 
 def _two_loop(g, pairs, gamma0):
   """Nocedal & Wright's two-loop recursion (Algorithm 7.4), pairs oldest first."""
@@ -38,17 +43,17 @@ def test_compact_inverse_hessian_equals_the_two_loop_recursion(num_pairs, seed):
     s = rng.standard_normal(d)
     y = A @ s
     pairs.append((s, y))
-    S, Y, STY, YTY = optim._store_pair(S, Y, STY, YTY, head % M, jnp.asarray(s),
+    S, Y, STY, YTY = store_pair(S, Y, STY, YTY, head % M, jnp.asarray(s),
                                        jnp.asarray(y), jnp.asarray(s @ y), jnp.asarray(True))
   # A pair that is not stored changes nothing.
-  unchanged = optim._store_pair(S, Y, STY, YTY, num_pairs % M, jnp.ones(d), jnp.ones(d),
+  unchanged = store_pair(S, Y, STY, YTY, num_pairs % M, jnp.ones(d), jnp.ones(d),
                                 jnp.asarray(float(d)), jnp.asarray(False))
   for new, old in zip(unchanged, (S, Y, STY, YTY)):
     np.testing.assert_array_equal(new, old)
   g = rng.standard_normal(d)
   gamma0 = 0.37
-  got = optim._lbfgs_inverse_hessian_times(jnp.asarray(g), S, Y, STY, YTY, jnp.asarray(gamma0),
-                                           jnp.asarray(num_pairs))
+  got = inverse_hessian_times(jnp.asarray(g), S, Y, STY, YTY, jnp.asarray(gamma0),
+                              jnp.asarray(num_pairs))
   want = _two_loop(g, pairs[-M:], gamma0)
   np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-12)
 

@@ -7,6 +7,10 @@ import pytest
 from tests.ot.helpers import problem
 from vmoe_sparse_ot import ot
 
+# Jitted (the regularizer a pytree argument, gamma a traced leaf): one program
+# per shape and regularizer type instead of one per primitive eagerly.
+c_transform_start = jax.jit(ot.c_transform_start)
+
 
 def _soft_min(C, b, eps):
   """-eps log sum_j (b_j / sum b) exp(-C_ij / eps), in float64 numpy, shifted."""
@@ -35,20 +39,20 @@ def test_start_is_the_soft_minimum_over_columns_with_mass(reg, scale_of_b, reque
     b = b * 100                                   # gamma mean(b) above the costs' spread
   eps = _eps(scale_of_b(b), C)
   assert (eps < scale_of_b(b) / 10) == ("capped" in request.node.callspec.id)
-  alpha = np.asarray(ot.c_transform_start(jnp.asarray(b), jnp.asarray(C), reg))
+  alpha = np.asarray(c_transform_start(jnp.asarray(b), jnp.asarray(C), reg))
   np.testing.assert_allclose(alpha, _soft_min(C, b, eps), rtol=1e-12, atol=1e-15)
   # Between the hard minimum and the hard minimum + eps log(sum b / min b).
   assert (alpha >= C.min(1) - 1e-15).all()
   assert (alpha <= C.min(1) + eps * np.log(b.sum() / b.min()) + 1e-15).all()
   # A column without mass plays no part, however cheap.
   b0, C0 = np.append(b, 0.0), np.concatenate([C, np.full((7, 1), -50.0)], axis=1)
-  alpha0 = ot.c_transform_start(jnp.asarray(b0), jnp.asarray(C0), reg)
+  alpha0 = c_transform_start(jnp.asarray(b0), jnp.asarray(C0), reg)
   np.testing.assert_allclose(np.asarray(alpha0), alpha, rtol=1e-12)
 
 
 def test_no_mass_at_all_starts_at_zero():
   C = jnp.asarray(np.random.RandomState(0).rand(4, 3))
-  alpha = ot.c_transform_start(jnp.zeros(3), C, ot.SquaredL2(1.0))
+  alpha = c_transform_start(jnp.zeros(3), C, ot.SquaredL2(1.0))
   np.testing.assert_array_equal(np.asarray(alpha), 0.0)
 
 
@@ -90,24 +94,25 @@ def test_default_start_needs_fewer_iterations_than_zero(seed):
 def test_default_start_is_traceable_under_vmap():
   a, b, C = problem(30, 6, seed=4)
   reg = ot.SparsityConstrained(k=8, gamma=0.2)
-  Cs = jnp.stack([jnp.asarray(C), jnp.asarray(C) ** 2])
-  out = jax.vmap(lambda c: ot.solve(a, b, c, reg, max_iter=30, tol=0.0).alpha)(Cs)
+  # (Stacked and indexed in numpy: eagerly each would compile a program.)
+  Cs = np.stack([C, C ** 2])
+  out = np.asarray(jax.vmap(lambda c: ot.solve(a, b, c, reg, max_iter=30, tol=0.0).alpha)(Cs))
   for i in range(2):
     single = ot.solve(a, b, Cs[i], reg, max_iter=30, tol=0.0).alpha
-    np.testing.assert_allclose(np.asarray(out[i]), np.asarray(single), rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(out[i], np.asarray(single), rtol=1e-9, atol=1e-12)
   # gamma traced: eps follows it.
   gammas = jnp.asarray([0.2, 2.0])
-  starts = jax.vmap(lambda g: ot.c_transform_start(jnp.asarray(b), jnp.asarray(C),
-                                                   ot.SquaredL2(g)))(gammas)
+  starts = np.asarray(jax.jit(jax.vmap(lambda g: ot.c_transform_start(
+      jnp.asarray(b), jnp.asarray(C), ot.SquaredL2(g))))(gammas))
   for i, g in enumerate([0.2, 2.0]):
-    single = ot.c_transform_start(jnp.asarray(b), jnp.asarray(C), ot.SquaredL2(g))
-    np.testing.assert_allclose(np.asarray(starts[i]), np.asarray(single), rtol=1e-12)
-  assert not np.allclose(np.asarray(starts[0]), np.asarray(starts[1]))
+    single = c_transform_start(jnp.asarray(b), jnp.asarray(C), ot.SquaredL2(g))
+    np.testing.assert_allclose(starts[i], np.asarray(single), rtol=1e-12)
+  assert not np.allclose(starts[0], starts[1])
 
 
 def test_integer_costs_give_a_float_start():
   C = jnp.asarray([[3, 1, 4], [1, 5, 9]])
-  alpha = ot.c_transform_start(jnp.ones(3), C, ot.SquaredL2(1.0))
+  alpha = c_transform_start(jnp.ones(3), C, ot.SquaredL2(1.0))
   assert jnp.issubdtype(alpha.dtype, jnp.floating)
   np.testing.assert_allclose(np.asarray(alpha), _soft_min(np.asarray(C, float), np.ones(3),
                                                            _eps(1.0, np.asarray(C, float))))
