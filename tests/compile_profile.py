@@ -12,6 +12,11 @@ compilation (JAX's "/jax/core/compile/backend_compile_duration" events), the
 number of programs compiled, and seconds spent tracing jaxprs and lowering
 them to MLIR. Compiles in subprocesses are not counted (they are in child_cpu).
 `python -m tests.compile_profile FILE` sums them per file.
+
+Without -n (one process), the terminal summary also lists the programs that
+took the most compile time, by name: `jit(where)`, `jit(broadcast_in_dim)` and
+the like are single operations run eagerly, each compiled per shape (calling
+the function under test through `jax.jit` compiles it once instead).
 """
 import collections
 import contextlib
@@ -29,6 +34,7 @@ COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 _TRACE_EVENT = "/jax/core/compile/jaxpr_trace_duration"
 _LOWER_EVENT = "/jax/core/compile/jaxpr_to_mlir_module_duration"
 _totals = {"seconds": 0.0, "count": 0, "trace": 0.0, "lower": 0.0}
+_by_program = collections.defaultdict(lambda: [0, 0.0])  # name: [compiles, seconds]
 
 
 @contextlib.contextmanager
@@ -49,10 +55,12 @@ def counting_compiles(into: list):
 
 
 def _listener(event, duration, **kwargs):
-  del kwargs
   if event == COMPILE_EVENT:
     _totals["seconds"] += duration
     _totals["count"] += 1
+    program = _by_program[kwargs.get("fun_name", "?")]
+    program[0] += 1
+    program[1] += duration
   elif event == _TRACE_EVENT:
     _totals["trace"] += duration
   elif event == _LOWER_EVENT:
@@ -63,6 +71,14 @@ def pytest_configure(config):
   del config
   from jax import monitoring
   monitoring.register_event_duration_secs_listener(_listener)
+
+
+def pytest_terminal_summary(terminalreporter):
+  if not _by_program:  # Under -n the workers compiled; their names stay there.
+    return
+  terminalreporter.section("programs compiled (most compile time first)")
+  for name, (count, seconds) in sorted(_by_program.items(), key=lambda kv: -kv[1][1])[:25]:
+    terminalreporter.write_line(f"{seconds:8.2f} s {count:5d}x  {name[:100]}")
 
 
 def _children_cpu():
