@@ -268,3 +268,5 @@ def test_short_run_console_prints_each_log_interval_once(console):
     reports = [m for m in messages if m.startswith((f'step {step}/', f'[{step}] '))]
     assert len(reports) == 1, reports
   assert not [m for m in messages if m.startswith('[Hyperparameters]')]
+  # Scalars and hyperparameters go to TensorBoard and metrics.jsonl, not the console.
+  assert not [m for m in messages if 'routing/' in m or 'hparams' in m.lower()]
