@@ -211,7 +211,8 @@ def test_periodic_fewshot_runs_first_every_n_and_last_step(monkeypatch, tmp_path
     return lambda params, model_state: calls.append(params) or {'fewshot/digits/1shot': 0.5}
 
   monkeypatch.setattr(fewshot, 'make_evaluator', fake_make_evaluator)
-  config = small_config('router=topk', train_steps=5, fewshot__every_steps=2)
+  # Logged as the interval-means test's second run (its step program, reused).
+  config = small_config('router=topk', train_steps=5, fewshot__every_steps=2, log_every_steps=4)
   trainer.train_and_evaluate(config, str(tmp_path), devices=jax.devices()[:1])
   assert len(calls) == 4  # Steps 1 (first), 2, 4 and 5 (last).
 
