@@ -2,7 +2,6 @@
 import glob
 import logging
 import os
-import resource
 import shutil
 import signal
 import subprocess
@@ -176,38 +175,45 @@ def test_second_trainer_on_a_workdir_is_refused_and_a_dead_holder_is_taken_over(
     pass
 
 
-def test_full_disk_is_one_line_keeps_the_last_good_checkpoint_and_is_cleaned_up(
-    tmp_path, monkeypatch, capfd, caplog):
+FULL_DISK = textwrap.dedent('''
+    import resource, signal, sys
+    import jax
+    from tests.train.helpers import small_config
+    from vmoe_sparse_ot.train import checkpoints, errors, trainer
+
+    save = checkpoints.Checkpointer.save
+
+    def save_on_a_full_disk(self, step, state, meta):
+      if step == 8:  # From here on no file may grow past 60 kB (the params are ~120 kB).
+        self.wait()  # Step 4's save completes first.
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (60_000, resource.RLIM_INFINITY))
+      return save(self, step, state, meta)
+
+    checkpoints.Checkpointer.save = save_on_a_full_disk
+    config = small_config('router=topk', train_steps=12, checkpoint__every_steps=4,
+                          checkpoint__keep=1, log_every_steps=4)
+    try:
+      trainer.train_and_evaluate(config, sys.argv[1], devices=jax.devices()[:1])
+    except errors.CheckpointWriteError as e:
+      print(e)
+      sys.exit(3)
+''')
+
+
+def test_full_disk_is_one_line_keeps_the_last_good_checkpoint_and_is_cleaned_up(tmp_path,
+                                                                                caplog):
   workdir = str(tmp_path)
-  save = checkpoints.Checkpointer.save
-
-  def save_on_a_full_disk(self, step, state, meta):
-    if step == 8:  # From here on no file may grow past 60 kB (the params are ~120 kB).
-      self.wait()  # Step 4's save completes first.
-      # As on a full disk, writes fail with an error (EFBIG), not a signal.
-      previous.append(signal.signal(signal.SIGXFSZ, signal.SIG_IGN))
-      resource.setrlimit(resource.RLIMIT_FSIZE, (60_000, limit[1]))
-    return save(self, step, state, meta)
-
-  # In this process (restored below): the limit holds for every file it writes.
-  limit, previous = resource.getrlimit(resource.RLIMIT_FSIZE), []
-  monkeypatch.setattr(checkpoints.Checkpointer, 'save', save_on_a_full_disk)
-  config = helpers.small_config('router=topk', train_steps=12, checkpoint__every_steps=4,
-                                checkpoint__keep=1, log_every_steps=4)
-  try:
-    with pytest.raises(errors.CheckpointWriteError) as e:
-      trainer.train_and_evaluate(config, workdir, devices=jax.devices()[:1])
-  finally:  # This process's other files may grow again.
-    resource.setrlimit(resource.RLIMIT_FSIZE, limit)
-    if previous:
-      signal.signal(signal.SIGXFSZ, previous[0])
-  message = str(e.value)
-  assert '\n' not in message
-  assert message.startswith(f'Writing checkpoint step 8 to {workdir}/checkpoints failed: the '
-                            'disk is full or a file-size limit was reached (')
-  assert message.endswith('The last good checkpoint is step 4; its partial folder is '
-                          'removed at the next start.')
-  assert 'Traceback' not in capfd.readouterr().err  # No thread's write failed loudly.
+  result = subprocess.run([sys.executable, '-c', FULL_DISK, workdir], cwd=helpers.ROOT,
+                          env=helpers.env(), capture_output=True, text=True, timeout=240)
+  assert result.returncode == 3, result.stderr[-3000:]
+  lines = result.stdout.strip().splitlines()
+  assert len(lines) == 1, result.stdout
+  assert lines[0].startswith(f'Writing checkpoint step 8 to {workdir}/checkpoints failed: the '
+                             'disk is full or a file-size limit was reached (')
+  assert lines[0].endswith('The last good checkpoint is step 4; its partial folder is '
+                           'removed at the next start.')
+  assert 'Traceback' not in result.stderr, result.stderr[-3000:]
   leftover = glob.glob(os.path.join(workdir, 'checkpoints', '*.orbax-checkpoint-tmp*'))
   assert leftover and _steps(workdir) == sorted(['4', *map(os.path.basename, leftover)])
   # The next start removes the partial save; step 4 (keep=1) survived and restores.
