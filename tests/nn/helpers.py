@@ -1,7 +1,16 @@
 """Tiny model configs shared by the nn tests."""
+import jax
 import ml_collections
 
+from vmoe_sparse_ot.nn import routers
 from vmoe_sparse_ot.nn.config import default_model_config
+from vmoe_sparse_ot.nn.routing_metrics import common_metrics
+
+# The functions under test, jitted once for every nn test file: called eagerly,
+# each jnp op inside compiles as its own XLA program (50-60 per test); jitted,
+# one program per shape and config.
+jit_route = jax.jit(routers.route, static_argnames=("cfg", "capacity", "train"))
+jit_common_metrics = jax.jit(common_metrics)
 
 
 def tiny_config(router: str = "topk", **router_overrides) -> ml_collections.ConfigDict:

@@ -11,17 +11,14 @@ from scipy.stats import norm
 
 from vmoe_sparse_ot.nn import routers
 from vmoe_sparse_ot.nn import routing as rt
-from vmoe_sparse_ot.nn.routing_metrics import common_metrics
 from vmoe_sparse_ot.nn.config import default_router_config
+from tests.nn.helpers import jit_common_metrics, jit_route
 
 # Inputs are numpy arrays: a jnp array made from a list or numpy array compiles a
 # conversion program per shape.
 ALL = np.ones((1, 4), bool)
 
-# The functions under test, jitted: called eagerly, each jnp op inside compiles as
-# its own XLA program (50-60 per test); jitted, one program per shape and config.
-_route = jax.jit(routers.route, static_argnames=("cfg", "capacity", "train"))
-_common_metrics = jax.jit(common_metrics)
+# Jitted, as tests.nn.helpers' routers (called eagerly, each op compiles alone).
 _expert_weights = jax.jit(rt.expert_weights, static_argnames="group_size")
 
 
@@ -53,7 +50,7 @@ LOGITS = np.array([[[3.0, 1.0, 0.0],
 
 
 def test_topk_picks_top_k_and_weights_are_gates():
-  r = _route(LOGITS, ALL, cfg("topk"), capacity=4, train=False)
+  r = jit_route(LOGITS, ALL, cfg("topk"), capacity=4, train=False)
   # Top-2 per token: t0 {0,1}, t1 {1,2}, t2 {2,0}, t3 {0,2}.
   assert _slots(r) == {0: [0, 2, 3], 1: [0, 1], 2: [1, 2, 3]}
   gates = _softmax(LOGITS[0])
@@ -118,23 +115,23 @@ def test_topk_capacity_first_choices_first_and_batch_priority():
   # Every token prefers expert 0; capacity 2.
   logits = np.array([[[1.0, 0.0, -1.0], [2.0, 0.5, 0.0], [3.0, 0.0, 1.0], [0.5, 0.4, 0.0]]],
                     np.float32)
-  r = _route(logits, ALL, cfg("topk"), capacity=2, train=False)
+  r = jit_route(logits, ALL, cfg("topk"), capacity=2, train=False)
   # Expert 0 takes the first two tokens by position; second choices fill the rest.
   assert _slots(r) == {0: [0, 1], 1: [0, 1], 2: [2]}
-  m = _common_metrics(r, ALL)
+  m = jit_common_metrics(r, ALL)
   np.testing.assert_allclose(m["dropped_fraction"], 0.25)   # token 3 gets nothing
   np.testing.assert_allclose(m["experts_per_token"], 5 / 4)
-  r = _route(logits, ALL, cfg("topk", batch_priority=True), capacity=2, train=False)
+  r = jit_route(logits, ALL, cfg("topk", batch_priority=True), capacity=2, train=False)
   # With batch priority, tokens with the largest top gate (2, then 1) go first.
   assert _slots(r)[0] == [1, 2]
 
 
 def test_topk_noise_only_in_training():
   opts = cfg("topk", num_selected_experts=1, noise_std=30.0)   # std 30 / E = 10
-  a = _route(LOGITS, ALL, opts, 4, train=False, rng=jax.random.key(0))
-  b = _route(LOGITS, ALL, opts, 4, train=False, rng=jax.random.key(1))
+  a = jit_route(LOGITS, ALL, opts, 4, train=False, rng=jax.random.key(0))
+  b = jit_route(LOGITS, ALL, opts, 4, train=False, rng=jax.random.key(1))
   assert _slots(a) == _slots(b) == {0: [0, 3], 1: [1], 2: [2]}
-  picks = [_slots(_route(LOGITS, ALL, opts, 4, train=True, rng=jax.random.key(i)))
+  picks = [_slots(jit_route(LOGITS, ALL, opts, 4, train=True, rng=jax.random.key(i)))
            for i in range(5)]
   assert any(p != _slots(a) for p in picks)
 
@@ -199,14 +196,14 @@ def test_expert_choice_capacity_is_the_references_compute_capacity(s, e, cf, wan
 
 
 def test_expert_choice_takes_top_c_tokens_per_expert():
-  r = _route(LOGITS, ALL, cfg("expert_choice"), capacity=2, train=False)
+  r = jit_route(LOGITS, ALL, cfg("expert_choice"), capacity=2, train=False)
   gates = _softmax(LOGITS[0])
   want = {e: sorted(np.argsort(-gates[:, e], kind="stable")[:2].tolist()) for e in range(3)}
   assert _slots(r) == want
   assert float(r.auxiliary_loss) == 0.0
   # A padding token is never taken.
   mask = np.array([[True, True, True, False]])
-  r = _route(LOGITS, mask, cfg("expert_choice"), capacity=3, train=False)
+  r = jit_route(LOGITS, mask, cfg("expert_choice"), capacity=3, train=False)
   assert all(3 not in v for v in _slots(r).values())
 
 
@@ -294,9 +291,9 @@ SKEWED = np.array([[[3.0, 0.0], [2.5, 0.0], [1.0, 0.5], [1.2, 1.0]]], np.float32
 
 def test_sbase_balances_where_topk_does_not():
   _need("sinkhorn")
-  topk = _route(SKEWED, ALL, cfg("topk", num_selected_experts=1), capacity=4, train=False)
+  topk = jit_route(SKEWED, ALL, cfg("topk", num_selected_experts=1), capacity=4, train=False)
   assert _slots(topk) == {0: [0, 1, 2, 3], 1: []}
-  r = _route(SKEWED, ALL, cfg("sbase", num_selected_experts=1, num_iters=50), capacity=4,
+  r = jit_route(SKEWED, ALL, cfg("sbase", num_selected_experts=1, num_iters=50), capacity=4,
              train=False)
   # Mass S/E = 2 per expert: the two tokens with the smallest margins move to expert 1
   # (entropic plan: sum_i sigmoid(l_i1 - l_i0 + d) = 2 gives d ~ 1.55).
@@ -304,7 +301,7 @@ def test_sbase_balances_where_topk_does_not():
   gates = _softmax(SKEWED[0])
   np.testing.assert_allclose(np.asarray(r.combine_weight)[0, 1, :2], gates[[2, 3], 1],
                              rtol=1e-6)
-  np.testing.assert_allclose(_common_metrics(r, ALL)["experts_per_token"], 1.0)
+  np.testing.assert_allclose(jit_common_metrics(r, ALL)["experts_per_token"], 1.0)
 
 
 def _numpy_sinkhorn(logits, eps, iters, experts_first):
@@ -346,7 +343,7 @@ def test_sparse_ot_expert_choice_takes_column_support():
   _need("solve")
   # k = C = 2 tokens per expert, mass 2 per expert: the top two by margin stay on 0.
   logits = np.array([[[3.0, 0.0], [2.0, 0.0], [1.0, 0.0], [0.5, 0.0]]], np.float32)
-  r = _route(logits, ALL, cfg("sparse_ot"), capacity=2, train=False)
+  r = jit_route(logits, ALL, cfg("sparse_ot"), capacity=2, train=False)
   assert _slots(r) == {0: [0, 1], 1: [2, 3]}
   gates = _softmax(logits[0])
   np.testing.assert_allclose(np.asarray(r.combine_weight)[0, 0],
@@ -439,7 +436,7 @@ def test_soft_moe_weights_sum_as_the_definition_says():
   g, s, e, c = 2, 5, 3, 2
   logits = np.asarray(jax.random.normal(jax.random.key(2), (g, s, e, c))) * 2
   mask = np.array([[True] * 5, [True, True, True, False, False]])
-  r = _route(logits, mask, cfg("soft_moe"), c, False)
+  r = jit_route(logits, mask, cfg("soft_moe"), c, False)
   assert isinstance(r, rt.SoftRouting)
   d, w = np.asarray(r.dispatch_weight), np.asarray(r.combine_weight)
   # Dispatch: softmax over the group's real tokens, per slot.

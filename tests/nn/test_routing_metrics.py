@@ -5,12 +5,8 @@ import jax
 from vmoe_sparse_ot.evaluate import routing_stats
 from vmoe_sparse_ot.nn import routers
 from vmoe_sparse_ot.nn import routing as rt
-from vmoe_sparse_ot.nn.routing_metrics import common_metrics as _common_metrics
 from vmoe_sparse_ot.nn.routing_metrics import max_load_violation
-
-# One compile each beats op-by-op dispatch (an XLA program per op) here.
-common_metrics = jax.jit(_common_metrics)
-route = jax.jit(routers.route, static_argnames=("cfg", "capacity", "train"))
+from tests.nn.helpers import jit_common_metrics, jit_route
 
 # G = 2 groups of S = 4; token 3 of group 0 is padding. Inputs are numpy arrays: a jnp
 # array made from a list or numpy array compiles a conversion program per shape.
@@ -36,14 +32,14 @@ def test_hand_made_routing():
   token_index = np.array([[[0, 1], [0, 0]], [[1, 2], [1, 3]]])
   valid = np.array([[[True, True], [True, False]], [[True, True], [True, True]]])
   routing = rt.Routing(token_index, valid, valid.astype(np.float32), np.float32(0), {})
-  _check(common_metrics(routing, MASK), with_0=2, with_1=3, with_2plus=2, per_token=7,
+  _check(jit_common_metrics(routing, MASK), with_0=2, with_1=3, with_2plus=2, per_token=7,
          maxvio=(1 / 3 + 0) / 2, load=(1, 7 / 4, 2))
 
 
 def test_a_padding_token_in_a_slot_does_not_count():
   token_index = np.array([[[3, 0]], [[0, 1]]])             # E = 1, C = 2
   valid = np.ones((2, 1, 2), bool)
-  m = common_metrics(rt.Routing(token_index, valid, np.ones((2, 1, 2), np.float32), 0.0, {}),
+  m = jit_common_metrics(rt.Routing(token_index, valid, np.ones((2, 1, 2), np.float32), 0.0, {}),
                      MASK)
   np.testing.assert_allclose(m["tokens_per_expert_min"], 1)
   np.testing.assert_allclose(m["tokens_with_0_experts"], 4 / 7)
@@ -63,10 +59,10 @@ def test_topk_routing():
                     np.float32)
   cfg = routers.parse_router_options({"name": "topk"})
   r = jax.jit(lambda x: routers.route(x, MASK, cfg, capacity=2, train=False))(logits)
-  _check(common_metrics(r, MASK), with_0=0, with_1=3, with_2plus=4, per_token=11,
+  _check(jit_common_metrics(r, MASK), with_0=0, with_1=3, with_2plus=4, per_token=11,
          maxvio=(0.2 + 0) / 2, load=(1, 11 / 6, 2))
   # Without padding, token 3 of group 0 is dropped.
-  m = common_metrics(r, np.ones((2, 4), bool))
+  m = jit_common_metrics(r, np.ones((2, 4), bool))
   np.testing.assert_allclose(m["dropped_fraction"], 1 / 8)
 
 
@@ -78,17 +74,17 @@ def test_expert_choice_routing():
                      [[5.0, 0.0, 0.0], [0.0, 5.0, 0.0], [0.0, 0.0, 5.0], [1.0, 1.0, 1.0]]],
                     np.float32)
   cfg = routers.parse_router_options({"name": "expert_choice"})
-  r = route(logits, MASK, cfg, capacity=1, train=False)
-  _check(common_metrics(r, MASK), with_0=2, with_1=4, with_2plus=1, per_token=6,
+  r = jit_route(logits, MASK, cfg, capacity=1, train=False)
+  _check(jit_common_metrics(r, MASK), with_0=2, with_1=4, with_2plus=1, per_token=6,
          maxvio=0.0, load=(1, 1, 1))
 
 
 def test_soft_moe_every_token_reaches_every_expert():
   cfg = routers.parse_router_options({"name": "soft_moe"})
   logits = jax.random.normal(jax.random.key(0), (2, 4, 3, 2))   # (G, S, E, C)
-  r = route(logits, MASK, cfg, capacity=2, train=False)
+  r = jit_route(logits, MASK, cfg, capacity=2, train=False)
   # Loads: 3 real tokens per expert in group 0, 4 in group 1.
-  _check(common_metrics(r, MASK), with_0=0, with_1=0, with_2plus=7, per_token=21,
+  _check(jit_common_metrics(r, MASK), with_0=0, with_1=0, with_2plus=7, per_token=21,
          maxvio=0.0, load=(3, 3.5, 4))
 
 

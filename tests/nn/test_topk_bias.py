@@ -8,6 +8,7 @@ from vmoe_sparse_ot.nn import router_state
 from vmoe_sparse_ot.nn import routers
 from vmoe_sparse_ot.nn.moe import MoeLayer
 from vmoe_sparse_ot.nn.routers import topk_bias
+from tests.nn.helpers import jit_route
 from vmoe_sparse_ot.nn.routing_metrics import common_metrics
 
 ALL = np.ones((1, 4), bool)
@@ -28,19 +29,18 @@ def _slots(r):
 
 
 # Jitted once per shape and config (eagerly, each op compiles as its own program).
-_jit_route = jax.jit(routers.route, static_argnames=("cfg", "capacity", "train"))
 _jit_softmax = jax.jit(jax.nn.softmax)
 
 
 def _route(bias, logits=LOGITS, mask=ALL, capacity=4, **options):
   c = cfg("topk_bias", **options)
-  return _jit_route(logits, mask, c, capacity, train=True,
+  return jit_route(logits, mask, c, capacity, train=True,
                     state={"bias": np.asarray(bias, np.float32)})
 
 
 def test_zero_bias_routes_as_topk_without_noise():
   r, stats = _route([0.0, 0.0, 0.0])
-  want = _jit_route(LOGITS, ALL, cfg("topk", noise_std=0.0), 4, train=True)
+  want = jit_route(LOGITS, ALL, cfg("topk", noise_std=0.0), 4, train=True)
   for a, b in zip(r[:3], want[:3]):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
   # Top-2 per token: t0 {0,1}, t1 {1,2}, t2 {2,0}, t3 {0,2}.

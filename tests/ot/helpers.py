@@ -3,7 +3,16 @@ import contextlib
 import io
 import itertools
 
+import jax
 import numpy as np
+
+from vmoe_sparse_ot import ot
+
+# The objectives, jitted once for every OT test file (the regularizer a pytree
+# argument): called eagerly, each primitive inside compiles on its own, per shape.
+semi_dual_objective = jax.jit(ot.semi_dual_objective)
+dual_objective = jax.jit(ot.dual_objective)
+primal_objective = jax.jit(ot.primal_objective)
 
 
 def pot():

@@ -4,15 +4,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from tests.ot.helpers import pot, problem
+from tests.ot.helpers import dual_objective, pot, primal_objective, problem, semi_dual_objective
 from vmoe_sparse_ot import ot
 
 TIGHT = dict(tol=1e-10, max_iter=2000)
-# The objectives jitted (the regularizer a pytree argument): one program per
-# shape instead of one per primitive eagerly.
-semi_dual_objective = jax.jit(ot.semi_dual_objective)
-dual_objective = jax.jit(ot.dual_objective)
-primal_objective = jax.jit(ot.primal_objective)
 
 
 def feasible_k_sparse_plan(a, b, k):

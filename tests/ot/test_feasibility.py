@@ -40,7 +40,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from tests.ot.helpers import supports
+from tests.ot.helpers import primal_objective, supports
 from vmoe_sparse_ot import ot
 from vmoe_sparse_ot.ot import solvers
 
@@ -49,8 +49,6 @@ T_LP = np.array([[2, 0, 1], [2, 1, 0], [0, 0, 3], [0, 3, 0]]) / 12
 U, V = np.array([3.0, 9, 2, 5]), np.array([0.0, -4, -2])
 T_K2 = np.array([[1.5, 0, 1.5], [1, 2, 0], [0.5, 0, 2.5], [1, 2, 0]])
 ALPHA_K2 = np.array([0.0, 6, 0, 2])
-# Jitted once (reg a pytree, k static): eagerly each primitive compiles alone.
-_primal_objective = jax.jit(ot.primal_objective)
 
 
 def _squared_k_support(t, k):
@@ -100,7 +98,7 @@ def _check_primal_plan(res, a, b, reg):
   np.testing.assert_array_equal(np.asarray(res.primal_nnz_per_column),
                                 np.count_nonzero(P, axis=0))
   # The certificate: duality_gap is P_Psi of primal_plan minus the value.
-  assert float(_primal_objective(P, C, reg)) == pytest.approx(
+  assert float(primal_objective(P, C, reg)) == pytest.approx(
       float(res.value) + float(res.duality_gap), rel=1e-12)
   return P
 

@@ -4,16 +4,14 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from tests.ot.helpers import problem
+from tests.ot.helpers import dual_objective, problem, semi_dual_objective
 from vmoe_sparse_ot import ot
 
 # Jitted (regularizers are pytrees: gamma a traced leaf, k static): one
 # program per regularizer instead of one per primitive eagerly, and the finite
 # differences' many calls reuse it.
 semi_dual_value_and_grad = jax.jit(ot.semi_dual_value_and_grad)
-semi_dual_objective = jax.jit(ot.semi_dual_objective)
 dual_value_and_grad = jax.jit(ot.dual_value_and_grad)
-dual_objective = jax.jit(ot.dual_objective)
 conj_simplex = jax.jit(lambda reg, s, b: reg.conj_simplex(s, b, axis=0))
 
 REGS = [ot.SparsityConstrained(k=2, gamma=0.3), ot.SparsityConstrained(k=1, gamma=0.5),

@@ -4,13 +4,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from tests.ot.helpers import problem, spy
+from tests.ot.helpers import problem, semi_dual_objective, spy
 from vmoe_sparse_ot import ot
 from vmoe_sparse_ot.ot import interior_point as ipm
 
-# Jitted (the regularizer a pytree argument): one program per problem shape
-# instead of one per primitive eagerly.
-semi_dual_objective = jax.jit(ot.semi_dual_objective)
+# Jitted (static sizes): one program per problem shape instead of one per
+# primitive eagerly.
 schur_products = jax.jit(ipm._schur_products, static_argnums=(3, 4))
 column_sums = jax.jit(ipm._column_sums, static_argnums=(1, 2))
 
