@@ -78,8 +78,7 @@ def test_kill_and_resume_matches_uninterrupted_run(tmp_path, caplog):
   assert [r['step'] for r in records if r['split'] == 'eval'] == [STEPS]
 
   reference = str(tmp_path / 'reference')
-  trainer.train_and_evaluate(helpers.small_config('router=topk', **OVERRIDES), reference,
-                             devices=jax.devices()[:1])
+  trainer.train_and_evaluate(config, reference, devices=jax.devices()[:1])
   got, got_step = checkpoints.restore_params(killed)
   want, want_step = checkpoints.restore_params(reference)
   assert got_step == want_step == STEPS
