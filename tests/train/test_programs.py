@@ -43,6 +43,35 @@ def test_key_leaves_out_what_only_drives_the_loop():
   assert key != programs.run_key(small_config(batch_size=32), mesh)
 
 
+def test_partial_keys_hold_only_what_their_functions_are_built_from():
+  mesh = _mesh(jax.devices()[:1])
+
+  def key(only, **overrides):
+    return programs.run_key(small_config(**overrides), mesh, only=only)
+
+  init, evaluation = programs.INIT_FROM, programs.EVAL_FROM
+  # Another loss, batch, logging interval, label smoothing or learning rate
+  # trains with another step, from the same initial state.
+  for other in (dict(loss__name='sigmoid_xent'), dict(batch_size=32), dict(log_every_steps=1),
+                dict(label_smoothing=0.1), dict(eval_batch_size=32),
+                dict(schedule__peak_value=1e-2), dict(train_steps=50, schedule__decay_steps=None)):
+    assert key(init, **other) == key(init), other
+  for other in (dict(seed=1), dict(model__hidden_size=48), dict(dataset__image_size=32),
+                dict(dataset__channels=3), dict(optimizer__b2=0.99),
+                dict(optimizer__name='sgd')):
+    assert key(init, **other) != key(init), other
+  # The evaluation step: the model and the loss only.
+  for other in (dict(seed=1), dict(schedule__peak_value=1e-2), dict(optimizer__name='sgd'),
+                dict(batch_size=32), dict(eval_batch_size=32)):
+    assert key(evaluation, **other) == key(evaluation), other
+  for other in (dict(loss__name='sigmoid_xent'), dict(model__encoder__num_layers=4)):
+    assert key(evaluation, **other) != key(evaluation), other
+  # The mesh alone; a partial key is never a whole run's.
+  assert key((), seed=1, model__hidden_size=48) == key(())
+  assert key((), seed=1) != programs.run_key(small_config(), _mesh(jax.devices()[1:2]), only=())
+  assert key(init) != programs.run_key(small_config(), mesh)
+
+
 def test_get_builds_once_per_key_and_name_and_keeps_the_latest_keys():
   programs.clear()
   built = []
@@ -54,7 +83,7 @@ def test_get_builds_once_per_key_and_name_and_keeps_the_latest_keys():
     return make
 
   mesh = _mesh(jax.devices()[:1])
-  keys = [programs.run_key(small_config(seed=s), mesh) for s in range(programs.MAX_RUNS + 1)]
+  keys = [programs.run_key(small_config(seed=s), mesh) for s in range(programs.MAX_KEYS + 1)]
   assert programs.get(keys[0], 'step', build('a')) == 'a'
   assert programs.get(keys[0], 'step', build('b')) == 'a'      # kept
   assert programs.get(keys[0], 'eval', build('c')) == 'c'      # another name
@@ -64,7 +93,7 @@ def test_get_builds_once_per_key_and_name_and_keeps_the_latest_keys():
     programs.get(key, 'step', build('e'))
   assert programs.get(keys[1], 'step', build('f')) == 'f'      # ...keys[1] went first
   assert programs.get(keys[0], 'step', build('g')) == 'g'
-  assert built == ['a', 'c', 'd'] + ['e'] * (programs.MAX_RUNS - 1) + ['f', 'g']
+  assert built == ['a', 'c', 'd'] + ['e'] * (programs.MAX_KEYS - 1) + ['f', 'g']
   programs.clear()
   assert programs.get(keys[0], 'step', build('h')) == 'h'
   programs.clear()

@@ -11,6 +11,7 @@ import pytest
 from vmoe_sparse_ot.train import checkpoints
 from vmoe_sparse_ot.train import errors
 from vmoe_sparse_ot.train import trainer
+from tests import compile_profile
 from tests.train.helpers import small_config
 
 # The tiny config's own router (sparse_ot) on an MNIST subset.
@@ -91,8 +92,15 @@ def test_logged_metrics_are_interval_means_of_the_per_step_values(tmp_path):
   assert sorted(per_step) == list(range(1, 10))
   overrides['log_every_steps'] = 4
   interval = str(tmp_path / 'interval')
-  trainer.train_and_evaluate(small_config('router=topk', **overrides), interval,
-                             devices=jax.devices()[:1])
+  compiles = []
+  with compile_profile.counting_compiles(compiles):
+    trainer.train_and_evaluate(small_config('router=topk', **overrides), interval,
+                               devices=jax.devices()[:1])
+  # Two programs of its own: the train step and the empty metrics buffer (both
+  # sized by the interval). The initial state, the eval step and the
+  # finiteness check are the first run's (train.programs' partial keys); the
+  # equal step-1 values below show both runs start from the same state.
+  assert len(compiles) == 2, compiles
   logged = {r['step']: r for r in _records(interval) if r['split'] == 'train'}
   assert sorted(logged) == [1, 4, 8, 9]
   for step, steps in ((1, [1]), (4, [2, 3, 4]), (8, [5, 6, 7, 8]), (9, [9])):

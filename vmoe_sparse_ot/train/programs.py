@@ -17,8 +17,17 @@ Left out are the entries that only drive the loop around the functions
 (`LOOP_ONLY`: how many steps, when to checkpoint, evaluate or run few-shot):
 `train_steps` is keyed through the schedule it resolves (a decay that runs
 until the last step), so a longer run of the same schedule, or one that
-checkpoints more often, reuses the programs. At most `MAX_RUNS` keys are kept,
-the least recently used dropped first.
+checkpoints more often, reuses the programs.
+
+Some functions are built from less than the whole config, and are kept under
+a key of only that (`run_key(..., only=...)`): the initializing programs and
+abstract shapes (`INIT_FROM`: the model, its input shape, the optimizer and
+the seed), the evaluation step (`EVAL_FROM`: the model and the
+loss) and the finiteness check of the state (`only=()`: the mesh alone). A
+run that differs elsewhere -- another learning rate, batch size, loss or
+logging interval (each its own train step) -- reuses them: in a sweep over
+learning rates in one process, each run compiles its train step only. At
+most `MAX_KEYS` keys are kept, the least recently used dropped first.
 """
 from __future__ import annotations
 
@@ -30,25 +39,43 @@ import jax
 
 from vmoe_sparse_ot.train import optimizer as optimizer_lib
 
-MAX_RUNS = 4
+# Four runs' keys: the whole run's and the three of `only` (init, eval, mesh).
+MAX_KEYS = 16
 # Config entries no kept function is built from (the trainer's loop reads them;
 # few-shot evaluators are built per run, outside this cache).
 LOOP_ONLY = ('train_steps', 'checkpoint', 'eval_every_steps', 'fewshot')
+# What the initializing programs (params, model state, optimizer state) and
+# the abstract shapes are built from: dotted config paths. Not the schedule:
+# the optimizer state starts from a step count, whatever the learning rates
+# (tests/train/test_optimizer.py checks it for each optimizer).
+INIT_FROM = ('model', 'dataset.image_size', 'dataset.channels', 'optimizer', 'seed')
+# What the evaluation step is built from (the eval batch's shape is the
+# input's: jit compiles per shape).
+EVAL_FROM = ('model', 'loss')
 _runs: collections.OrderedDict[Hashable, dict[str, Any]] = collections.OrderedDict()
 
 
-def run_key(config, mesh, components: tuple = ()) -> tuple:
+def run_key(config, mesh, components: tuple = (), only: tuple[str, ...] | None = None) -> tuple:
   """The key of a run: `config` resolved to JSON (an object JSON cannot write
   is keyed by its repr, which names its address: never shared) less
   `LOOP_ONLY`, with its schedule resolved for `train_steps`; the mesh's device
   ids, axis names and sizes, the process count, and `components` (the objects
-  the config names, by identity)."""
+  the config names, by identity). only: the key of a function built from these
+  dotted config paths alone (`INIT_FROM`, `EVAL_FROM`; () for the mesh alone)."""
   built_from = {k: v for k, v in config.to_dict().items() if k not in LOOP_ONLY}
   built_from['schedule'] = optimizer_lib.resolved_schedule(config.schedule,
                                                            config.train_steps)
+  if only is not None:
+    built_from = {path: _lookup(built_from, path) for path in only}
   return (json.dumps(built_from, sort_keys=True, default=repr),
           tuple(int(d.id) for d in mesh.devices.flat), tuple(dict(mesh.shape).items()),
           jax.process_count(), tuple(id(c) for c in components), _Held(components))
+
+
+def _lookup(tree: dict, path: str) -> Any:
+  for name in path.split('.'):
+    tree = tree[name]
+  return tree
 
 
 class _Held:
@@ -71,7 +98,7 @@ def get(key: Hashable, name: str, build: Callable[[], Any]) -> Any:
     # The key names its components by id and holds them (`_Held`), so no
     # other object can take those ids while the entry exists.
     functions = _runs[key] = {}
-    while len(_runs) > MAX_RUNS:
+    while len(_runs) > MAX_KEYS:
       _runs.popitem(last=False)
   else:
     _runs.move_to_end(key)

@@ -276,8 +276,15 @@ def _train_and_evaluate(config, workdir, model, devices, allow_schedule_change):
   mesh = partitioning.make_mesh(config.mesh, devices, num_experts)
   # This run's jitted functions are those of an earlier run in this process
   # with the same config and mesh (`train.programs`): nothing retraced.
-  run_key = programs.run_key(config, mesh, (type(model), nn.routers.ROUTERS.get(
-      config.model.encoder.moe.router.name), losses_lib.get(config.loss.name)))
+  model_parts = (type(model), nn.routers.ROUTERS.get(config.model.encoder.moe.router.name))
+  loss_fn = losses_lib.get(config.loss.name)
+  run_key = programs.run_key(config, mesh, model_parts + (loss_fn,))
+  # The functions built from less than the whole config: shared with runs
+  # that differ only elsewhere (`train.programs`).
+  keys = {'init': programs.run_key(config, mesh, model_parts, only=programs.INIT_FROM),
+          'eval': programs.run_key(config, mesh, model_parts + (loss_fn,),
+                                   only=programs.EVAL_FROM),
+          'mesh': programs.run_key(config, mesh, only=()), 'run': run_key}
   batch_size = _per_process(config.batch_size, 'batch_size', mesh.size)
   eval_batch_size = _per_process(config.eval_batch_size, 'eval_batch_size', mesh.size)
   ds_cfg = config.dataset
@@ -297,7 +304,7 @@ def _train_and_evaluate(config, workdir, model, devices, allow_schedule_change):
   init_params = lambda key: init_variables(key)[0]
 
   schedule = optimizer_lib.make_schedule(config.schedule, int(config.train_steps))
-  abstract_params = programs.get(run_key, 'abstract_params',
+  abstract_params = programs.get(keys['init'], 'abstract_params',
                                  lambda: jax.eval_shape(init_params, init_key))
   tx = optimizer_lib.make_optimizer(config.optimizer, schedule, abstract_params)
   frozen = optimizer_lib.frozen_names(abstract_params, config.optimizer.freeze)
@@ -309,7 +316,8 @@ def _train_and_evaluate(config, workdir, model, devices, allow_schedule_change):
     params, model_state = init_variables(init_key)
     return state_lib.create(params, tx, root_key, model_state)
 
-  abstract_state = programs.get(run_key, 'abstract_state', lambda: jax.eval_shape(init_state))
+  abstract_state = programs.get(keys['init'], 'abstract_state',
+                                lambda: jax.eval_shape(init_state))
   state_sharding = state_lib.shardings_on_mesh(mesh, tx, abstract_state)
   params_sharding = state_sharding.params
 
@@ -330,20 +338,20 @@ def _train_and_evaluate(config, workdir, model, devices, allow_schedule_change):
                                   check_meta)
       if state is None:
         if config.initialization.path is None:
-          state = programs.get(run_key, 'init_state', lambda: jax.jit(
+          state = programs.get(keys['init'], 'init_state', lambda: jax.jit(
               init_state, out_shardings=state_sharding))()
         else:
           # Jitted: eagerly, model.init compiles each of its ops on its own
           # (the tiny test model: ~100 small programs, several seconds).
           params = initialization.initialize_sharded(
-              programs.get(run_key, 'init_params', lambda: jax.jit(init_params))(init_key),
+              programs.get(keys['init'], 'init_params', lambda: jax.jit(init_params))(init_key),
               config.initialization, params_sharding,
               num_prefix_tokens=int(config.model.classifier == 'token'),
               log=lambda line: logging.info('%s', line))
           # Router state (topk_bias's bias) is not in the source: it starts fresh.
-          model_state = programs.get(run_key, 'init_model_state', lambda: jax.jit(
+          model_state = programs.get(keys['init'], 'init_model_state', lambda: jax.jit(
               lambda: init_variables(init_key)[1]))()
-          state = programs.get(run_key, 'create_state', lambda: jax.jit(
+          state = programs.get(keys['init'], 'create_state', lambda: jax.jit(
               lambda p, m: state_lib.create(p, tx, root_key, m),
               out_shardings=state_sharding))(params, model_state)
         start_step = 0
@@ -353,7 +361,7 @@ def _train_and_evaluate(config, workdir, model, devices, allow_schedule_change):
         if changes:
           logging.warning('Resuming with a changed schedule (allowed): %s', '; '.join(changes))
       summary = _train_loop(config, workdir, model, mesh, tx, schedule, ckpt, state,
-                            start_step, run_key=run_key, meta=meta, state_sharding=state_sharding,
+                            start_step, keys=keys, meta=meta, state_sharding=state_sharding,
                             batch_sizes=(batch_size, eval_batch_size))
     failed = False
     return summary
@@ -364,9 +372,11 @@ def _train_and_evaluate(config, workdir, model, devices, allow_schedule_change):
 
 
 def _train_loop(config, workdir, model, mesh, tx, schedule, ckpt, state, start_step, *,
-                run_key, meta, state_sharding, batch_sizes):
+                keys, meta, state_sharding, batch_sizes):
   """Steps `start_step + 1 .. train_steps`, each followed by the periodic actions.
-  run_key: the run's `programs.run_key`."""
+  keys: the `programs.run_key`s of the run ('run') and of the functions built from
+  less ('init', 'eval', 'mesh')."""
+  run_key = keys['run']
   batch_size, eval_batch_size = batch_sizes
   train_steps = int(config.train_steps)
   ds_cfg = config.dataset
@@ -382,7 +392,7 @@ def _train_loop(config, workdir, model, mesh, tx, schedule, ckpt, state, start_s
   if start_step == 0:
     writer.write_hparams({k: v for k, v in config_lib.flatten(config.to_dict()).items()
                           if isinstance(v, (int, float, str, bool))})
-  eval_step = programs.get(run_key, 'eval_step', lambda: jax.jit(
+  eval_step = programs.get(keys['eval'], 'eval_step', lambda: jax.jit(
       make_eval_step(model, config.loss.name),
       in_shardings=(state_sharding.params, batch_sharding, state_sharding.model_state),
       out_shardings=replicated))
@@ -422,7 +432,8 @@ def _train_loop(config, workdir, model, mesh, tx, schedule, ckpt, state, start_s
           every_steps=int(config.log_every_steps), batch_size=int(config.batch_size),
           learning_rate=schedule, writer=writer, last_good=ckpt.last_good)
       actions = _periodic_actions(config, writer, ckpt, meta, progress, run_eval, eval_sets,
-                                  _make_fewshot(config, model, mesh, writer), replicated, run_key)
+                                  _make_fewshot(config, model, mesh, writer), replicated,
+                                  keys['mesh'])
       metrics = empty_metrics()
       for step in range(start_step + 1, train_steps + 1):
         with jax.profiler.StepTraceAnnotation('train', step_num=step):
@@ -455,7 +466,7 @@ def _train_loop(config, workdir, model, mesh, tx, schedule, ckpt, state, start_s
 
 
 def _periodic_actions(config, writer, ckpt, meta, progress, run_eval, eval_sets, fewshot,
-                      replicated, run_key):
+                      replicated, mesh_key):
   """Checkpoint, evaluation and few-shot as clu PeriodicCallbacks.
 
   Each is called after every step as `action(step, state=..., metrics=...)`; the
@@ -463,7 +474,7 @@ def _periodic_actions(config, writer, ckpt, meta, progress, run_eval, eval_sets,
   {eval set name: result} (`train.evaluation`).
   """
   train_steps = int(config.train_steps)
-  all_finite = programs.get(run_key, 'all_finite', lambda: jax.jit(
+  all_finite = programs.get(mesh_key, 'all_finite', lambda: jax.jit(
       state_lib.all_finite, out_shardings=replicated))
 
   def save_checkpoint(step, t, state, metrics):
