@@ -107,6 +107,11 @@ def get(key: Hashable, name: str, build: Callable[[], Any]) -> Any:
   return functions[name]
 
 
+def has(key: Hashable, name: str) -> bool:
+  """Whether `get(key, name, ...)` would return a kept value (build nothing)."""
+  return name in _runs.get(key, {})
+
+
 def clear() -> None:
   """Forgets every kept function (their compiled programs go with them)."""
   _runs.clear()

@@ -5,8 +5,9 @@ checkpoint is saved): fetching them waits for the device, every other step runs
 ahead asynchronously.
 
 Timing excludes compilation: the first step of a run (or of a resumed run) gets
-its own line, "compiled and ran in Xs", as soon as it finishes; steps/s and the
-ETA count only the steps after it, and not the time spent in evaluation,
+its own line, "compiled and ran in Xs" ("ran in Xs (already compiled)" where an
+earlier run in this process compiled the step), as soon as it finishes; steps/s
+and the ETA count only the steps after it, and not the time spent in evaluation,
 few-shot or checkpoint waits (`paused()`).
 """
 from __future__ import annotations
@@ -41,13 +42,14 @@ class ProgressLogger:
 
   def __init__(self, *, first_step: int, total_steps: int, every_steps: int,
                batch_size: int, learning_rate: Callable[[int], Any], writer,
-               last_good: Callable[[int], str]):
+               last_good: Callable[[int], str], compiles: bool = True):
     self.first_step, self.total_steps = first_step, total_steps
     self.every_steps, self.batch_size = every_steps, batch_size
     self._learning_rate, self._writer, self._last_good = learning_rate, writer, last_good
     self._start = time.monotonic()
     self._paused = 0.0  # Seconds spent paused since the start.
     self._compiled = False  # Whether the first (compiling) step was reported.
+    self._compiles = compiles  # Whether that step compiles its program (not kept from before).
     self._last_time, self._last_step = 0.0, first_step - 1
     self.history: list[tuple[int, float]] = []  # (step, mean loss of the interval).
     self.losses: list[float] = []  # Every step's loss.
@@ -102,8 +104,9 @@ class ProgressLogger:
       self._compiled = True
       self._writer.write_scalars(step, scalars)
       if jax.process_index() == 0:
-        logging.info('step %d/%d: compiled and ran in %.1fs; loss %.4f, accuracy %.3f; '
-                     'lr %.2e', step, self.total_steps, elapsed, means['loss'],
+        logging.info('step %d/%d: %s in %.1fs%s; loss %.4f, accuracy %.3f; lr %.2e', step,
+                     self.total_steps, 'compiled and ran' if self._compiles else 'ran', elapsed,
+                     '' if self._compiles else ' (already compiled)', means['loss'],
                      means['accuracy'], learning_rate)
       return
     self.steady_steps += num_steps

@@ -424,13 +424,15 @@ def _train_loop(config, workdir, model, mesh, tx, schedule, ckpt, state, start_s
       empty_metrics = programs.get(run_key, 'empty_metrics', lambda: jax.jit(
           lambda: metrics_lib.TrainMetrics.empty(names, int(config.log_every_steps)),
           out_shardings=replicated))
+      compiles = not programs.has(run_key, 'train_step')
       train_step = programs.get(run_key, 'train_step', lambda: jax.jit(
           with_metrics(step_fn), in_shardings=(state_sharding, batch_sharding, replicated),
           out_shardings=(state_sharding, replicated), donate_argnums=(0, 2)))
       progress = progress_lib.ProgressLogger(
           first_step=start_step + 1, total_steps=train_steps,
           every_steps=int(config.log_every_steps), batch_size=int(config.batch_size),
-          learning_rate=schedule, writer=writer, last_good=ckpt.last_good)
+          learning_rate=schedule, writer=writer, last_good=ckpt.last_good,
+          compiles=compiles)
       actions = _periodic_actions(config, writer, ckpt, meta, progress, run_eval, eval_sets,
                                   _make_fewshot(config, model, mesh, writer), replicated,
                                   keys['mesh'])
