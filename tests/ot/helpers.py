@@ -7,12 +7,16 @@ import jax
 import numpy as np
 
 from vmoe_sparse_ot import ot
+from vmoe_sparse_ot.ot import selection
 
 # The objectives, jitted once for every OT test file (the regularizer a pytree
 # argument): called eagerly, each primitive inside compiles on its own, per shape.
 semi_dual_objective = jax.jit(ot.semi_dual_objective)
 dual_objective = jax.jit(ot.dual_objective)
 primal_objective = jax.jit(ot.primal_objective)
+# Likewise the simplex threshold (axis static) and densify (m and axis static).
+simplex_threshold = jax.jit(ot.simplex_threshold, static_argnames="axis")
+densify = jax.jit(selection.densify, static_argnames=("m", "axis"))
 
 
 def pot():
@@ -53,7 +57,6 @@ def supports(m, k):
 
 def force_kernel(monkeypatch, kernel: str):
   """Makes every top-k selection use `kernel` ("radix" or "passes"), along any axis."""
-  from vmoe_sparse_ot.ot import selection
   threshold = 1 if kernel == "radix" else 10 ** 9
   for table in ("_RADIX_MIN_K", "_RADIX_MIN_K_MINOR"):
     monkeypatch.setattr(selection, table, {4: threshold, 8: threshold})

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from tests.ot.helpers import force_kernel, supports
+from tests.ot.helpers import densify, force_kernel, simplex_threshold, supports
 from vmoe_sparse_ot import ot
 from vmoe_sparse_ot.ot import projections, selection
 
@@ -20,10 +20,8 @@ _conj_plus = jax.jit(lambda reg, s, axis: reg.conj_plus(s, axis), static_argnums
 _projection_simplex = jax.jit(ot.projection_simplex, static_argnames="axis")
 _projection_sparse_simplex = jax.jit(ot.projection_sparse_simplex, static_argnames=("k", "axis"))
 _projection_sparse_nonneg = jax.jit(ot.projection_sparse_nonneg, static_argnames=("k", "axis"))
-_simplex_threshold = jax.jit(ot.simplex_threshold, static_argnames="axis")
 _folded_lower_bound = jax.jit(projections._folded_lower_bound, static_argnums=2)
 _sparse_simplex_topk = jax.jit(projections.sparse_simplex_topk, static_argnames=("k", "axis"))
-_densify = jax.jit(selection.densify, static_argnames=("m", "axis"))
 _squared_k_support_norm = jax.jit(ot.squared_k_support_norm, static_argnames=("k", "axis"))
 # Only under force_kernel(monkeypatch, "radix"): the kernel is chosen when
 # tracing and jit's cache does not see the patched tables, so these programs
@@ -184,7 +182,7 @@ def test_compact_sparse_simplex_equals_the_dense_projection(k):
   x = rng.randn(9, 5)
   b = rng.rand(5) + 0.2
   sp = _sparse_simplex_topk(jnp.asarray(x), k, jnp.asarray(b), axis=0)
-  dense = np.asarray(_densify(sp.values, sp.indices, 9, axis=0))
+  dense = np.asarray(densify(sp.values, sp.indices, 9, axis=0))
   count, sum_sq, tau = np.asarray(sp.count), np.asarray(sp.sum_sq), np.asarray(sp.tau)
   for j in range(5):
     _, t_ref = brute_sparse_simplex(x[:, j], k, b[j])
@@ -256,7 +254,7 @@ def test_psi_is_the_biconjugate_on_the_simplex():
 
 def test_simplex_threshold_with_mask_and_zero_mass():
   x = np.asarray([[0.5, -1.0, 2.0, 0.1]]).T
-  tau = np.asarray(_simplex_threshold(jnp.asarray(x), jnp.asarray([0.0]), axis=0))
+  tau = np.asarray(simplex_threshold(jnp.asarray(x), jnp.asarray([0.0]), axis=0))
   assert float(np.sum(np.maximum(x - tau, 0))) == pytest.approx(0.0, abs=1e-12)
   v, t, _ = _conj_simplex(ot.SparsityConstrained(2, 1.0), jnp.asarray(x), jnp.asarray([0.0]), 0)
   np.testing.assert_allclose(np.asarray(t), 0.0)
@@ -279,7 +277,7 @@ def test_folded_michelot_threshold_against_sorting(dtype, m):
   x[3, ::3] = -np.inf
   b = np.array([1.0, 0.5, 2.0, 0.0, 10.0, 1e3], dtype)
   xj, bj = jnp.asarray(x), jnp.asarray(b[:, None])
-  tau = np.asarray(_simplex_threshold(xj, bj, axis=1))[:, 0]
+  tau = np.asarray(simplex_threshold(xj, bj, axis=1))[:, 0]
   lower = np.asarray(_folded_lower_bound(xj, bj, 1))[:, 0]
   rtol = 1e-12 if dtype == np.float64 else 2e-6
   for i in range(6):

@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from tests.ot.helpers import force_kernel, problem
+from tests.ot.helpers import densify, force_kernel, problem
 from vmoe_sparse_ot import ot
 from vmoe_sparse_ot.ot import objectives, optim, selection, solvers
 
@@ -29,7 +29,6 @@ _top_k_mask = jax.jit(selection.top_k_mask, static_argnames=("k", "axis"))
 _order_keys = jax.jit(selection._order_keys)
 _kth_largest_key = jax.jit(selection.kth_largest_key, static_argnums=(1, 2))
 _select_key = jax.jit(selection._select_key, static_argnames=("k", "axis", "early_exit"))
-_densify = jax.jit(selection.densify, static_argnames=("m", "axis"))
 
 
 def lax_mask(x, k, axis):
@@ -360,7 +359,7 @@ def test_top_k_without_x64_matches_lax_top_k_with_ties():
 def test_densify_places_values_at_indices():
   vals = jnp.asarray([[1.5, -2.0], [0.0, 4.0]])          # k = 2 along axis 0, n = 2
   idx = jnp.asarray([[3, 0], [1, 2]], jnp.int32)
-  out = _densify(vals, idx, 5, axis=0)
+  out = densify(vals, idx, 5, axis=0)
   expect = np.zeros((5, 2))
   expect[3, 0], expect[1, 0], expect[0, 1], expect[2, 1] = 1.5, 0.0, -2.0, 4.0
   np.testing.assert_array_equal(np.asarray(out), expect)
