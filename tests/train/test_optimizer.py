@@ -188,8 +188,7 @@ def test_initial_state_does_not_depend_on_the_schedule(name):
   # them. That holds while the optimizer state starts from the step count alone,
   # never from a learning rate (as optax.inject_hyperparams would store).
   params = {'dense': {'kernel': np.ones((4, 3), np.float32), 'bias': np.zeros(3, np.float32)}}
-  config = config_lib.load_config_file('configs/vmoe_tiny_mnist.py').optimizer.to_dict()
-  config.update(name=name, gradient_clip_norm=1.0, weight_decay=0.1)
+  config = _cfg(name=name, gradient_clip_norm=1.0, weight_decay=0.1)
   states = []
   for schedule in (dict(name='warmup_cosine_decay', peak_value=3e-3, end_value=1e-5,
                         warmup_steps=5, decay_steps=100),
