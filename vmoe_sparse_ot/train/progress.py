@@ -104,10 +104,10 @@ class ProgressLogger:
       self._compiled = True
       self._writer.write_scalars(step, scalars)
       if jax.process_index() == 0:
-        logging.info('step %d/%d: %s in %.1fs%s; loss %.4f, accuracy %.3f; lr %.2e', step,
-                     self.total_steps, 'compiled and ran' if self._compiles else 'ran', elapsed,
-                     '' if self._compiles else ' (already compiled)', means['loss'],
-                     means['accuracy'], learning_rate)
+        ran = (f'compiled and ran in {elapsed:.1f}s' if self._compiles
+               else f'ran in {elapsed:.1f}s (already compiled)')
+        logging.info('step %d/%d: %s; loss %.4f, accuracy %.3f; lr %.2e', step,
+                     self.total_steps, ran, means['loss'], means['accuracy'], learning_rate)
       return
     self.steady_steps += num_steps
     self.steady_seconds += elapsed
