@@ -35,10 +35,9 @@ from vmoe_sparse_ot.train import config as config_lib
 IMAGE_SIZE, PATCH, BATCH_SIZE = 384, 16, 1024
 
 
-def pp_strings(image_size: int) -> tuple[str, str]:
-  """The reference's training and evaluation preprocessing at `image_size`."""
-  return (f'decode_jpeg_and_inception_crop({image_size})|flip_lr|value_range(-1, 1)',
-          f'decode|resize({image_size})|value_range(-1, 1)')
+# The reference's training and evaluation preprocessing; they follow dataset.image_size.
+PP_TRAIN = 'decode_jpeg_and_inception_crop({image_size})|flip_lr|value_range(-1, 1)'
+PP_EVAL = 'decode|resize({image_size})|value_range(-1, 1)'
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
@@ -57,7 +56,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   d = config.dataset
   d.name, d.train_split, d.eval_split = 'imagenet2012', 'train[:99%]', 'validation'
   d.image_size, d.channels = IMAGE_SIZE, 3
-  d.pp_train, d.pp_eval = pp_strings(IMAGE_SIZE)
+  d.pp_train = config_lib.pp_template(d, PP_TRAIN)
+  d.pp_eval = config_lib.pp_template(d, PP_EVAL)
   d.shuffle_buffer, d.data_dir = 50_000, args.data_dir or None
   config.initialization.path = args.init or None
   config.batch_size = config.eval_batch_size = BATCH_SIZE

@@ -35,9 +35,12 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config.dataset.eval_split = 'test'
   config.dataset.image_size = 28
   config.dataset.channels = 1
-  # No augmentation: the images as stored, values to [-1, 1] (docs/PREPROCESSING.md).
-  config.dataset.pp_train = 'decode(channels=1)|value_range(-1, 1)'
-  config.dataset.pp_eval = 'decode(channels=1)|value_range(-1, 1)'
+  # No augmentation: the images at image_size (resizing 28 px MNIST to 28 changes
+  # nothing), values to [-1, 1] (docs/PREPROCESSING.md). The strings follow
+  # dataset.image_size and channels: set those, and the resize follows.
+  pp = 'decode(channels={channels})|resize({image_size})|value_range(-1, 1)'
+  config.dataset.pp_train = config_lib.pp_template(config.dataset, pp)
+  config.dataset.pp_eval = config_lib.pp_template(config.dataset, pp)
   config.batch_size = 128
   config.eval_batch_size = 500
   config.train_steps = args.steps

@@ -29,6 +29,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 # the gaps at the end, instead of one worker finishing a long file alone. Files
 # not listed follow in collection order.
 SLOWEST_FIRST = (
+    "tests/experiments/test_all.py",
+    "tests/test_docs.py",
     "tests/train/test_trainer.py",
     "tests/train/test_routers.py",
     "tests/train/test_multiprocess.py",
@@ -43,6 +45,7 @@ SLOWEST_FIRST = (
     "tests/ot/test_interior_point.py",
     "tests/experiments/test_router_study.py",
     "tests/train/test_initialization.py",
+    "tests/experiments/test_upcycle_finetune.py",
     "tests/experiments/test_mnist_clustering.py",
     "tests/nn/test_vit.py",
     "tests/test_plot.py",

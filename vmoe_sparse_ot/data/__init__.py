@@ -2,7 +2,7 @@
 
 Public API (docs/ARCHITECTURE.md): `make_dataset`, `num_classes`; also
 `num_examples`, `check_dataset` (exists, with these splits?), `check_pp` (does a
-pp string give the model's input?), `trace_pp` (its output entries), `to_global`
+pp string give the model's input?), `trace_pp` (its output entries), `image_shape` (of the stored images), `to_global`
 (per-process batch -> global jax.Array), `get_builder` and `default_data_dir`.
 
 Attributes load on first use (PEP 562), so `python -m vmoe_sparse_ot.data --help`
@@ -20,6 +20,7 @@ _ATTRIBUTES = {
     'check_dataset': 'vmoe_sparse_ot.data.pipeline',
     'check_pp': 'vmoe_sparse_ot.data.pipeline',
     'get_builder': 'vmoe_sparse_ot.data.pipeline',
+    'image_shape': 'vmoe_sparse_ot.data.pipeline',
     'label_shape': 'vmoe_sparse_ot.data.pipeline',
     'make_dataset': 'vmoe_sparse_ot.data.pipeline',
     'num_classes': 'vmoe_sparse_ot.data.pipeline',

@@ -181,13 +181,25 @@ def _finish(example: dict[str, Any], *, image_size: int, channels: int,
   return example
 
 
+def image_shape(name: str, data_dir: str | None = None) -> tuple[int | None, ...]:
+  """(H, W, C) of the images stored in dataset `name`, from its TFDS info; None varies."""
+  if name in embedded.BUILDERS:
+    data_dir = data_dir or embedded.default_data_dir()
+  return tuple(get_builder(name, data_dir).info.features['image'].shape)
+
+
 def trace_pp(pp: str, *, training: bool, image_size: int, channels: int,
-             label_shape: Sequence[int | None] = ()) -> dict[str, tf.TensorSpec]:
+             label_shape: Sequence[int | None] = (),
+             stored_shape: Sequence[int | None] | None = None) -> dict[str, tf.TensorSpec]:
   """The output entries of `pp` traced on an encoded image and a label, without data.
 
   `label_shape`: () for one integer class per example, (None,) for a sequence of
-  them (multi-label). Raises ValueError (one line) when `pp` does not build or its
-  'image' is not float32 (image_size, image_size, channels).
+  them (multi-label). `stored_shape`: (H, W, C) of the dataset's stored images
+  (`image_shape`), when known: the pp then also runs once on a blank image of that
+  shape, so that an output of another size is caught here (a pp string without a
+  resize, say) rather than after the model compiled. Raises ValueError (one line)
+  when `pp` does not build or its 'image' is not float32 (image_size, image_size,
+  channels); a size mismatch names both sizes and the op to add.
   """
   preprocess = pp_lib.build(pp, training=training)
   spec = {'image': tf.TensorSpec([], tf.string),
@@ -195,11 +207,48 @@ def trace_pp(pp: str, *, training: bool, image_size: int, channels: int,
   if training:
     spec[pp_lib.SEED_KEY] = tf.TensorSpec([2], tf.int64)
 
+  traced_image = []
+
   def run(example):
-    return _finish(preprocess(example), image_size=image_size, channels=channels, pp=pp)
+    example = preprocess(example)
+    traced_image.append(example.get('image'))
+    return _finish(example, image_size=image_size, channels=channels, pp=pp)
 
   out = tf.function(run, autograph=False).get_concrete_function(spec).structured_outputs
+  want = (image_size, image_size, channels)
+  varying = not traced_image[0].shape.is_fully_defined()
+  if stored_shape is not None and all(isinstance(d, int) for d in stored_shape):
+    got = tuple(preprocess(_blank_example(stored_shape, label_shape, training))['image'].shape)
+    if got != want:
+      raise ValueError(_size_problem(pp, got, want, f'stored {tuple(stored_shape)} images'))
+  elif varying and stored_shape is not None:
+    raise ValueError(_size_problem(pp, tuple(traced_image[0].shape), want,
+                                   f'stored images of varying size {tuple(stored_shape)}'))
   return {k: tf.TensorSpec(v.shape, v.dtype) for k, v in out.items()}
+
+
+def _blank_example(stored_shape, label_shape, training: bool) -> dict[str, tf.Tensor]:
+  """One example as the pipeline reads it: a black PNG of `stored_shape`, label 0."""
+  image = tf.io.encode_png(tf.zeros(stored_shape, tf.uint8))
+  label = tf.zeros([1 if d is None else d for d in label_shape], tf.int64)
+  example = {'image': image, 'label': label}
+  if training:
+    example[pp_lib.SEED_KEY] = tf.constant([0, 0], tf.int64)
+  return example
+
+
+def _size_problem(pp: str, got: tuple, want: tuple, source: str) -> str:
+  """One line: the pp's image size, the model's, and the op that makes them agree."""
+  calls = pp_lib.parse(pp)
+  decode_at = next((i for i, c in enumerate(calls) if c.name.startswith('decode')), None)
+  texts = [c.text for c in calls]
+  # (The channels are static after decode: a wrong count fails in `_finish` already.)
+  at = 0 if decode_at is None else decode_at + 1
+  fixed = '|'.join(texts[:at] + [f'resize({want[0]})'] + texts[at:])
+  after = f' after {texts[decode_at]}' if decode_at is not None else ''
+  fix = f'add resize({want[0]}){after}: {fixed!r}'
+  return (f"pp {pp!r} gives 'image' of shape {got} from the dataset's {source}; the model "
+          f'reads {want} (image_size={want[0]}, channels={want[2]}): {fix}')
 
 
 def check_pp(pp: str, *, training: bool, image_size: int, channels: int) -> None:

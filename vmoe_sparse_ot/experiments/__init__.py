@@ -39,6 +39,27 @@ NAMES = (
 DEFAULT_OUT = 'experiments_out'
 SEED = 0
 
+# `--quick` runs of the experiments that train: the tiny MNIST V-MoE shrunk
+# further (2 blocks, one of them MoE with 4 experts, D=32) on a slice of the data,
+# so that a quick run takes seconds per model. It checks the workflow, not the numbers.
+QUICK_MODEL = {
+    'model.hidden_size': 32,
+    'model.encoder.num_layers': 2,
+    'model.encoder.num_heads': 2,
+    'model.encoder.mlp_dim': 64,
+    'model.encoder.moe.num_experts': 4,
+    'model.encoder.moe.group_size': 32,
+    'dataset.train_split': 'train[:4096]',
+    'dataset.shuffle_buffer': 1024,
+    'batch_size': 16,
+}
+
+
+def shrink_for_quick(config) -> None:
+  """Applies QUICK_MODEL to a tiny-MNIST-based `config` (in place)."""
+  with config.unlocked():
+    config.update_from_flattened_dict(QUICK_MODEL)
+
 
 def check_name(name: str) -> str:
   """Returns `name` if it is an experiment; ValueError listing the names otherwise."""

@@ -102,10 +102,12 @@ def make_config(router: str, steps: int, seed: int, *, quick: bool):
       k = router_config.num_selected_experts if router in EXPERT_CHOICE else 1
       router_config.capacity_factor = CAPACITY_FACTOR * k
     if quick:
-      config.batch_size = 16
       config.eval_batch_size = 200  # A multiple of 8 (the tests' fake devices).
       config.dataset.eval_split = 'test[:500]'
       config.fewshot.seeds = (0,)
+  if quick:
+    from vmoe_sparse_ot import experiments  # pylint: disable=g-import-not-at-top
+    experiments.shrink_for_quick(config)
   return config
 
 

@@ -37,13 +37,19 @@ EVALS = ((1.0, False), (1.0, True), (0.5, False), (0.5, True))
 
 
 def make_config(router: str, steps: int, seed: int, *, dense: bool = False,
-                digits: bool = False, init: str | None = None):
+                digits: bool = False, init: str | None = None, quick: bool = False):
+  """The tiny MNIST config for one run; `quick` shrinks it (`experiments.QUICK_MODEL`)."""
+  from vmoe_sparse_ot import experiments  # pylint: disable=g-import-not-at-top
   from vmoe_sparse_ot.train import config as config_lib  # pylint: disable=g-import-not-at-top
   config = config_lib.load_config_file(f'{CONFIG_FILE}:router={router},steps={steps}')
+  if quick:
+    experiments.shrink_for_quick(config)
   config.seed = seed
   config.model.name = 'vit' if dense else 'vit_moe'
   config.schedule.warmup_steps = max(1, min(50, steps // 5))
   config.schedule.decay_steps = None
+  if quick:  # One schedule for every length: runs of one model share their programs.
+    config.schedule.warmup_steps, config.schedule.decay_steps = 1, 100
   config.checkpoint.every_steps = steps
   config.log_every_steps = max(1, steps // 3)
   config.eval_every_steps = 0
@@ -51,6 +57,8 @@ def make_config(router: str, steps: int, seed: int, *, dense: bool = False,
     config.dataset.name, config.dataset.image_size = 'sklearn_digits', DIGITS_SIZE
     config.dataset.train_split, config.dataset.eval_split = 'train', 'test'
     config.dataset.shuffle_buffer = 1437
+  elif quick:
+    config.dataset.eval_split = 'test[:500]'
   config.initialization.path = init
   return config
 
@@ -69,15 +77,16 @@ def _evaluate(workdir: str, capacity_factor: float, batch_priority: bool) -> dic
 
 
 def run_seed(router: str, seed: int, budget: dict[str, int], tmp: str,
-             dense_dir: str) -> dict[str, Any]:
+             dense_dir: str, quick: bool = False) -> dict[str, Any]:
   p, u, f = budget['pretrain'], budget['upcycle'], budget['finetune']
   up_dir, ft_dir = (os.path.join(tmp, f'{router}_{seed}_{n}') for n in ('up', 'ft'))
-  out = {'upcycled_mnist': _train(make_config(router, u, seed, init=dense_dir), up_dir)}
-  out['scratch_mnist'] = _train(make_config(router, p + u, seed),
+  out = {'upcycled_mnist': _train(make_config(router, u, seed, init=dense_dir, quick=quick),
+                                  up_dir)}
+  out['scratch_mnist'] = _train(make_config(router, p + u, seed, quick=quick),
                                 os.path.join(tmp, f'{router}_{seed}_scratch'))
-  out['finetuned_digits'] = _train(make_config(router, f, seed, digits=True, init=up_dir),
-                                   ft_dir)
-  out['scratch_digits'] = _train(make_config(router, f, seed, digits=True),
+  out['finetuned_digits'] = _train(
+      make_config(router, f, seed, digits=True, init=up_dir, quick=quick), ft_dir)
+  out['scratch_digits'] = _train(make_config(router, f, seed, digits=True, quick=quick),
                                  os.path.join(tmp, f'{router}_{seed}_digits'))
   for cf, bpr in EVALS:
     out[f'eval_cf{cf}_bpr{int(bpr)}'] = _evaluate(ft_dir, cf, bpr)
@@ -91,23 +100,31 @@ def _stats(values) -> dict[str, float]:
 
 
 def run(out_dir: str, *, quick: bool = False, seeds: int | None = None) -> dict:
-  del out_dir  # A table only.
   budget = dict(QUICK if quick else FULL)
   seeds = seeds or budget['seeds']
   routers = ROUTERS[:1] if quick else ROUTERS
   raw: dict[str, list] = {r: [] for r in routers}
   dense = []
+  import jax  # pylint: disable=g-import-not-at-top
+  saved_cache = (jax.config.jax_compilation_cache_dir,
+                 jax.config.jax_persistent_cache_min_compile_time_secs)
   with tempfile.TemporaryDirectory(prefix='upcycle_finetune_') as tmp:
-    # Seeds repeat the same programs: compile each once.
-    import jax  # pylint: disable=g-import-not-at-top
-    jax.config.update('jax_compilation_cache_dir', os.path.join(tmp, 'xla_cache'))
-    jax.config.update('jax_persistent_cache_min_compile_time_secs', 0.5)
-    for seed in range(seeds):
-      dense_dir = os.path.join(tmp, f'dense_{seed}')
-      dense.append(_train(make_config('topk', budget['pretrain'], seed, dense=True), dense_dir))
-      for router in routers:
-        raw[router].append(run_seed(router, seed, budget, tmp, dense_dir))
-        print(f'seed {seed} {router}: {raw[router][-1]}', flush=True)
+    # Seeds repeat the same programs: compile each once (a cache of the run's own
+    # unless one is set; the process's settings are put back after).
+    if not saved_cache[0]:
+      jax.config.update('jax_compilation_cache_dir', os.path.join(tmp, 'xla_cache'))
+      jax.config.update('jax_persistent_cache_min_compile_time_secs', 0.5)
+    try:
+      for seed in range(seeds):
+        dense_dir = os.path.join(tmp, f'dense_{seed}')
+        dense.append(_train(make_config('topk', budget['pretrain'], seed, dense=True,
+                                        quick=quick), dense_dir))
+        for router in routers:
+          raw[router].append(run_seed(router, seed, budget, tmp, dense_dir, quick))
+          print(f'seed {seed} {router}: {raw[router][-1]}', flush=True)
+    finally:
+      jax.config.update('jax_compilation_cache_dir', saved_cache[0])
+      jax.config.update('jax_persistent_cache_min_compile_time_secs', saved_cache[1])
   rows = {}
   for router, runs in raw.items():
     row = {k: _stats([r[k] for r in runs]) for k in
@@ -116,8 +133,40 @@ def run(out_dir: str, *, quick: bool = False, seeds: int | None = None) -> dict:
       key = f'eval_cf{cf}_bpr{int(bpr)}'
       row[key] = {m: _stats([r[key][m] for r in runs]) for m in ('top1', 'dropped')}
     rows[router] = row
-  return {'budget_steps': budget, 'num_seeds': seeds, 'dense_mnist': _stats(dense),
-          'digits_image_size': DIGITS_SIZE, 'routers': rows, 'raw': raw}
+  payload = {'budget_steps': budget, 'num_seeds': seeds, 'dense_mnist': _stats(dense),
+             'digits_image_size': DIGITS_SIZE, 'routers': rows, 'raw': raw}
+  payload['figure'] = plot(payload, os.path.join(out_dir, f'{NAME}.png'))
+  return payload
+
+
+PANELS = (('MNIST', (('upcycled_mnist', 'upcycled'), ('scratch_mnist', 'from scratch'))),
+          ('digits', (('finetuned_digits', 'fine-tuned'), ('scratch_digits', 'from scratch'))))
+
+
+def plot(payload: dict, path: str) -> str:
+  """Top-1 per router, upcycled or fine-tuned beside from scratch (bars: mean, ticks: std)."""
+  from vmoe_sparse_ot.experiments import style  # pylint: disable=g-import-not-at-top
+  routers = list(payload['routers'])
+  b = payload['budget_steps']
+  fig, axes = style.figure(1, 2, width=8.5, height=3.4, title=(
+      f"Upcycling and fine-tuning, {payload['num_seeds']} seed(s): {b['pretrain']} dense "
+      f"steps + {b['upcycle']} upcycled on MNIST, {b['finetune']} fine-tuning steps on "
+      f"digits at {payload['digits_image_size']} px"))
+  x = np.arange(len(routers))
+  for ax, (data, bars) in zip(axes[0], PANELS):
+    # The bars differ by fractions of a point near the top: start the axis below them.
+    low = min(payload['routers'][r][k]['mean'] - payload['routers'][r][k]['std']
+              for r in routers for k, _ in bars)
+    ax.set_ylim(max(0.0, 5 * np.floor(low / 5) - 5), 100)
+    for i, (key, label) in enumerate(bars):
+      means = [payload['routers'][r][key]['mean'] for r in routers]
+      stds = [payload['routers'][r][key]['std'] for r in routers]
+      ax.bar(x + (i - 0.5) * 0.38, means, 0.38, yerr=stds, capsize=3, label=label)
+    ax.set_xticks(x, routers)
+    ax.set_ylabel(f'{data} test top-1 (%)')
+    ax.set_title(data)
+    ax.legend(loc='upper left', ncols=2, frameon=False)
+  return style.save(fig, path)
 
 
 def _ms(s: dict[str, float]) -> str:

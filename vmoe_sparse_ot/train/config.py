@@ -2,7 +2,8 @@
 
 The pieces live in their own modules:
 - `config_schema`: `base_config()`, every key the trainer reads, with defaults;
-- `config_files`: `load_config_file('path.py[:k=v]')`, `parse_arg`, `flatten`;
+- `config_files`: `load_config_file('path.py[:k=v]')`, `parse_arg`, `flatten`,
+  `pp_template` (pp strings that follow `image_size`);
 - `config_validation`: `validate(config)` (types, ranges, divisibility; one line
   naming the key), `validate_for_devices`, `check_directory`, `check_datasets`,
   `check_before_training` (all of them, then the model's options), `ConfigError`;
@@ -16,6 +17,7 @@ from vmoe_sparse_ot.train.config_cli import format_config
 from vmoe_sparse_ot.train.config_files import flatten
 from vmoe_sparse_ot.train.config_files import load_config_file
 from vmoe_sparse_ot.train.config_files import parse_arg
+from vmoe_sparse_ot.train.config_files import pp_template
 from vmoe_sparse_ot.train.config_schema import AUGMENTATIONS
 from vmoe_sparse_ot.train.config_schema import MESH_AXES
 from vmoe_sparse_ot.train.config_schema import OPTIMIZERS
@@ -38,5 +40,5 @@ __all__ = [
     'PAPER_DATASETS', 'PAPER_TRAIN_STEPS', 'SAMPLINGS', 'SCHEDULES', 'base_config',
     'check_before_training', 'check_datasets', 'check_directory', 'check_keys',
     'explain_override', 'flatten', 'format_config', 'load_config_file',
-    'paper_vmoe_config', 'parse_arg', 'validate', 'validate_for_devices',
+    'paper_vmoe_config', 'parse_arg', 'pp_template', 'validate', 'validate_for_devices',
 ]

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 from typing import Any, Mapping
 
 import ml_collections
@@ -40,6 +41,28 @@ def parse_arg(arg: str | None, **defaults: Any) -> ml_collections.ConfigDict:
     else:
       out[key] = value
   return out
+
+
+def pp_template(section: ml_collections.ConfigDict, template: str):
+  """A pp string that follows keys of `section`: `{image_size}` reads its current value.
+
+  `config.dataset.pp_eval = pp_template(config.dataset,
+  'decode(channels={channels})|resize({image_size})|value_range(-1, 1)')` gives
+  'decode(channels=1)|resize(28)|value_range(-1, 1)' while image_size is 28, and
+  'resize(35)' once a command line or a script sets image_size to 35. Setting
+  the pp key itself replaces the template. Returns an ml_collections
+  FieldReference (a plain str when `template` names no key).
+  """
+  result = None
+  for i, piece in enumerate(re.split(r'\{(\w+)\}', template)):
+    if not piece:
+      continue
+    if i % 2:
+      if piece not in section:
+        raise KeyError(f'pp template {template!r}: no key {piece!r} in the section')
+      piece = section.get_ref(piece).to_str()
+    result = piece if result is None else result + piece
+  return result if result is not None else template
 
 
 def load_config_file(spec: str) -> ml_collections.ConfigDict:

@@ -448,7 +448,8 @@ def check_datasets(config: Mapping[str, Any], *, training: bool = True,
     except (OSError, ValueError) as e:
       raise _same_kind(e, f'config.dataset: {_first_line(e)}') from None
     for key, is_training in (('pp_train', True), ('pp_eval', False)):
-      _check_pp_output(config, f'dataset.{key}', ds[key], training=is_training)
+      _check_pp_output(config, f'dataset.{key}', ds[key], training=is_training,
+                       stored_shape=data.image_shape(ds['name'], data_dir))
     model_classes = config['model']['num_classes']
     if num_classes > model_classes:
       raise ConfigError(
@@ -466,8 +467,12 @@ def check_datasets(config: Mapping[str, Any], *, training: bool = True,
 
 
 def _check_pp_output(config, pp_key: str, pp: str | None, *, training: bool,
-                     label_shape: tuple = ()) -> None:
-  """The pp output is the model's input with targets the loss (and mixup) can read."""
+                     label_shape: tuple = (), stored_shape: tuple | None = None) -> None:
+  """The pp output is the model's input with targets the loss (and mixup) can read.
+
+  `stored_shape`: (H, W, C) of the dataset's stored images, which the pp output
+  must bring to the model's size (see `data.trace_pp`).
+  """
   from vmoe_sparse_ot import data  # pylint: disable=g-import-not-at-top  (TensorFlow)
   from vmoe_sparse_ot.train import pp_targets  # pylint: disable=g-import-not-at-top
   ds = config['dataset']
@@ -478,7 +483,7 @@ def _check_pp_output(config, pp_key: str, pp: str | None, *, training: bool,
   else:
     try:
       specs = data.trace_pp(pp, training=training, image_size=size, channels=ds['channels'],
-                            label_shape=label_shape)
+                            label_shape=label_shape, stored_shape=stored_shape)
     except ValueError as e:
       raise ConfigError(f'config.{pp_key}: {_first_line(e)}') from None
     entries = {k: (tuple(v.shape.as_list()) if v.shape.rank is not None else (None,),
@@ -511,7 +516,8 @@ def _check_eval_datasets(config) -> None:
     pp_key = (f'evaluate.datasets.{name}.pp' if entry['pp'] is not None
               else 'dataset.pp_eval')
     pp = entry['pp'] if entry['pp'] is not None else ds['pp_eval']
-    _check_pp_output(config, pp_key, pp, training=False, label_shape=label_shape)
+    _check_pp_output(config, pp_key, pp, training=False, label_shape=label_shape,
+                     stored_shape=data.image_shape(dataset, ds['data_dir']))
 
 
 def _first_line(e: BaseException) -> str:

