@@ -43,7 +43,7 @@ import jax.numpy as jnp  # pylint: disable=wrong-import-position
 from vmoe_sparse_ot import nn  # pylint: disable=wrong-import-position
 from vmoe_sparse_ot.train import config as config_lib  # pylint: disable=wrong-import-position
 from vmoe_sparse_ot.train import optimizer as optimizer_lib  # pylint: disable=wrong-import-position
-from vmoe_sparse_ot.train import partitioning  # pylint: disable=wrong-import-position
+from vmoe_sparse_ot import parallel  # pylint: disable=wrong-import-position
 from vmoe_sparse_ot.train import state as state_lib  # pylint: disable=wrong-import-position
 from vmoe_sparse_ot.train import trainer  # pylint: disable=wrong-import-position
 
@@ -78,7 +78,7 @@ def compile_step(config):
   """The trainer's jitted train step for `config`, compiled on the 8 devices."""
   model = nn.build_model(config.model)
   num_experts = config.model.encoder.moe.num_experts if config.model.name == 'vit_moe' else 1
-  mesh = partitioning.make_mesh(config.mesh, jax.devices(), num_experts)
+  mesh = parallel.make_mesh(config.mesh, jax.devices(), num_experts)
   ds = config.dataset
   image_shape = (1, ds.image_size, ds.image_size, ds.channels)
 
@@ -99,7 +99,7 @@ def compile_step(config):
 
   abstract_state = jax.eval_shape(init_state)
   state_sharding = state_lib.shardings_on_mesh(mesh, tx, abstract_state)
-  batch_sharding = partitioning.batch_sharding(mesh)
+  batch_sharding = parallel.batch_sharding(mesh)
   b = int(config.batch_size)
   batch = {'image': jax.ShapeDtypeStruct((b, ds.image_size, ds.image_size, ds.channels),
                                          jnp.float32, sharding=batch_sharding),
@@ -109,7 +109,7 @@ def compile_step(config):
                                    int(config.microsteps), config.loss.name,
                                    float(config.mixup.p)),
                  in_shardings=(state_sharding, batch_sharding),
-                 out_shardings=(state_sharding, partitioning.replicated(mesh)),
+                 out_shardings=(state_sharding, parallel.replicated(mesh)),
                  donate_argnums=(0,))
   with jax.set_mesh(mesh):
     lowered = step.lower(state, batch)

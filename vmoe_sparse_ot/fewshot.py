@@ -44,7 +44,8 @@ from vmoe_sparse_ot.evaluate.checkpoint_config import CheckpointMismatchError
 from vmoe_sparse_ot.evaluate.checkpoint_config import describe_model
 from vmoe_sparse_ot.evaluate.checkpoint_config import resolve_model_config
 from vmoe_sparse_ot.evaluate.files import write_json_atomic
-from vmoe_sparse_ot.train import checkpoints, partitioning
+from vmoe_sparse_ot.train import checkpoints
+from vmoe_sparse_ot import parallel
 from vmoe_sparse_ot.train import config as config_lib
 from vmoe_sparse_ot.train import config_cli
 
@@ -97,15 +98,15 @@ def run(config: ml_collections.ConfigDict, workdir: str, step: int | None = None
   check_params_match(params, model, config)
   # The training layout: expert parameters split over 'expert', the rest replicated.
   num_experts = config.model.encoder.moe.num_experts if config.model.name == 'vit_moe' else 1
-  mesh = partitioning.make_mesh(config.mesh, num_experts=num_experts)
-  params = jax.device_put(params, partitioning.param_shardings(
+  mesh = parallel.make_mesh(config.mesh, num_experts=num_experts)
+  params = jax.device_put(params, parallel.param_shardings(
       mesh, params, [(nn.EXPERT_PARAMS_REGEX, PartitionSpec('expert'))]))
   # The router state the checkpoint routes with (topk_bias's bias), on every device.
   image_shape = (config.dataset.image_size, config.dataset.image_size, config.dataset.channels)
   model_state = jax.device_put(
       nn.router_state.for_model(model, image_shape,
                                 checkpoints.restore_model_state(workdir, step)),
-      partitioning.replicated(mesh))
+      parallel.replicated(mesh))
   evaluator = fewshot.make_evaluator(config, model, mesh=mesh)
   results = evaluator.run(params, model_state)
   payload = {

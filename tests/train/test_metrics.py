@@ -7,9 +7,8 @@ import numpy as np
 import pytest
 
 from vmoe_sparse_ot.train import metrics as metrics_lib
-from vmoe_sparse_ot.train import partitioning
+from vmoe_sparse_ot import parallel
 from vmoe_sparse_ot.train import progress as progress_lib
-from vmoe_sparse_ot.train import trainer
 from vmoe_sparse_ot.train.errors import NonFiniteLossError
 
 
@@ -71,8 +70,8 @@ def test_split_scalars_and_jsonl_writer(tmp_path):
 
 
 def test_prefetch_keeps_order_and_stays_two_batches_ahead():
-  mesh = partitioning.make_mesh({'data': -1, 'expert': 1}, jax.devices()[:2])
-  sharding = partitioning.batch_sharding(mesh)
+  mesh = parallel.make_mesh({'data': -1, 'expert': 1}, jax.devices()[:2])
+  sharding = parallel.batch_sharding(mesh)
   pulled = []
 
   def source():
@@ -81,7 +80,7 @@ def test_prefetch_keeps_order_and_stays_two_batches_ahead():
       yield {'x': np.full((4, 3), i, np.float32)}
 
   out = []
-  for batch in trainer.prefetch_to_mesh(source(), sharding, size=2):
+  for batch in parallel.prefetch_to_mesh(source(), sharding, size=2):
     # When batch i is handed out, batch i + 1 is already on its way to the mesh.
     assert pulled[-1] == min(len(out) + 1, 4)
     assert batch['x'].sharding == sharding and batch['x'].shape == (4, 3)

@@ -8,7 +8,7 @@ import pytest
 from vmoe_sparse_ot import nn
 from vmoe_sparse_ot.train import config as config_lib
 from vmoe_sparse_ot.train import microsteps as microsteps_lib
-from vmoe_sparse_ot.train import partitioning
+from vmoe_sparse_ot import parallel
 from vmoe_sparse_ot.train import state as state_lib
 from vmoe_sparse_ot.train import trainer
 from tests.train.helpers import small_config
@@ -66,7 +66,7 @@ def test_four_microsteps_on_eight_devices_give_the_full_batch_update_on_one():
   tx = optax.sgd(0.5)  # The update is the gradient itself, scaled.
   model, state = _state(config.model, tx, 0)
   full_step = jax.jit(trainer.make_step(model, tx))
-  mesh = partitioning.make_mesh({'data': -1, 'expert': 2}, jax.devices()[:8], 4)
+  mesh = parallel.make_mesh({'data': -1, 'expert': 2}, jax.devices()[:8], 4)
   with jax.set_mesh(mesh):
     micro_step = jax.jit(trainer.make_step(model, tx, microsteps=4))
   for seed in (0, 1):
@@ -74,7 +74,7 @@ def test_four_microsteps_on_eight_devices_give_the_full_batch_update_on_one():
     full, full_values = full_step(state, batch)
     with jax.set_mesh(mesh):
       micro, micro_values = micro_step(
-          state, jax.device_put(batch, partitioning.batch_sharding(mesh)))
+          state, jax.device_put(batch, parallel.batch_sharding(mesh)))
     assert int(micro.step) == int(full.step) == 1
     for a, b in zip(jax.tree.leaves(micro.params), jax.tree.leaves(full.params)):
       np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=2e-5, atol=2e-6)

@@ -120,9 +120,9 @@ def test_on_8_devices_the_bias_is_replicated_global_and_restored(setup, tmp_path
   restores it onto the same shardings."""
   if len(jax.devices()) < 8:
     pytest.skip('needs the 8 fake CPU devices of tests/conftest.py')
-  from vmoe_sparse_ot.train import partitioning  # pylint: disable=g-import-not-at-top
+  from vmoe_sparse_ot import parallel  # pylint: disable=g-import-not-at-top
   state, _, one_device_step = setup
-  mesh = partitioning.make_mesh({'data': 2, 'expert': 4}, jax.devices()[:8], E)
+  mesh = parallel.make_mesh({'data': 2, 'expert': 4}, jax.devices()[:8], E)
   tx = optax.sgd(0.1)
   abstract = jax.eval_shape(lambda: state)
   shardings = state_lib.shardings_on_mesh(mesh, tx, abstract)
@@ -132,8 +132,8 @@ def test_on_8_devices_the_bias_is_replicated_global_and_restored(setup, tmp_path
       {'name': 'topk_bias', 'topk_bias': {'update_rate': RATE}})
   model = TinyMoe(dict(num_experts=E, group_size=32, router=router))
   step = jax.jit(trainer.make_step(model, tx),
-                 in_shardings=(shardings, partitioning.batch_sharding(mesh)),
-                 out_shardings=(shardings, partitioning.replicated(mesh)))
+                 in_shardings=(shardings, parallel.batch_sharding(mesh)),
+                 out_shardings=(shardings, parallel.replicated(mesh)))
   sharded = jax.device_put(state, shardings)
   with jax.set_mesh(mesh):
     new, _ = step(sharded, _batch(0))
@@ -149,5 +149,5 @@ def test_on_8_devices_the_bias_is_replicated_global_and_restored(setup, tmp_path
   bias = restored.model_state
   for key in BIAS:
     bias = bias[key]
-  assert bias.sharding.is_equivalent_to(partitioning.replicated(mesh), bias.ndim)
+  assert bias.sharding.is_equivalent_to(parallel.replicated(mesh), bias.ndim)
   np.testing.assert_array_equal(np.asarray(bias), _bias(new))

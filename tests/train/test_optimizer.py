@@ -9,7 +9,7 @@ from jax.sharding import PartitionSpec as P
 from vmoe_sparse_ot import nn
 from vmoe_sparse_ot.train import config as config_lib
 from vmoe_sparse_ot.train import optimizer as opt
-from vmoe_sparse_ot.train import partitioning
+from vmoe_sparse_ot import parallel
 
 
 def _schedule(name, **kw):
@@ -62,31 +62,31 @@ def test_expert_params_split_over_expert_axis_and_state_on_mesh():
       lambda k: model.init({'params': k, 'gating': k, 'dropout': k},
                            jnp.zeros((1, 28, 28, 1)), train=False)['params'],
       jax.random.key(0))
-  mesh = partitioning.make_mesh({'data': -1, 'expert': 2})
+  mesh = parallel.make_mesh({'data': -1, 'expert': 2})
   assert dict(mesh.shape) == {'data': 4, 'expert': 2}
-  shardings = partitioning.param_shardings(mesh, abstract, [(nn.EXPERT_PARAMS_REGEX,
+  shardings = parallel.param_shardings(mesh, abstract, [(nn.EXPERT_PARAMS_REGEX,
                                                              P('expert'))])
   experts = shardings['encoder']['encoderblock_1']['moe']['experts']
   assert all(s.spec == P('expert') for s in experts.values())
   assert shardings['encoder']['encoderblock_1']['moe']['router']['kernel'].spec == P()
   tx = opt.make_optimizer(config.optimizer, optax.constant_schedule(1e-3), abstract)
-  state_shardings = partitioning.opt_state_shardings(tx, jax.eval_shape(tx.init, abstract),
+  state_shardings = parallel.opt_state_shardings(tx, jax.eval_shape(tx.init, abstract),
                                                      shardings, mesh)
   mu = next(s for s in state_shardings if hasattr(s, 'mu')).mu  # The Adam state.
   assert mu['encoder']['encoderblock_1']['moe']['experts']['wi_kernel'].spec == P('expert')
   # optax's step count would land on device 0 alone; here it is replicated on the mesh.
   small = {'experts': jnp.ones((4, 3)), 'dense': jnp.ones((3,))}
-  small_shardings = partitioning.param_shardings(mesh, small, [('experts', P('expert'))])
+  small_shardings = parallel.param_shardings(mesh, small, [('experts', P('expert'))])
   small = jax.device_put(small, small_shardings)
   tx = opt.make_optimizer(config.optimizer, optax.constant_schedule(1e-3), small)
-  state = jax.jit(tx.init, out_shardings=partitioning.opt_state_shardings(
+  state = jax.jit(tx.init, out_shardings=parallel.opt_state_shardings(
       tx, jax.eval_shape(tx.init, small), small_shardings, mesh))(small)
   count = [x for x in jax.tree.leaves(state) if x.ndim == 0][0]
   assert count.sharding.mesh.shape == mesh.shape and count.sharding.spec == P()
   assert len(count.sharding.device_set) == 8
   with pytest.raises(ValueError, match='divide'):
-    partitioning.make_mesh({'data': -1, 'expert': 3})
-  assert dict(partitioning.make_mesh({'data': -1, 'expert': -1}, num_experts=4).shape) == {
+    parallel.make_mesh({'data': -1, 'expert': 3})
+  assert dict(parallel.make_mesh({'data': -1, 'expert': -1}, num_experts=4).shape) == {
       'data': 2, 'expert': 4}
 
 
@@ -136,11 +136,11 @@ def test_adafactor_state_follows_the_expert_split_on_eight_devices():
   # Expert kernels (E, D, H) keep E in their factored rows and columns, which are
   # split over 'expert' like the kernel; the (1,) placeholders are replicated.
   params = {'experts': {'wi_kernel': jnp.ones((4, 32, 128))}, 'dense': jnp.ones((128,))}
-  mesh = partitioning.make_mesh({'data': -1, 'expert': 2}, num_experts=4)
-  shardings = partitioning.param_shardings(mesh, params, [('experts', P('expert'))])
+  mesh = parallel.make_mesh({'data': -1, 'expert': 2}, num_experts=4)
+  shardings = parallel.param_shardings(mesh, params, [('experts', P('expert'))])
   tx = opt.make_optimizer(_cfg(name='adafactor', mu_dtype='bfloat16'),
                           optax.constant_schedule(1e-2), params)
-  opt_shardings = partitioning.opt_state_shardings(tx, jax.eval_shape(tx.init, params),
+  opt_shardings = parallel.opt_state_shardings(tx, jax.eval_shape(tx.init, params),
                                                    shardings, mesh)
   params = jax.device_put(params, shardings)
   state = jax.jit(tx.init, out_shardings=opt_shardings)(params)

@@ -2,13 +2,13 @@
 import jax
 import numpy as np
 
-from vmoe_sparse_ot.train import partitioning
+from vmoe_sparse_ot import parallel
 from vmoe_sparse_ot.train import programs
 from tests.train.helpers import small_config
 
 
 def _mesh(devices):
-  return partitioning.make_mesh(small_config().mesh, devices, 4)
+  return parallel.make_mesh(small_config().mesh, devices, 4)
 
 
 def test_key_changes_with_the_config_the_mesh_and_the_components():

@@ -77,7 +77,8 @@ from vmoe_sparse_ot.evaluate import overrides as overrides_lib
 from vmoe_sparse_ot.evaluate import routing_stats
 from vmoe_sparse_ot.evaluate.checkpoint_config import describe_model, model_config_differences
 from vmoe_sparse_ot.evaluate.files import write_json_atomic
-from vmoe_sparse_ot.train import checkpoints, config_cli, partitioning
+from vmoe_sparse_ot.train import checkpoints, config_cli
+from vmoe_sparse_ot import parallel
 from vmoe_sparse_ot.train import losses as losses_lib
 from vmoe_sparse_ot.train import config as config_lib
 from vmoe_sparse_ot.train.errors import CheckpointRestoreError
@@ -276,31 +277,30 @@ def run(request: Request, *, devices: Sequence[Any] | None = None) -> dict[str, 
   Raises CheckpointRestoreError (a FileNotFoundError) when the arrays do not restore.
   """
   from vmoe_sparse_ot import data  # pylint: disable=g-import-not-at-top  (TensorFlow)
-  from vmoe_sparse_ot.train import trainer  # pylint: disable=g-import-not-at-top
   model_config = request.model_config
   model = nn.build_model(model_config)
   moe = model_config['encoder']['moe'] if model_config['name'] == 'vit_moe' else None
   # All devices; the expert axis as long as divides both the devices and the experts.
-  mesh = partitioning.make_mesh({'data': -1, 'expert': -1}, devices,
+  mesh = parallel.make_mesh({'data': -1, 'expert': -1}, devices,
                                 int(moe['num_experts']) if moe else 1)
   if request.batch_size % (mesh.size * jax.process_count()):
     raise UsageError(f'--batch_size={request.batch_size}: must be a multiple of the number of '
                      f'devices ({mesh.size}) and processes ({jax.process_count()})')
   params, _, step = checkpoints.restore_params_with_meta(request.workdir, request.step)
-  params_sharding = partitioning.param_shardings(
+  params_sharding = parallel.param_shardings(
       mesh, params, [(nn.EXPERT_PARAMS_REGEX, PartitionSpec('expert'))])
   params = jax.device_put(params, params_sharding)
   # The router state the checkpoint routes with (topk_bias's bias), replicated.
   model_state = jax.device_put(
       nn.router_state.for_model(model, request.image_shape,
                                 checkpoints.restore_model_state(request.workdir, step)),
-      partitioning.replicated(mesh))
-  batch_sharding = partitioning.batch_sharding(mesh)
+      parallel.replicated(mesh))
+  batch_sharding = parallel.batch_sharding(mesh)
   num_tokens = int(request.meta['param_shapes']['encoder/pos_embedding'][1])
   eval_step = jax.jit(make_eval_step(model, num_tokens, request.loss),
                       in_shardings=(params_sharding, batch_sharding,
-                                    partitioning.replicated(mesh)),
-                      out_shardings=partitioning.replicated(mesh))
+                                    parallel.replicated(mesh)),
+                      out_shardings=parallel.replicated(mesh))
   height, _, channels = request.image_shape
   dataset = data.make_dataset(
       request.dataset, request.split, batch_size=request.batch_size // jax.process_count(),
@@ -308,7 +308,7 @@ def run(request: Request, *, devices: Sequence[Any] | None = None) -> dict[str, 
       augment=request.augment, pp=request.pp)
   totals = None
   with jax.set_mesh(mesh):
-    for batch in trainer.prefetch_to_mesh(dataset.as_numpy_iterator(), batch_sharding):
+    for batch in parallel.prefetch_to_mesh(dataset.as_numpy_iterator(), batch_sharding):
       out = eval_step(params, batch, model_state)  # Summed on device; fetched at the end.
       totals = out if totals is None else jax.tree.map(jnp.add, totals, out)
   if totals is None:

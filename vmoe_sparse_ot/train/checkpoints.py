@@ -39,7 +39,7 @@ from absl import logging
 
 from vmoe_sparse_ot.nn.config import without_compute_keys
 from vmoe_sparse_ot.train import config as config_lib
-from vmoe_sparse_ot.train import partitioning
+from vmoe_sparse_ot import parallel
 from vmoe_sparse_ot.train.errors import CheckpointRestoreError
 from vmoe_sparse_ot.train.errors import CheckpointWriteError
 from vmoe_sparse_ot.train.errors import ResumeMismatchError
@@ -136,7 +136,7 @@ def is_disk_full(error: BaseException) -> bool:
 def param_shapes(params: Any) -> dict[str, list[int]]:
   """{'a/b/kernel': shape} for a params tree of arrays or ShapeDtypeStructs."""
   flat = jax.tree_util.tree_flatten_with_path(params)[0]
-  return {partitioning.path_name(path): list(np.shape(leaf))
+  return {parallel.path_name(path): list(np.shape(leaf))
           for path, leaf in flat}
 
 

@@ -15,7 +15,7 @@ import optax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from vmoe_sparse_ot import nn
-from vmoe_sparse_ot.train import partitioning
+from vmoe_sparse_ot import parallel
 
 
 @flax.struct.dataclass
@@ -68,11 +68,11 @@ def shardings_on_mesh(mesh, tx: optax.GradientTransformation,
                       abstract_state: TrainState) -> TrainState:
   """The TrainState of shardings a run uses: expert parameters (leading E axis) and
   their optimizer statistics split over 'expert', everything else replicated."""
-  params_sharding = partitioning.param_shardings(
+  params_sharding = parallel.param_shardings(
       mesh, abstract_state.params, [(nn.EXPERT_PARAMS_REGEX, P('expert'))])
   return shardings(
       params_sharding,
-      partitioning.opt_state_shardings(tx, abstract_state.opt_state, params_sharding, mesh),
+      parallel.opt_state_shardings(tx, abstract_state.opt_state, params_sharding, mesh),
       mesh, abstract_state.model_state)
 
 

@@ -21,13 +21,12 @@ with the same parameters as an uninterrupted one.
 """
 from __future__ import annotations
 
-import collections
 import contextlib
 import itertools
 import json
 import os
 import time
-from typing import Any, Iterator
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -49,7 +48,7 @@ from vmoe_sparse_ot.train import metrics as metrics_lib
 from vmoe_sparse_ot.train import microsteps as microsteps_lib
 from vmoe_sparse_ot.train import mixup as mixup_lib
 from vmoe_sparse_ot.train import optimizer as optimizer_lib
-from vmoe_sparse_ot.train import partitioning
+from vmoe_sparse_ot import parallel
 from vmoe_sparse_ot.train import programs
 from vmoe_sparse_ot.train import progress as progress_lib
 from vmoe_sparse_ot.train import state as state_lib
@@ -57,7 +56,6 @@ from vmoe_sparse_ot.train.errors import NonFiniteLossError  # pylint: disable=un
 from vmoe_sparse_ot.train.errors import TrainerError  # pylint: disable=unused-import
 from vmoe_sparse_ot.train.state import TrainState
 
-PREFETCH = 2  # Batches put on the mesh ahead of the step that uses them.
 
 
 def _json(tree: Any) -> Any:
@@ -107,21 +105,6 @@ def _dataset(config, split: str, batch_size: int, training: bool, start_step: in
       shuffle_buffer=ds.shuffle_buffer, process_index=jax.process_index(),
       process_count=jax.process_count(), start_step=start_step, augment=ds.augment,
       pp=ds.pp_train if training else ds.pp_eval, sampling=ds.sampling)
-
-
-def prefetch_to_mesh(batches: Iterator[dict[str, np.ndarray]], sharding,
-                     size: int = PREFETCH) -> Iterator[dict[str, jax.Array]]:
-  """Global device batches, `size` transfers ahead (flax's prefetch_to_device, sharded)."""
-  queue = collections.deque()
-
-  def enqueue(n):
-    for batch in itertools.islice(batches, n):
-      queue.append(data_lib.to_global(batch, sharding))
-
-  enqueue(size)
-  while queue:
-    yield queue.popleft()
-    enqueue(1)
 
 
 def _flatten_routing(routing: dict[str, dict[str, Any]]) -> dict[str, Any]:
@@ -209,7 +192,7 @@ def evaluate(eval_step, params, dataset, sharding, model_state=None) -> dict[str
   `model_state`: the TrainState's (the current router state; {} or None: none).
   """
   totals = None
-  for batch in prefetch_to_mesh(dataset.as_numpy_iterator(), sharding):
+  for batch in parallel.prefetch_to_mesh(dataset.as_numpy_iterator(), sharding):
     # Summed on device; fetched once at the end.
     out = eval_step(params, batch, model_state or {})
     totals = out if totals is None else jax.tree.map(jnp.add, totals, out)
@@ -273,7 +256,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
 
 def _train_and_evaluate(config, workdir, model, devices, allow_schedule_change):
   num_experts = config.model.encoder.moe.num_experts if config.model.name == 'vit_moe' else 1
-  mesh = partitioning.make_mesh(config.mesh, devices, num_experts)
+  mesh = parallel.make_mesh(config.mesh, devices, num_experts)
   # This run's jitted functions are those of an earlier run in this process
   # with the same config and mesh (`train.programs`): nothing retraced.
   model_parts = (type(model), nn.routers.ROUTERS.get(config.model.encoder.moe.router.name))
@@ -380,8 +363,8 @@ def _train_loop(config, workdir, model, mesh, tx, schedule, ckpt, state, start_s
   batch_size, eval_batch_size = batch_sizes
   train_steps = int(config.train_steps)
   ds_cfg = config.dataset
-  replicated = partitioning.replicated(mesh)
-  batch_sharding = partitioning.batch_sharding(mesh)
+  replicated = parallel.replicated(mesh)
+  batch_sharding = parallel.batch_sharding(mesh)
   num_params = sum(int(np.prod(s)) for s in meta['param_shapes'].values())
   logging.info('Model %s with %.2fM parameters, router %s; mesh %s; %d process(es)',
                config.model.name, num_params / 1e6, config.model.encoder.moe.router.name,
@@ -404,7 +387,7 @@ def _train_loop(config, workdir, model, mesh, tx, schedule, ckpt, state, start_s
         lambda p, ds: evaluate(eval_step, p, ds, batch_sharding, state.model_state),
         state.params, eval_datasets)
 
-  batches = prefetch_to_mesh(
+  batches = parallel.prefetch_to_mesh(
       _dataset(config, ds_cfg.train_split, batch_size, training=True,
                start_step=start_step).as_numpy_iterator(), batch_sharding)
 

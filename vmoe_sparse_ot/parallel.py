@@ -1,4 +1,4 @@
-"""Device mesh ('data', 'expert') and shardings of params, optimizer state and batches.
+"""Device mesh ('data', 'expert'), shardings of params, optimizer state and batches, prefetch.
 
 Parameters are replicated except those matching a partition rule (by default the
 expert parameters, `nn.EXPERT_PARAMS_REGEX`, whose leading E axis is split over
@@ -6,16 +6,21 @@ expert parameters, `nn.EXPERT_PARAMS_REGEX`, whose leading E axis is split over
 """
 from __future__ import annotations
 
+import collections
+import itertools
 import math
 import re
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 import jax
 import numpy as np
 import optax
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
+from vmoe_sparse_ot import data as data_lib
+
 AXES = ('data', 'expert')
+PREFETCH = 2  # Batches put on the mesh ahead of the step that uses them.
 BATCH_SPEC = P(AXES)
 
 
@@ -119,3 +124,18 @@ def batch_sharding(mesh: Mesh) -> NamedSharding:
 
 def replicated(mesh: Mesh) -> NamedSharding:
   return NamedSharding(mesh, P())
+
+
+def prefetch_to_mesh(batches: Iterator[dict[str, np.ndarray]], sharding,
+                     size: int = PREFETCH) -> Iterator[dict[str, jax.Array]]:
+  """Global device batches, `size` transfers ahead (flax's prefetch_to_device, sharded)."""
+  queue = collections.deque()
+
+  def enqueue(n):
+    for batch in itertools.islice(batches, n):
+      queue.append(data_lib.to_global(batch, sharding))
+
+  enqueue(size)
+  while queue:
+    yield queue.popleft()
+    enqueue(1)
