@@ -41,7 +41,7 @@ import jax  # pylint: disable=wrong-import-position
 import jax.numpy as jnp  # pylint: disable=wrong-import-position
 
 from vmoe_sparse_ot import nn  # pylint: disable=wrong-import-position
-from vmoe_sparse_ot.train import config as config_lib  # pylint: disable=wrong-import-position
+from vmoe_sparse_ot import config as config_lib  # pylint: disable=wrong-import-position
 from vmoe_sparse_ot.train import optimizer as optimizer_lib  # pylint: disable=wrong-import-position
 from vmoe_sparse_ot import parallel  # pylint: disable=wrong-import-position
 from vmoe_sparse_ot.train import state as state_lib  # pylint: disable=wrong-import-position

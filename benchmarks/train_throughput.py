@@ -23,7 +23,7 @@ os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 import jax  # pylint: disable=wrong-import-position
 from absl import logging  # pylint: disable=wrong-import-position
 
-from vmoe_sparse_ot.train import config as config_lib  # pylint: disable=wrong-import-position
+from vmoe_sparse_ot import config as config_lib  # pylint: disable=wrong-import-position
 from vmoe_sparse_ot.train import trainer  # pylint: disable=wrong-import-position
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -30,7 +30,7 @@ sizes (tests/train/test_configs.py).
 """
 import ml_collections
 
-from vmoe_sparse_ot.train import config as config_lib
+from vmoe_sparse_ot import config as config_lib
 
 IMAGE_SIZE, PATCH, BATCH_SIZE = 384, 16, 1024
 

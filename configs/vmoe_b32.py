@@ -1,6 +1,6 @@
 """The paper's V-MoE B/32: Every-2, E=32, K=2, groups of S=400 tokens, C=28, k=16 for sparse_ot.
 
-Where the numbers come from (details in `train.config.paper_vmoe_config`):
+Where the numbers come from (details in `config.paper_vmoe_config`):
 - the paper's Appendix A.5 (V-MoE experiment): Every-2, E = 32, K = 2 for TopK and
   S-BASE, k = 16 for the sparsity-constrained router (its buffer size too),
   solved with Adam, learning rate 1e-2, 50 steps;
@@ -20,7 +20,7 @@ run with shrunken sizes (see tests/train/test_configs.py).
 """
 import ml_collections
 
-from vmoe_sparse_ot.train import config as config_lib
+from vmoe_sparse_ot import config as config_lib
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:

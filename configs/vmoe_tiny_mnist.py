@@ -15,7 +15,7 @@ were measured).
 """
 import ml_collections
 
-from vmoe_sparse_ot.train import config as config_lib
+from vmoe_sparse_ot import config as config_lib
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:

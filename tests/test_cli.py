@@ -8,7 +8,7 @@ import pytest
 
 from tests import main_cases
 from tests.train.helpers import ROOT, TINY, cli_args
-from vmoe_sparse_ot.train import config as config_lib
+from vmoe_sparse_ot import config as config_lib
 from tests.xla_flags import xla_flags
 
 # absl's prefix: 'I1123 08:04:31.381378 140367345449856 trainer.py:291] '.

@@ -46,8 +46,8 @@ from vmoe_sparse_ot.evaluate.checkpoint_config import resolve_model_config
 from vmoe_sparse_ot.evaluate.files import write_json_atomic
 from vmoe_sparse_ot.train import checkpoints
 from vmoe_sparse_ot import parallel
-from vmoe_sparse_ot.train import config as config_lib
-from vmoe_sparse_ot.train import config_cli
+from vmoe_sparse_ot import config as config_lib
+from vmoe_sparse_ot.config import cli
 
 PROG = 'python -m vmoe_sparse_ot.fewshot'
 
@@ -146,11 +146,11 @@ def format_table(payload: dict) -> str:
 
 def main(argv):
   if len(argv) > 1:
-    config_cli.fail(PROG, f'unexpected arguments {argv[1:]}')
+    cli.fail(PROG, f'unexpected arguments {argv[1:]}')
   quiet_logs.quiet_library_logs()
   config = _CONFIG.value
   if not _WORKDIR.value:
-    config_cli.fail(PROG, 'flag --workdir is required')
+    cli.fail(PROG, 'flag --workdir is required')
   try:
     config_lib.validate(config)
     if config.dataset.data_dir:
@@ -161,16 +161,16 @@ def main(argv):
       raise ValueError(f'config.fewshot.batch_size={config.fewshot.batch_size}: must be a '
                        f'multiple of the number of devices ({jax.device_count()})')
   except (OSError, ValueError) as e:
-    config_cli.fail(PROG, e)
+    cli.fail(PROG, e)
   try:
     payload = run(config, _WORKDIR.value, _STEP.value,
                   use_checkpoint_config=_USE_CHECKPOINT_CONFIG.value)
   except (FileNotFoundError, CheckpointMismatchError, fewshot.DatasetError) as e:
-    config_cli.fail(PROG, e, status=1, first_line_only=False)
+    cli.fail(PROG, e, status=1, first_line_only=False)
   if jax.process_index() == 0:
     print(format_table(payload))
     print(f'Wrote {os.path.join(_WORKDIR.value, RESULTS_FILE)}')
 
 
 if __name__ == '__main__':
-  app.run(main, flags_parser=lambda argv: config_cli.parse_flags(PROG, argv))
+  app.run(main, flags_parser=lambda argv: cli.parse_flags(PROG, argv))

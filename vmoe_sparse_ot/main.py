@@ -14,7 +14,7 @@ line naming it and saying that relaunching all processes resumes from the last
 checkpoint.
 
 Before anything heavy (no model, no compilation) the job checks the config
-(`train.config_validation`), --workdir and data_dir, and that the datasets exist;
+(`config.validation`), --workdir and data_dir, and that the datasets exist;
 a mistake there is one line on stderr and exit status 2.
 """
 from __future__ import annotations
@@ -31,8 +31,8 @@ from absl import app
 from absl import flags
 from ml_collections import config_flags
 
-from vmoe_sparse_ot.train import config as config_lib
-from vmoe_sparse_ot.train import config_cli
+from vmoe_sparse_ot import config as config_lib
+from vmoe_sparse_ot.config import cli
 
 PROG = 'python -m vmoe_sparse_ot.main'
 # Seconds without a heartbeat after which the coordination service declares a
@@ -128,21 +128,21 @@ def _exit_lost_peer(error: BaseException, workdir: str) -> None:
 
 def main(argv: list[str]) -> None:
   if len(argv) > 1:
-    config_cli.fail(PROG, f'unexpected arguments {argv[1:]}')
+    cli.fail(PROG, f'unexpected arguments {argv[1:]}')
   quiet_logs.quiet_library_logs()
   config = _CONFIG.value
   if _PRINT_CONFIG.value:
-    config_cli.print_stdout(config_cli.format_config(config))
+    cli.print_stdout(cli.format_config(config))
     return
   if not _WORKDIR.value:
-    config_cli.fail(PROG, 'flag --workdir is required (or use --print_config)')
+    cli.fail(PROG, 'flag --workdir is required (or use --print_config)')
   try:
     config_lib.check_before_training(config, _WORKDIR.value)
     initialize_distributed(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
     import jax
     config_lib.validate_for_devices(config, jax.device_count(), jax.process_count())
   except (OSError, ValueError) as e:
-    config_cli.fail(PROG, e)
+    cli.fail(PROG, e)
   from vmoe_sparse_ot.train import trainer
   try:
     summary = trainer.train_and_evaluate(
@@ -152,7 +152,7 @@ def main(argv: list[str]) -> None:
     if _NUM_PROCESSES.value > 1 and lost_peer(e):
       _exit_lost_peer(e, _WORKDIR.value)
     if isinstance(e, (trainer.TrainerError, ValueError)):
-      config_cli.fail(PROG, e, status=1, first_line_only=False)
+      cli.fail(PROG, e, status=1, first_line_only=False)
     raise
   ev = summary['eval']
   import jax
@@ -166,7 +166,7 @@ def main(argv: list[str]) -> None:
 
 
 def run() -> None:
-  app.run(main, flags_parser=lambda argv: config_cli.parse_flags(PROG, argv))
+  app.run(main, flags_parser=lambda argv: cli.parse_flags(PROG, argv))
 
 
 if __name__ == '__main__':

@@ -124,8 +124,8 @@ def test_augment_modes_are_pp_strings():
   assert train.startswith('decode(channels=3)|inception_crop(224, area_min=8, ')
   assert train.endswith('|flip_lr|value_range(-1, 1)')
   # The tiny MNIST config's strings are the 'none' mode's.
-  from vmoe_sparse_ot.train import config_files  # pylint: disable=g-import-not-at-top
-  config = config_files.load_config_file('configs/vmoe_tiny_mnist.py')
+  from vmoe_sparse_ot.config import files  # pylint: disable=g-import-not-at-top
+  config = files.load_config_file('configs/vmoe_tiny_mnist.py')
   assert config.dataset.pp_train == config.dataset.pp_eval == (
       'decode(channels=1)|value_range(-1, 1)') and config.dataset.augment is None
 

@@ -1,7 +1,7 @@
 """config.fewshot defaults, the paper's transfer sets, and validation."""
 import pytest
 
-from vmoe_sparse_ot.evaluate import config as fewshot_config
+from vmoe_sparse_ot.config import fewshot_section as fewshot_config
 from vmoe_sparse_ot.evaluate import fewshot
 
 

@@ -10,8 +10,8 @@ import pytest
 
 from vmoe_sparse_ot import fewshot as job
 from vmoe_sparse_ot.evaluate import fewshot
-from vmoe_sparse_ot.train import config as config_lib
-from vmoe_sparse_ot.train import config_cli
+from vmoe_sparse_ot import config as config_lib
+from vmoe_sparse_ot.config import cli
 from vmoe_sparse_ot.train import trainer
 from tests.xla_flags import xla_flags
 
@@ -22,7 +22,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 # `get_config('sparse_ot')` names another router than the one trained (topk).
 CONFIG_FILE = textwrap.dedent('''
     from vmoe_sparse_ot.evaluate import fewshot
-    from vmoe_sparse_ot.train import config as config_lib
+    from vmoe_sparse_ot import config as config_lib
 
     def get_config(arg=None):
       config = config_lib.base_config()
@@ -93,7 +93,7 @@ def _run_job(*args):
 @pytest.fixture
 def job_in_process(monkeypatch, capfd):
   """`job_in_process(*args)`: what `python -m vmoe_sparse_ot.fewshot ARGS` runs after absl's
-  set-up (config_cli.parse_flags, then main), in this process; (status, stdout, stderr).
+  set-up (cli.parse_flags, then main), in this process; (status, stdout, stderr).
 
   No interpreter, JAX and TensorFlow start per call (the job's console as a process:
   test_job_evaluates_latest_checkpoint_prints_table_and_writes_json). absl's global flags are left unparsed afterwards, without
@@ -112,7 +112,7 @@ def job_in_process(monkeypatch, capfd):
     reset()
     capfd.readouterr()
     try:
-      job.main(config_cli.parse_flags(job.PROG, argv))
+      job.main(cli.parse_flags(job.PROG, argv))
       status = 0
     except SystemExit as e:
       status = e.code

@@ -4,7 +4,7 @@ import pathlib
 import subprocess
 import sys
 
-from vmoe_sparse_ot.train import config as config_lib
+from vmoe_sparse_ot import config as config_lib
 from tests.xla_flags import xla_flags
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]

@@ -4,8 +4,8 @@ import pytest
 from vmoe_sparse_ot import nn
 from vmoe_sparse_ot.evaluate import overrides
 from vmoe_sparse_ot.nn.config import variant_sizes
-from vmoe_sparse_ot.train import config as config_lib
-from vmoe_sparse_ot.train import config_cli
+from vmoe_sparse_ot import config as config_lib
+from vmoe_sparse_ot.config import cli
 from tests.train.helpers import ROOT, TINY
 
 
@@ -43,7 +43,7 @@ def test_pp_strings_of_the_configs_follow_image_size():
   config.dataset.image_size = 14
   assert config.dataset.pp_eval == 'decode|value_range(0, 1)'
   assert 'resize(14)' in config.dataset.pp_train
-  assert config_cli.format_config(config).count('resize(14)') == 1   # printed resolved
+  assert cli.format_config(config).count('resize(14)') == 1   # printed resolved
   ft = load('vmoe_b16_ft_imagenet.py')
   ft.dataset.image_size = 512
   assert ft.dataset.pp_train.startswith('decode_jpeg_and_inception_crop(512)|')
@@ -127,7 +127,7 @@ def test_negative_topk_bias_update_rate_is_one_line_with_exit_status_2(capsys):
   with pytest.raises(ValueError) as error:
     nn.build_model(config.model)   # As the training command line's checks do.
   with pytest.raises(SystemExit) as info:
-    config_cli.fail('python -m vmoe_sparse_ot.main', error.value)
+    cli.fail('python -m vmoe_sparse_ot.main', error.value)
   assert info.value.code == 2
   assert capsys.readouterr().err == (
       'python -m vmoe_sparse_ot.main: error: model.encoder.moe.router.topk_bias.update_rate '
@@ -346,8 +346,8 @@ def test_one_key_checker_and_schema_constants_match_the_code_they_mirror():
   assert config_lib.AUGMENTATIONS == pipeline.AUGMENTATIONS
   assert config_lib.SAMPLINGS == pipeline.SAMPLINGS
   assert tuple(sorted(embedded.BUILDERS)) == data_cli.NAMES
-  from vmoe_sparse_ot.train import config_validation  # pylint: disable=g-import-not-at-top
-  assert config_validation.MODELS == tuple(nn.MODELS)
+  from vmoe_sparse_ot.config import validation  # pylint: disable=g-import-not-at-top
+  assert validation.MODELS == tuple(nn.MODELS)
 
 
 def test_config_argument_of_the_wrong_type_names_the_key():

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from vmoe_sparse_ot import plot
-from vmoe_sparse_ot.train import config as config_lib
-from vmoe_sparse_ot.train import pp_targets
+from vmoe_sparse_ot import config as config_lib
+from vmoe_sparse_ot.config import pp_targets
 from vmoe_sparse_ot.train import trainer
 from tests.train.helpers import small_config
 

@@ -9,7 +9,7 @@ import pytest
 from vmoe_sparse_ot import export
 from vmoe_sparse_ot import initialization
 from vmoe_sparse_ot.train import checkpoints, trainer
-from vmoe_sparse_ot.train import config as config_lib
+from vmoe_sparse_ot import config as config_lib
 from tests.train.helpers import small_config
 
 

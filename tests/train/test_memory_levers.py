@@ -7,7 +7,7 @@ import pytest
 
 from tests.nn.helpers import tiny_config
 from vmoe_sparse_ot import nn
-from vmoe_sparse_ot.train import config as config_lib
+from vmoe_sparse_ot import config as config_lib
 from vmoe_sparse_ot.train import state as state_lib
 from vmoe_sparse_ot.train import trainer
 

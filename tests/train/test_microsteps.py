@@ -6,7 +6,7 @@ import optax
 import pytest
 
 from vmoe_sparse_ot import nn
-from vmoe_sparse_ot.train import config as config_lib
+from vmoe_sparse_ot import config as config_lib
 from vmoe_sparse_ot.train import microsteps as microsteps_lib
 from vmoe_sparse_ot import parallel
 from vmoe_sparse_ot.train import state as state_lib

@@ -7,7 +7,7 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 from vmoe_sparse_ot import nn
-from vmoe_sparse_ot.train import config as config_lib
+from vmoe_sparse_ot import config as config_lib
 from vmoe_sparse_ot.train import optimizer as opt
 from vmoe_sparse_ot import parallel
 

@@ -13,7 +13,7 @@ from typing import Any
 import ml_collections
 
 from vmoe_sparse_ot.nn.config import without_compute_keys
-from vmoe_sparse_ot.train.config_files import flatten
+from vmoe_sparse_ot.config.files import flatten
 
 
 class CheckpointMismatchError(ValueError):

@@ -20,10 +20,10 @@ import ml_collections
 import numpy as np
 from absl import logging
 
-from vmoe_sparse_ot.evaluate import config as fewshot_config
+from vmoe_sparse_ot.config import fewshot_section as fewshot_config
 from vmoe_sparse_ot.evaluate import features as features_lib
 from vmoe_sparse_ot.evaluate import ridge
-from vmoe_sparse_ot.evaluate.config import default_fewshot_config, transfer_datasets
+from vmoe_sparse_ot.config.fewshot_section import default_fewshot_config, transfer_datasets
 
 __all__ = [
     'DatasetError', 'FewShotDataset', 'FewShotEvaluator', 'PeriodicFewShot',

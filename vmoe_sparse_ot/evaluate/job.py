@@ -77,10 +77,11 @@ from vmoe_sparse_ot.evaluate import overrides as overrides_lib
 from vmoe_sparse_ot.evaluate import routing_stats
 from vmoe_sparse_ot.evaluate.checkpoint_config import describe_model, model_config_differences
 from vmoe_sparse_ot.evaluate.files import write_json_atomic
-from vmoe_sparse_ot.train import checkpoints, config_cli
+from vmoe_sparse_ot.train import checkpoints
+from vmoe_sparse_ot.config import cli
 from vmoe_sparse_ot import parallel
 from vmoe_sparse_ot.train import losses as losses_lib
-from vmoe_sparse_ot.train import config as config_lib
+from vmoe_sparse_ot import config as config_lib
 from vmoe_sparse_ot.train.errors import CheckpointRestoreError
 
 PROG = 'python -m vmoe_sparse_ot.evaluate'
@@ -430,12 +431,12 @@ def main(argv: Sequence[str] | None = None) -> None:
   if any(arg in ('-h', '--help', '--helpshort', '--helpfull', '-?') for arg in argv[1:]):
     print(_usage(fv))
     return
-  rest = config_cli.parse_flags(PROG, argv, flag_values=fv)
+  rest = cli.parse_flags(PROG, argv, flag_values=fv)
   if len(rest) > 1:
-    config_cli.fail(PROG, f'unexpected arguments {rest[1:]}')
+    cli.fail(PROG, f'unexpected arguments {rest[1:]}')
   quiet_logs.quiet_library_logs()
   if not values['workdir'].value:
-    config_cli.fail(PROG, 'flag --workdir is required')
+    cli.fail(PROG, 'flag --workdir is required')
   overrides = {key: values[key].value for key in overrides_lib.ROUTING_OVERRIDES
                if values[key].value is not None}
   try:
@@ -445,15 +446,15 @@ def main(argv: Sequence[str] | None = None) -> None:
         batch_size=values['batch_size'].value, name=values['name'].value,
         config=values['config'].value, **overrides)
   except overrides_lib.RoutingOverrideError as e:
-    config_cli.fail(PROG, f'--{e}' if e.key else e)
+    cli.fail(PROG, f'--{e}' if e.key else e)
   except (OSError, ValueError) as e:
-    config_cli.fail(PROG, e)
+    cli.fail(PROG, e)
   try:
     payload = run(request)
   except UsageError as e:
-    config_cli.fail(PROG, e)
+    cli.fail(PROG, e)
   except CheckpointRestoreError as e:
-    config_cli.fail(PROG, e, status=1)
+    cli.fail(PROG, e, status=1)
   if jax.process_index() == 0:
     print(format_report(payload))
     print(f'Wrote {request.path}', flush=True)

@@ -47,7 +47,9 @@ from typing import Iterator, NamedTuple, Sequence
 
 import numpy as np
 
-SELECTION_MODES = ('loo', 'holdout')
+from vmoe_sparse_ot.config.fewshot_section import L2_SELECTIONS
+
+SELECTION_MODES = L2_SELECTIONS  # the config key's values (config.fewshot.l2_selection)
 
 
 class Spectrum(NamedTuple):

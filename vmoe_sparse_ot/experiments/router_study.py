@@ -84,8 +84,8 @@ ROUTER_LABELS = {'topk': 'TopK', 'sbase': 'S-BASE', 'sparse_ot': 'Sparsity-const
 
 def make_config(router: str, steps: int, seed: int, *, quick: bool):
   """`configs/vmoe_tiny_mnist.py` for `router`, `steps`, `seed`; digits 10-shot."""
-  from vmoe_sparse_ot.evaluate import config as fewshot_config  # pylint: disable=g-import-not-at-top
-  from vmoe_sparse_ot.train import config as config_lib  # pylint: disable=g-import-not-at-top
+  from vmoe_sparse_ot.config import fewshot_section as fewshot_config  # pylint: disable=g-import-not-at-top
+  from vmoe_sparse_ot import config as config_lib  # pylint: disable=g-import-not-at-top
   config = config_lib.load_config_file(f'{CONFIG_FILE}:router={router},steps={steps}')
   with config.unlocked():
     config.seed = seed

@@ -40,7 +40,7 @@ def make_config(router: str, steps: int, seed: int, *, dense: bool = False,
                 digits: bool = False, init: str | None = None, quick: bool = False):
   """The tiny MNIST config for one run; `quick` shrinks it (`experiments.QUICK_MODEL`)."""
   from vmoe_sparse_ot import experiments  # pylint: disable=g-import-not-at-top
-  from vmoe_sparse_ot.train import config as config_lib  # pylint: disable=g-import-not-at-top
+  from vmoe_sparse_ot import config as config_lib  # pylint: disable=g-import-not-at-top
   config = config_lib.load_config_file(f'{CONFIG_FILE}:router={router},steps={steps}')
   if quick:
     experiments.shrink_for_quick(config)

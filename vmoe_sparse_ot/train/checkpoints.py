@@ -38,7 +38,7 @@ import orbax.checkpoint as ocp
 from absl import logging
 
 from vmoe_sparse_ot.nn.config import without_compute_keys
-from vmoe_sparse_ot.train import config as config_lib
+from vmoe_sparse_ot import config as config_lib
 from vmoe_sparse_ot import parallel
 from vmoe_sparse_ot.train.errors import CheckpointRestoreError
 from vmoe_sparse_ot.train.errors import CheckpointWriteError

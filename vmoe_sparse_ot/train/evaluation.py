@@ -27,7 +27,7 @@ import jax.numpy as jnp
 from absl import logging
 
 from vmoe_sparse_ot.train import losses as losses_lib
-from vmoe_sparse_ot.train.config_schema import EVAL_DATASET_KEYS
+from vmoe_sparse_ot.config.schema import EVAL_DATASET_KEYS
 DEFAULT_NAME = ''  # The run's own eval split: metrics 'eval/<metric>'.
 
 

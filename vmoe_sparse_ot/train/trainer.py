@@ -40,7 +40,7 @@ from vmoe_sparse_ot import data as data_lib
 from vmoe_sparse_ot import initialization
 from vmoe_sparse_ot import nn
 from vmoe_sparse_ot.train import checkpoints
-from vmoe_sparse_ot.train import config as config_lib
+from vmoe_sparse_ot import config as config_lib
 from vmoe_sparse_ot.train import evaluation
 from vmoe_sparse_ot.train import lock as lock_lib
 from vmoe_sparse_ot.train import losses as losses_lib

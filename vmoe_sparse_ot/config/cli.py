@@ -13,7 +13,7 @@ import os
 import sys
 from typing import Any, Mapping, NoReturn, Sequence
 
-from vmoe_sparse_ot.train.config_files import load_config_file
+from vmoe_sparse_ot.config.files import load_config_file
 
 
 def fail(prog: str, message: Any, status: int = 2, *, first_line_only: bool = True

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import ml_collections
 
-from vmoe_sparse_ot.evaluate.config import default_fewshot_config
+from vmoe_sparse_ot.config.fewshot_section import default_fewshot_config
 from vmoe_sparse_ot.nn.config import default_model_config
 
 OPTIMIZERS = ('adam', 'adamw', 'sgd', 'adafactor')

@@ -18,7 +18,9 @@ from typing import Any, Mapping
 import ml_collections
 
 from vmoe_sparse_ot.config_keys import check_keys
-from vmoe_sparse_ot.evaluate.ridge import SELECTION_MODES
+
+# How the ridge's L2 is chosen (evaluate.ridge.select_l2): leave-one-out or a held-out split.
+L2_SELECTIONS = ('loo', 'holdout')
 
 DATASET_KEYS = ('name', 'train_split', 'test_split')
 
@@ -102,8 +104,8 @@ def validate(fewshot: Mapping[str, Any]) -> None:
   if not l2_regs or any(isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0
                         for v in l2_regs):
     fail('l2_regs', 'must be one or more numbers > 0')
-  if fewshot['l2_selection'] not in SELECTION_MODES:
-    fail('l2_selection', f'must be one of {list(SELECTION_MODES)}')
+  if fewshot['l2_selection'] not in L2_SELECTIONS:
+    fail('l2_selection', f'must be one of {list(L2_SELECTIONS)}')
   if not 0 < fewshot['holdout_fraction'] < 1:
     fail('holdout_fraction', 'must be in (0, 1)')
   if not is_int(fewshot['batch_size']) or fewshot['batch_size'] < 1:

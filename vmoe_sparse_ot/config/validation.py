@@ -20,19 +20,19 @@ import re
 from typing import Any, Mapping
 
 from vmoe_sparse_ot.config_keys import check_keys
-from vmoe_sparse_ot.evaluate import config as fewshot_config
+from vmoe_sparse_ot.config import fewshot_section as fewshot_config
 from vmoe_sparse_ot.nn.config import MODEL_DTYPES
 from vmoe_sparse_ot.nn.config import VIT_SIZES
 from vmoe_sparse_ot.nn.config import VMOE_PREFIX
 from vmoe_sparse_ot.nn.config import VMOE_SIZES
 from vmoe_sparse_ot.nn.config import variant_sizes
-from vmoe_sparse_ot.train.config_schema import AUGMENTATIONS
-from vmoe_sparse_ot.train.config_schema import EVAL_DATASET_KEYS
-from vmoe_sparse_ot.train.config_schema import LOSSES
-from vmoe_sparse_ot.train.config_schema import OPTIMIZERS
-from vmoe_sparse_ot.train.config_schema import SAMPLINGS
-from vmoe_sparse_ot.train.config_schema import SCHEDULES
-from vmoe_sparse_ot.train.config_schema import base_config
+from vmoe_sparse_ot.config.schema import AUGMENTATIONS
+from vmoe_sparse_ot.config.schema import EVAL_DATASET_KEYS
+from vmoe_sparse_ot.config.schema import LOSSES
+from vmoe_sparse_ot.config.schema import OPTIMIZERS
+from vmoe_sparse_ot.config.schema import SAMPLINGS
+from vmoe_sparse_ot.config.schema import SCHEDULES
+from vmoe_sparse_ot.config.schema import base_config
 
 MODELS = ('vit_moe', 'vit')
 CLASSIFIERS = ('token', 'gap')
@@ -432,7 +432,7 @@ def check_datasets(config: Mapping[str, Any], *, training: bool = True,
   `training`: the training and evaluation dataset (`config.dataset`) and every
   `config.evaluate.datasets` entry, that their pp strings give the model's input
   and the targets the loss and mixup read (traced, no data read: see
-  `train.pp_targets`) and that their labels fit `config.model.num_classes`.
+  `config.pp_targets`) and that their labels fit `config.model.num_classes`.
   `fewshot`: every `config.fewshot.datasets` entry (default: when periodic
   few-shot is on). Raises FileNotFoundError (not
   prepared: names the dataset, the data_dir and how to prepare it) or ValueError
@@ -474,7 +474,7 @@ def _check_pp_output(config, pp_key: str, pp: str | None, *, training: bool,
   must bring to the model's size (see `data.trace_pp`).
   """
   from vmoe_sparse_ot import data  # pylint: disable=g-import-not-at-top  (TensorFlow)
-  from vmoe_sparse_ot.train import pp_targets  # pylint: disable=g-import-not-at-top
+  from vmoe_sparse_ot.config import pp_targets  # pylint: disable=g-import-not-at-top
   ds = config['dataset']
   size = ds['image_size']
   if pp is None:  # The `augment` modes give the image and keep the label.

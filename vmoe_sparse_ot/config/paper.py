@@ -3,10 +3,10 @@ from __future__ import annotations
 
 import ml_collections
 
-from vmoe_sparse_ot.evaluate.config import transfer_datasets
+from vmoe_sparse_ot.config.fewshot_section import transfer_datasets
 from vmoe_sparse_ot.nn.config import variant_sizes
-from vmoe_sparse_ot.train.config_files import parse_arg
-from vmoe_sparse_ot.train.config_schema import base_config
+from vmoe_sparse_ot.config.files import parse_arg
+from vmoe_sparse_ot.config.schema import base_config
 
 # TFDS names with their label counts. ImageNet-21k is not registered in TFDS 4.9
 # (the V-MoE authors used their own builder); a user-registered one works as is.
