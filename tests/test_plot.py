@@ -50,7 +50,7 @@ def test_read_scalars_has_the_trainer_tags(workdir):
 def test_expert_choices_follow_the_sown_weights(workdir):
   import ml_collections  # pylint: disable=g-import-not-at-top
   from vmoe_sparse_ot import nn  # pylint: disable=g-import-not-at-top
-  from vmoe_sparse_ot.train import checkpoints  # pylint: disable=g-import-not-at-top
+  from vmoe_sparse_ot import checkpoints  # pylint: disable=g-import-not-at-top
   params, meta, _ = checkpoints.restore_params_with_meta(str(workdir))
   model_config = ml_collections.ConfigDict(meta['model_config'])
   model = nn.build_model(model_config)

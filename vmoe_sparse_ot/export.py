@@ -51,7 +51,7 @@ def exported_arrays(params, naming: str = 'vit') -> dict[str, np.ndarray]:
 
 def export(workdir: str, out: str, step: int | None = None, naming: str = 'vit') -> tuple[int, int]:
   """Writes the checkpoint's parameters to `out`; returns (step, number of arrays)."""
-  from vmoe_sparse_ot.train import checkpoints
+  from vmoe_sparse_ot import checkpoints
   params, _, step = checkpoints.restore_params_with_meta(workdir, step)
   arrays = exported_arrays(params, naming)
   npz_lib.write_npz(out, arrays)

@@ -44,7 +44,7 @@ from vmoe_sparse_ot.evaluate.checkpoint_config import CheckpointMismatchError
 from vmoe_sparse_ot.evaluate.checkpoint_config import describe_model
 from vmoe_sparse_ot.evaluate.checkpoint_config import resolve_model_config
 from vmoe_sparse_ot.evaluate.files import write_json_atomic
-from vmoe_sparse_ot.train import checkpoints
+from vmoe_sparse_ot import checkpoints
 from vmoe_sparse_ot import parallel
 from vmoe_sparse_ot import config as config_lib
 from vmoe_sparse_ot.config import cli

@@ -97,7 +97,7 @@ def lost_peer(error: BaseException) -> bool:
 def lost_peer_message(error: BaseException, workdir: str, process_index: int,
                       process_count: int) -> str:
   """The one line a surviving process prints: who was lost, and how to resume."""
-  from vmoe_sparse_ot.train import checkpoints  # Imports jax: not before it is needed.
+  from vmoe_sparse_ot import checkpoints  # Imports jax: not before it is needed.
   lost = (f'process {1 - process_index}' if process_count == 2
           else f'another of the {process_count} processes')
   text = ' '.join(str(error).split()).replace('Error dispatching computation: ', '')
@@ -143,10 +143,12 @@ def main(argv: list[str]) -> None:
     config_lib.validate_for_devices(config, jax.device_count(), jax.process_count())
   except (OSError, ValueError) as e:
     cli.fail(PROG, e)
+  from vmoe_sparse_ot.evaluate import fewshot
   from vmoe_sparse_ot.train import trainer
   try:
     summary = trainer.train_and_evaluate(
-        config, _WORKDIR.value, allow_schedule_change=_ALLOW_SCHEDULE_CHANGE.value)
+        config, _WORKDIR.value, allow_schedule_change=_ALLOW_SCHEDULE_CHANGE.value,
+        fewshot=fewshot.periodic_fewshot)
   except Exception as e:  # pylint: disable=broad-except
     # First: a failed save or read can be the symptom of a dead peer too.
     if _NUM_PROCESSES.value > 1 and lost_peer(e):

@@ -18,6 +18,7 @@ import optax
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
 from vmoe_sparse_ot import data as data_lib
+from vmoe_sparse_ot.trees import path_name
 
 AXES = ('data', 'expert')
 PREFETCH = 2  # Batches put on the mesh ahead of the step that uses them.
@@ -45,11 +46,6 @@ def make_mesh(mesh_config: Mapping[str, Any], devices: Sequence[Any] | None = No
                      f'of devices {n} (use data=-1 for "the rest")')
   return jax.make_mesh((data, expert), AXES, axis_types=(AxisType.Auto,) * 2,
                        devices=devices)
-
-
-def path_name(path) -> str:
-  """'encoder/encoderblock_1/moe/experts/wi_kernel' for a jax tree key path."""
-  return '/'.join(str(getattr(k, 'key', getattr(k, 'name', k))) for k in path)
 
 
 def param_specs(params: Any, rules: Sequence[tuple[str, P]]) -> Any:

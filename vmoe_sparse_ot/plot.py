@@ -309,7 +309,7 @@ def routing_figure(workdir: str, path: str, *, num_images: int = 4, dataset: str
   import ml_collections
   from vmoe_sparse_ot import data
   from vmoe_sparse_ot import nn
-  from vmoe_sparse_ot.train import checkpoints
+  from vmoe_sparse_ot import checkpoints
   params, meta, step = checkpoints.restore_params_with_meta(workdir)
   model_config = ml_collections.ConfigDict(meta['model_config'])
   if model_config.name != 'vit_moe':
@@ -359,7 +359,7 @@ def plot_workdir(workdir: str, out: str | None = None, *, num_images: int = 4,
   has_checkpoint = os.path.isdir(os.path.join(workdir, 'checkpoints')) and any(
       name.isdigit() for name in os.listdir(os.path.join(workdir, 'checkpoints')))
   if has_checkpoint:
-    from vmoe_sparse_ot.train import checkpoints
+    from vmoe_sparse_ot import checkpoints
     meta_model = checkpoints.read_meta(workdir)[0].get('model_config')
   label = os.path.basename(os.path.normpath(workdir))
   if meta_model and meta_model.get('name') == 'vit_moe':

@@ -44,7 +44,8 @@ def train(config, workdir) -> None:
   about half the compile time.
   """
   from vmoe_sparse_ot import nn  # pylint: disable=g-import-not-at-top
-  from vmoe_sparse_ot.train import checkpoints, optimizer, state, trainer  # pylint: disable=g-import-not-at-top
+  from vmoe_sparse_ot.train import optimizer, state, trainer  # pylint: disable=g-import-not-at-top
+  from vmoe_sparse_ot import checkpoints
   model = nn.build_model(config.model)
   _, root_key = jax.random.split(jax.random.key(config.seed))
   # Parameters drawn with 'rbg' keys: threefry's initializers take 2 s longer to compile.

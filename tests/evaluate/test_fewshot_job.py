@@ -70,7 +70,7 @@ def setup(tmp_path_factory):
   workdir = tmp / 'workdir'
   # One device: compiling for the 8 fake CPU devices costs time and tests nothing here.
   trainer.train_and_evaluate(config_lib.load_config_file(str(config_path)), str(workdir),
-                             devices=jax.devices()[:1])
+                             devices=jax.devices()[:1], fewshot=fewshot.periodic_fewshot)
   return config_path, workdir
 
 

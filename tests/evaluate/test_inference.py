@@ -11,7 +11,7 @@ from tests.evaluate.conftest import EVAL_BATCH
 from tests.train.helpers import ROOT
 from vmoe_sparse_ot import nn
 from vmoe_sparse_ot.evaluate import overrides as overrides_lib
-from vmoe_sparse_ot.train import checkpoints
+from vmoe_sparse_ot import checkpoints
 
 
 def test_import_stays_light_and_load_resolves_lazily():

@@ -6,7 +6,7 @@ import numpy as np
 import optax
 
 from tests import compile_profile
-from vmoe_sparse_ot.train import checkpoints
+from vmoe_sparse_ot import checkpoints
 from vmoe_sparse_ot import parallel
 from vmoe_sparse_ot.train import state as state_lib
 

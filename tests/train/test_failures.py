@@ -16,8 +16,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from vmoe_sparse_ot.train import checkpoints
-from vmoe_sparse_ot.train import errors
+from vmoe_sparse_ot import checkpoints
+from vmoe_sparse_ot import errors
 from vmoe_sparse_ot.train import trainer
 from vmoe_sparse_ot.train.state import TrainState
 from tests.train import helpers
@@ -78,7 +78,7 @@ def _two_checkpoints_newest_damaged(workdir, num_arrays=40):
 
 READ_AND_EXIT = textwrap.dedent('''
     import sys
-    from vmoe_sparse_ot.train import checkpoints
+    from vmoe_sparse_ot import checkpoints
     for _ in range(3):
       _, meta, step = checkpoints.restore_params_with_meta(sys.argv[1])
     print(step, meta['step'])
@@ -116,7 +116,7 @@ def test_falling_back_from_a_damaged_checkpoint_leaves_no_read_pending(tmp_path,
 LOST_PEER = textwrap.dedent('''
     import json, sys
     from vmoe_sparse_ot import main
-    from vmoe_sparse_ot.train import errors
+    from vmoe_sparse_ot import errors
     gloo = RuntimeError('INTERNAL: Error dispatching computation: Gloo all-reduce failed: '
                         '[pair.cc:538] Read error [127.0.0.1]:52944: Connection reset by peer')
     try:  # A checkpoint write that failed on a collective with the dead process.

@@ -8,7 +8,8 @@ import pytest
 
 from vmoe_sparse_ot import export
 from vmoe_sparse_ot import initialization
-from vmoe_sparse_ot.train import checkpoints, trainer
+from vmoe_sparse_ot.train import trainer
+from vmoe_sparse_ot import checkpoints
 from vmoe_sparse_ot import config as config_lib
 from tests.train.helpers import small_config
 

@@ -99,7 +99,7 @@ def test_config_errors_name_the_key():
 
 def test_checkpoints_resume_and_evaluate_across_compute_keys():
   from vmoe_sparse_ot.evaluate import checkpoint_config  # pylint: disable=g-import-not-at-top
-  from vmoe_sparse_ot.train import checkpoints  # pylint: disable=g-import-not-at-top
+  from vmoe_sparse_ot import checkpoints  # pylint: disable=g-import-not-at-top
   config = config_lib.load_config_file('configs/vmoe_tiny_mnist.py')
   # A record written before the keys existed, and one of the default config.
   now = config.model.to_dict()

@@ -9,7 +9,7 @@ import pytest
 from vmoe_sparse_ot.train import metrics as metrics_lib
 from vmoe_sparse_ot import parallel
 from vmoe_sparse_ot.train import progress as progress_lib
-from vmoe_sparse_ot.train.errors import NonFiniteLossError
+from vmoe_sparse_ot.errors import NonFiniteLossError
 
 
 def _run(steps, values, max_steps=4):

@@ -13,7 +13,7 @@ import pytest
 from vmoe_sparse_ot.nn import router_state
 from vmoe_sparse_ot.nn import routers
 from vmoe_sparse_ot.nn.moe import MoeLayer
-from vmoe_sparse_ot.train import checkpoints
+from vmoe_sparse_ot import checkpoints
 from vmoe_sparse_ot.train import state as state_lib
 from vmoe_sparse_ot.train import trainer
 

@@ -7,7 +7,7 @@ import subprocess
 import jax
 import numpy as np
 
-from vmoe_sparse_ot.train import checkpoints
+from vmoe_sparse_ot import checkpoints
 from tests.train import helpers
 
 OVERRIDES = helpers.SIX_STEPS  # Those of the shared one-process run, topk_six_steps.

@@ -12,8 +12,8 @@ import jax
 import numpy as np
 import pytest
 
-from vmoe_sparse_ot.train import checkpoints
-from vmoe_sparse_ot.train import errors
+from vmoe_sparse_ot import checkpoints
+from vmoe_sparse_ot import errors
 from vmoe_sparse_ot.train import lock as lock_lib
 from vmoe_sparse_ot.train import trainer
 from tests import compile_profile
@@ -179,7 +179,9 @@ FULL_DISK = textwrap.dedent('''
     import resource, signal, sys
     import jax
     from tests.train.helpers import small_config
-    from vmoe_sparse_ot.train import checkpoints, errors, trainer
+    from vmoe_sparse_ot.train import trainer
+    from vmoe_sparse_ot import checkpoints
+    from vmoe_sparse_ot import errors
 
     save = checkpoints.Checkpointer.save
 

@@ -12,7 +12,7 @@ import time
 import jax
 import numpy as np
 
-from vmoe_sparse_ot.train import checkpoints
+from vmoe_sparse_ot import checkpoints
 from vmoe_sparse_ot.train import trainer
 from tests.train import helpers
 

@@ -8,8 +8,8 @@ import jax
 import numpy as np
 import pytest
 
-from vmoe_sparse_ot.train import checkpoints
-from vmoe_sparse_ot.train import errors
+from vmoe_sparse_ot import checkpoints
+from vmoe_sparse_ot import errors
 from vmoe_sparse_ot.train import trainer
 from tests import compile_profile
 from tests.train.helpers import small_config
@@ -221,7 +221,10 @@ def test_periodic_fewshot_runs_first_every_n_and_last_step(monkeypatch, tmp_path
   monkeypatch.setattr(fewshot, 'make_evaluator', fake_make_evaluator)
   # Logged as the interval-means test's second run (its step program, reused).
   config = small_config('router=topk', train_steps=5, fewshot__every_steps=2, log_every_steps=4)
-  trainer.train_and_evaluate(config, str(tmp_path), devices=jax.devices()[:1])
+  with pytest.raises(ValueError, match='config.fewshot.every_steps=2: periodic few-shot needs'):
+    trainer.train_and_evaluate(config, str(tmp_path), devices=jax.devices()[:1])
+  trainer.train_and_evaluate(config, str(tmp_path), devices=jax.devices()[:1],
+                             fewshot=fewshot.periodic_fewshot)
   assert len(calls) == 4  # Steps 1 (first), 2, 4 and 5 (last).
 
 

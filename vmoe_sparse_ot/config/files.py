@@ -4,9 +4,11 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
-from typing import Any, Mapping
+from typing import Any
 
 import ml_collections
+
+from vmoe_sparse_ot.trees import flatten  # noqa: F401  (re-exported: config.flatten)
 
 
 def parse_arg(arg: str | None, **defaults: Any) -> ml_collections.ConfigDict:
@@ -82,14 +84,3 @@ def load_config_file(spec: str) -> ml_collections.ConfigDict:
   if not hasattr(module, 'get_config'):
     raise ValueError(f'config file {path!r} defines no get_config()')
   return module.get_config(arg) if arg else module.get_config()
-
-
-def flatten(tree: Mapping[str, Any], prefix: str = '') -> dict[str, Any]:
-  """{'a.b.c': leaf} of a nested dict (tuples become lists, as JSON returns them)."""
-  out = {}
-  for key, value in tree.items():
-    if isinstance(value, Mapping):
-      out.update(flatten(value, f'{prefix}{key}.'))
-    else:
-      out[f'{prefix}{key}'] = list(value) if isinstance(value, tuple) else value
-  return out

@@ -231,3 +231,16 @@ class PeriodicFewShot:
     logging.info('Few-shot at step %d: %s', step, metrics)
     self.writer.write_scalars(step, metrics)
     return metrics
+
+
+def periodic_fewshot(config, model, mesh, writer) -> PeriodicFewShot | None:
+  """The trainer's few-shot hook (`train_and_evaluate(..., fewshot=periodic_fewshot)`).
+
+  A PeriodicFewShot over `config.fewshot` every `config.fewshot.every_steps` steps
+  and at the last step, writing to `writer`; None when every_steps is 0.
+  """
+  if config.fewshot.every_steps <= 0:
+    return None
+  evaluator = make_evaluator(config, model, mesh=mesh)
+  return PeriodicFewShot(evaluator, writer, every_steps=config.fewshot.every_steps,
+                         last_step=config.train_steps)

@@ -77,12 +77,12 @@ from vmoe_sparse_ot.evaluate import overrides as overrides_lib
 from vmoe_sparse_ot.evaluate import routing_stats
 from vmoe_sparse_ot.evaluate.checkpoint_config import describe_model, model_config_differences
 from vmoe_sparse_ot.evaluate.files import write_json_atomic
-from vmoe_sparse_ot.train import checkpoints
+from vmoe_sparse_ot import checkpoints
 from vmoe_sparse_ot.config import cli
 from vmoe_sparse_ot import parallel
 from vmoe_sparse_ot.train import losses as losses_lib
 from vmoe_sparse_ot import config as config_lib
-from vmoe_sparse_ot.train.errors import CheckpointRestoreError
+from vmoe_sparse_ot.errors import CheckpointRestoreError
 
 PROG = 'python -m vmoe_sparse_ot.evaluate'
 EVAL_DIR = 'eval'

@@ -202,7 +202,7 @@ def check_param_shapes(model, param_shapes: Mapping[str, list[int]],
   """
   import jax  # pylint: disable=g-import-not-at-top
 
-  from vmoe_sparse_ot.train import checkpoints  # pylint: disable=g-import-not-at-top
+  from vmoe_sparse_ot import checkpoints  # pylint: disable=g-import-not-at-top
   image = jax.ShapeDtypeStruct((1, *input_shape), np.float32)
   expected = checkpoints.param_shapes(jax.eval_shape(
       lambda x: model.init({'params': jax.random.key(0)}, x, train=False)['params'], image))

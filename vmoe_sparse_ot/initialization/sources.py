@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from vmoe_sparse_ot import trees
 from vmoe_sparse_ot.initialization import names as names_lib
 from vmoe_sparse_ot.initialization import npz as npz_lib
 from vmoe_sparse_ot.initialization import partitioned
@@ -38,8 +39,7 @@ def flatten_tree(tree: Any) -> dict[str, Any]:
   """{'a/b/c': leaf} of a nested dict / pytree."""
   import jax  # pylint: disable=g-import-not-at-top  (config checks import this module)
   flat = jax.tree_util.tree_flatten_with_path(tree)[0]
-  return {'/'.join(str(getattr(k, 'key', getattr(k, 'name', k))) for k in path): leaf
-          for path, leaf in flat}
+  return {trees.path_name(path): leaf for path, leaf in flat}
 
 
 def unflatten(flat: dict[str, Any]) -> dict[str, Any]:
@@ -78,7 +78,7 @@ def kind_of(path: str) -> str:
 def _read_workdir(path: str, step: int | None):
   # Reading Orbax checkpoints (with the fallback past damaged steps) is the
   # trainer's checkpoint module's job; imported here, lazily, to keep one reader.
-  from vmoe_sparse_ot.train import checkpoints  # pylint: disable=g-import-not-at-top
+  from vmoe_sparse_ot import checkpoints  # pylint: disable=g-import-not-at-top
   try:
     params, meta, step = checkpoints.restore_params_with_meta(path, step)
   except (OSError, ValueError) as e:

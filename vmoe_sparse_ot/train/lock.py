@@ -19,7 +19,7 @@ import socket
 
 from absl import logging
 
-from vmoe_sparse_ot.train.errors import WorkdirLockedError
+from vmoe_sparse_ot.errors import WorkdirLockedError
 
 
 def lock_path(workdir: str, process_index: int = 0) -> str:

@@ -7,7 +7,7 @@ from typing import Any, Mapping
 import jax
 import optax
 
-from vmoe_sparse_ot import parallel
+from vmoe_sparse_ot import trees
 
 
 def resolved_schedule(schedule: Mapping[str, Any], train_steps: int) -> dict[str, Any]:
@@ -50,7 +50,7 @@ def path_mask(params: Any, regex: str) -> Any:
   """Bool tree: True where the '/'-joined parameter path matches `regex`."""
   pattern = re.compile(regex)
   return jax.tree_util.tree_map_with_path(
-      lambda path, _: bool(pattern.search(parallel.path_name(path))),
+      lambda path, _: bool(pattern.search(trees.path_name(path))),
       params)
 
 
@@ -136,6 +136,6 @@ def frozen_names(params: Any, regex: str | None) -> list[str]:
   if regex is None:
     return []
   pattern = re.compile(regex)
-  return [name for name in (parallel.path_name(p) for p, _ in
+  return [name for name in (trees.path_name(p) for p, _ in
                             jax.tree_util.tree_flatten_with_path(params)[0])
           if pattern.search(name)]

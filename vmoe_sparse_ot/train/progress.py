@@ -19,7 +19,7 @@ from typing import Any, Callable
 import jax
 from absl import logging
 
-from vmoe_sparse_ot.train.errors import NonFiniteLossError
+from vmoe_sparse_ot.errors import NonFiniteLossError
 from vmoe_sparse_ot.train.metrics import TrainMetrics
 
 

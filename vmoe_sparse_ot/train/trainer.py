@@ -26,7 +26,7 @@ import itertools
 import json
 import os
 import time
-from typing import Any
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -39,7 +39,7 @@ from clu import periodic_actions
 from vmoe_sparse_ot import data as data_lib
 from vmoe_sparse_ot import initialization
 from vmoe_sparse_ot import nn
-from vmoe_sparse_ot.train import checkpoints
+from vmoe_sparse_ot import checkpoints
 from vmoe_sparse_ot import config as config_lib
 from vmoe_sparse_ot.train import evaluation
 from vmoe_sparse_ot.train import lock as lock_lib
@@ -52,9 +52,13 @@ from vmoe_sparse_ot import parallel
 from vmoe_sparse_ot.train import programs
 from vmoe_sparse_ot.train import progress as progress_lib
 from vmoe_sparse_ot.train import state as state_lib
-from vmoe_sparse_ot.train.errors import NonFiniteLossError  # pylint: disable=unused-import
-from vmoe_sparse_ot.train.errors import TrainerError  # pylint: disable=unused-import
+from vmoe_sparse_ot.errors import NonFiniteLossError  # pylint: disable=unused-import
+from vmoe_sparse_ot.errors import TrainerError  # pylint: disable=unused-import
 from vmoe_sparse_ot.train.state import TrainState
+
+# Builds the periodic few-shot action of a run, or None: (config, model, mesh,
+# metric writer) -> action(step, params, model_state).
+FewShotHook = Callable[..., Any]
 
 
 
@@ -203,19 +207,6 @@ def evaluate(eval_step, params, dataset, sharding, model_state=None) -> dict[str
           'num_examples': int(totals.get('count', 0.0))}
 
 
-def _make_fewshot(config, model, mesh, writer):
-  if config.fewshot.every_steps <= 0:
-    return None
-  try:
-    from vmoe_sparse_ot.evaluate import fewshot  # pylint: disable=g-import-not-at-top
-  except ImportError as e:  # The evaluate package is optional for training.
-    logging.warning('Periodic few-shot disabled: cannot import evaluate.fewshot (%s)', e)
-    return None
-  evaluator = fewshot.make_evaluator(config, model, mesh=mesh)
-  return fewshot.PeriodicFewShot(evaluator, writer, every_steps=config.fewshot.every_steps,
-                                 last_step=config.train_steps)
-
-
 def _write_config(config: ml_collections.ConfigDict, workdir: str) -> None:
   """WORKDIR/config.json: the resolved config of this run (rewritten on resume)."""
   if jax.process_index() > 0:
@@ -229,12 +220,16 @@ def _write_config(config: ml_collections.ConfigDict, workdir: str) -> None:
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
                        devices: list[Any] | None = None,
-                       allow_schedule_change: bool = False) -> dict[str, Any]:
+                       allow_schedule_change: bool = False,
+                       fewshot: FewShotHook | None = None) -> dict[str, Any]:
   """Trains `config` in `workdir`, resuming from its newest checkpoint that restores.
 
   `devices` (default: all) builds the mesh; tests pass a subset to compare layouts.
   `allow_schedule_change`: resume even if `train_steps` or `config.schedule`
   differ from the checkpoint's (otherwise refused, naming the change).
+  `fewshot`: builds periodic few-shot evaluation, `fewshot(config, model, mesh,
+  writer)` -> `action(step, params, model_state)` or None (the command line passes
+  `evaluate.fewshot.periodic_fewshot`); needed when config.fewshot.every_steps > 0.
 
   Returns a summary: final evaluation metrics, the final step, steady-state
   throughput, the mean training loss of the last logging interval
@@ -248,13 +243,19 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
   (CheckpointRestoreError) or a failed checkpoint write (CheckpointWriteError).
   """
   config_lib.validate(config)
+  if config.fewshot.every_steps > 0 and fewshot is None:
+    raise ValueError(
+        f'config.fewshot.every_steps={config.fewshot.every_steps}: periodic few-shot needs '
+        'train_and_evaluate(..., fewshot=evaluate.fewshot.periodic_fewshot) (the command '
+        'line passes it), or set it to 0')
   model = nn.build_model(config.model)
   os.makedirs(workdir, exist_ok=True)
   with lock_lib.WorkdirLock(workdir, jax.process_index()):
-    return _train_and_evaluate(config, workdir, model, devices, allow_schedule_change)
+    return _train_and_evaluate(config, workdir, model, devices, allow_schedule_change,
+                               fewshot)
 
 
-def _train_and_evaluate(config, workdir, model, devices, allow_schedule_change):
+def _train_and_evaluate(config, workdir, model, devices, allow_schedule_change, fewshot):
   num_experts = config.model.encoder.moe.num_experts if config.model.name == 'vit_moe' else 1
   mesh = parallel.make_mesh(config.mesh, devices, num_experts)
   # This run's jitted functions are those of an earlier run in this process
@@ -345,7 +346,7 @@ def _train_and_evaluate(config, workdir, model, devices, allow_schedule_change):
           logging.warning('Resuming with a changed schedule (allowed): %s', '; '.join(changes))
       summary = _train_loop(config, workdir, model, mesh, tx, schedule, ckpt, state,
                             start_step, keys=keys, meta=meta, state_sharding=state_sharding,
-                            batch_sizes=(batch_size, eval_batch_size))
+                            batch_sizes=(batch_size, eval_batch_size), fewshot=fewshot)
     failed = False
     return summary
   finally:
@@ -355,7 +356,7 @@ def _train_and_evaluate(config, workdir, model, devices, allow_schedule_change):
 
 
 def _train_loop(config, workdir, model, mesh, tx, schedule, ckpt, state, start_step, *,
-                keys, meta, state_sharding, batch_sizes):
+                keys, meta, state_sharding, batch_sizes, fewshot):
   """Steps `start_step + 1 .. train_steps`, each followed by the periodic actions.
   keys: the `programs.run_key`s of the run ('run') and of the functions built from
   less ('init', 'eval', 'mesh')."""
@@ -416,9 +417,9 @@ def _train_loop(config, workdir, model, mesh, tx, schedule, ckpt, state, start_s
           every_steps=int(config.log_every_steps), batch_size=int(config.batch_size),
           learning_rate=schedule, writer=writer, last_good=ckpt.last_good,
           compiles=compiles)
+      periodic_fewshot = fewshot(config, model, mesh, writer) if fewshot else None
       actions = _periodic_actions(config, writer, ckpt, meta, progress, run_eval, eval_sets,
-                                  _make_fewshot(config, model, mesh, writer), replicated,
-                                  keys['mesh'])
+                                  periodic_fewshot, replicated, keys['mesh'])
       metrics = empty_metrics()
       for step in range(start_step + 1, train_steps + 1):
         with jax.profiler.StepTraceAnnotation('train', step_num=step):
@@ -426,10 +427,10 @@ def _train_loop(config, workdir, model, mesh, tx, schedule, ckpt, state, start_s
         if progress.should_log(step):
           progress.log(step, metrics)
           metrics = empty_metrics()
-        for action in actions:
+        for action in actions.values():
           action(step, state=state, metrics=metrics)
         summary['step'] = step
-      eval_results.append(actions[1].get_last_callback_result())
+      eval_results.append(actions['evaluate'].get_last_callback_result())
       summary.update(progress.summary())
     if not eval_results:  # Nothing left to train: evaluate the restored params.
       eval_results.append(run_eval(state))
@@ -452,11 +453,11 @@ def _train_loop(config, workdir, model, mesh, tx, schedule, ckpt, state, start_s
 
 def _periodic_actions(config, writer, ckpt, meta, progress, run_eval, eval_sets, fewshot,
                       replicated, mesh_key):
-  """Checkpoint, evaluation and few-shot as clu PeriodicCallbacks.
+  """{'checkpoint', 'evaluate'[, 'fewshot']: clu PeriodicCallback}, in the order they run.
 
-  Each is called after every step as `action(step, state=..., metrics=...)`; the
-  evaluation action's `get_last_callback_result()` is the latest eval results,
-  {eval set name: result} (`train.evaluation`).
+  Each is called after every step as `action(step, state=..., metrics=...)`;
+  `['evaluate'].get_last_callback_result()` is the latest eval results, {eval set
+  name: result} (`train.evaluation`).
   """
   train_steps = int(config.train_steps)
   all_finite = programs.get(mesh_key, 'all_finite', lambda: jax.jit(
@@ -488,14 +489,14 @@ def _periodic_actions(config, writer, ckpt, meta, progress, run_eval, eval_sets,
       # PeriodicFewShot keeps its own schedule; the router state as evaluation's.
       fewshot(step, state.params, state.model_state)
 
-  actions = [
-      periodic_actions.PeriodicCallback(
+  actions = {
+      'checkpoint': periodic_actions.PeriodicCallback(
           every_steps=int(config.checkpoint.every_steps), on_steps=[train_steps],
           callback_fn=save_checkpoint),
-      periodic_actions.PeriodicCallback(
+      'evaluate': periodic_actions.PeriodicCallback(
           every_steps=int(config.eval_every_steps) or None, on_steps=[train_steps],
           callback_fn=evaluate_params),
-  ]
+  }
   if fewshot is not None:
-    actions.append(periodic_actions.PeriodicCallback(every_steps=1, callback_fn=few_shot))
+    actions['fewshot'] = periodic_actions.PeriodicCallback(every_steps=1, callback_fn=few_shot)
   return actions
