@@ -5,7 +5,6 @@ import json
 import logging
 import os
 import re
-import shutil
 import subprocess
 import sys
 import textwrap
@@ -47,13 +46,17 @@ def test_divergence_names_the_newest_checkpoint_whose_next_loss_was_finite(tmp_p
   # Step bad - 1 was saved (finite) but its parameters gave the NaN loss: the good
   # one is bad - 2, and keep=1 rotation did not delete it.
   assert good == bad - 2 >= 1
-  assert _saved(workdir) == [good, bad - 1]
-  assert message.endswith(f'move the later step(s) {bad - 1} out of that folder and relaunch '
-                          'with a lower learning rate (config.schedule.peak_value, and '
-                          '--allow_schedule_change): the same one diverges again.')
+  # The step after the good one led to the NaN: moved aside, named, so that the
+  # same command resumes from the good one.
+  assert _saved(workdir) == [good]
+  assert os.path.isdir(os.path.join(workdir, 'checkpoints', f'{bad - 1}.diverged'))
+  assert message.endswith(f'the later step(s) {bad - 1} led to it and were moved to '
+                          f'{bad - 1}.diverged, so a relaunch resumes from step {good}; '
+                          'relaunch with a lower learning rate (config.schedule.peak_value, '
+                          'and --allow_schedule_change): the same one diverges again.')
 
-  # Doing what it says: the relaunch resumes from the named step and trains on.
-  shutil.move(os.path.join(workdir, 'checkpoints', str(bad - 1)), str(tmp_path / 'diverged'))
+  # Doing what it says: the relaunch with a lower learning rate resumes from the
+  # named step and trains on.
   sane = helpers.small_config('router=topk', **dict(DIVERGING, schedule__peak_value=3e-3,
                                                      train_steps=good + 2))
   summary = trainer.train_and_evaluate(sane, workdir, devices=jax.devices()[:1],

@@ -186,12 +186,15 @@ def test_nan_never_reaches_a_checkpoint_and_the_last_good_one_restores(tmp_path,
   assert '\n' not in message
   bad_step = int(message.split('at step ')[1].split(';')[0])
   # Every step is checkpointed but the bad one; step bad - 1 gave the bad loss, and
-  # keep=1 rotation spared bad - 2, the newest whose next loss was finite.
-  saved = sorted(int(d) for d in os.listdir(os.path.join(workdir, 'checkpoints')) if d.isdigit())
-  assert saved == [s for s in (bad_step - 2, bad_step - 1) if s > 0]
+  # keep=1 rotation spared bad - 2, the newest whose next loss was finite. Step
+  # bad - 1 is moved aside when a good one precedes it.
+  folders = os.listdir(os.path.join(workdir, 'checkpoints'))
+  saved = sorted(int(d) for d in folders if d.isdigit())
   if bad_step <= 2:
+    assert saved == [s for s in (bad_step - 1,) if s > 0]
     assert 'No checkpoint is known to be good' in message
     return
+  assert saved == [bad_step - 2] and f'{bad_step - 1}.diverged' in folders
   good_step = bad_step - 2
   assert f'last good checkpoint is step {good_step} in' in message
   params, _ = checkpoints.restore_params(workdir, good_step)

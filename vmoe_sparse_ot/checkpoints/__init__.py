@@ -18,6 +18,7 @@ read-only API of the other jobs), `orbax_quirks` (logging and asyncio workaround
 Stores pytrees and their metadata; knows nothing of the trainer.
 """
 from vmoe_sparse_ot.checkpoints.layout import CORRUPT_SUFFIX
+from vmoe_sparse_ot.checkpoints.layout import DIVERGED_SUFFIX
 from vmoe_sparse_ot.checkpoints.layout import ITEMS
 from vmoe_sparse_ot.checkpoints.layout import TMP_PATTERN
 from vmoe_sparse_ot.checkpoints.layout import checkpoint_dir
@@ -35,7 +36,7 @@ from vmoe_sparse_ot.checkpoints.store import Checkpointer
 from vmoe_sparse_ot.checkpoints.store import is_disk_full
 
 __all__ = [
-    'CORRUPT_SUFFIX', 'Checkpointer', 'ITEMS', 'MIN_REPLICA_SLICE_BYTES', 'TMP_PATTERN',
+    'CORRUPT_SUFFIX', 'Checkpointer', 'DIVERGED_SUFFIX', 'ITEMS', 'MIN_REPLICA_SLICE_BYTES', 'TMP_PATTERN',
     'check_compatible', 'check_resume', 'checkpoint_dir', 'is_disk_full', 'move_aside',
     'param_shapes', 'read_meta', 'remove_unfinished_saves', 'restore_model_state',
     'restore_params', 'restore_params_with_meta',

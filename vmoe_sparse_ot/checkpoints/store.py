@@ -173,7 +173,7 @@ class Checkpointer:
   """Periodic async saves of a TrainState and fault-tolerant resume.
 
   Rotation keeps the last `keep` steps and the newest verified-good one (see
-  `_NewestVerified`), which `last_good` names after a divergence.
+  `_NewestVerified`), which `last_good` names, and resumes from, after a divergence.
   """
 
   def __init__(self, workdir: str, *, keep: int = 2, async_save: bool = True):
@@ -205,12 +205,14 @@ class Checkpointer:
     return self._manager.latest_step()
 
   def last_good(self, first_bad_step: int) -> str:
-    """Where to resume when the loss of `first_bad_step` was the first non-finite one.
+    """Sets aside the steps after the last good one; says where to resume, in one line.
 
-    One or two sentences: the newest checkpoint whose next step's loss was finite
-    (a step <= first_bad_step - 2, since step t's loss comes from the parameters
-    saved at t - 1), the newer steps to move away so that a relaunch resumes from
-    it, and that the learning rate must change; or that none is known good.
+    The loss of `first_bad_step` was the first non-finite one. The last good
+    checkpoint is the newest whose next step's loss was finite (a step <=
+    first_bad_step - 2, since step t's loss comes from the parameters saved at
+    t - 1). Newer steps are renamed `N.diverged` (`layout.DIVERGED_SUFFIX`), so
+    that a relaunch resumes from the good one; the sentence names them and says
+    that the learning rate must change, or that no checkpoint is known good.
     Waits for a save in flight first.
     """
     try:
@@ -225,12 +227,26 @@ class Checkpointer:
               '--workdir with a lower learning rate (config.schedule.peak_value) or gradient '
               'clipping (config.optimizer.gradient_clip_norm).')
     later = [s for s in steps if s > good]
-    move = (f'move the later step(s) {", ".join(map(str, later))} out of that folder and '
-            if later else '')
+    moved = self._set_aside(later, layout.DIVERGED_SUFFIX)
+    aside = (f'the later step(s) {", ".join(map(str, later))} led to it and were moved to '
+             f'{", ".join(moved)}, so a relaunch resumes from step {good}; ' if later else '')
     return (f"The last good checkpoint is step {good} in {self.directory} (its next step's "
-            f'loss was finite); {move}relaunch with a lower learning rate '
+            f'loss was finite); {aside}relaunch with a lower learning rate '
             '(config.schedule.peak_value, and --allow_schedule_change): the same one diverges '
             'again.')
+
+  def _set_aside(self, steps: Sequence[int], suffix: str) -> list[str]:
+    """Renames step folders (process 0), then reopens the store; the new folder names."""
+    if not steps:
+      return []
+    moved = [os.path.basename(layout.move_aside(self.directory, s, suffix))
+             if jax.process_index() == 0 else f'{s}{suffix}' for s in steps]
+    if jax.process_count() > 1:
+      from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+      multihost_utils.sync_global_devices('checkpoints_set_aside')
+    self._manager.close()  # Forget the renamed steps.
+    self._manager = open_manager(self._workdir, **self._options)
+    return moved
 
   def save(self, step: int, state: Any, meta: dict[str, Any]) -> None:
     """Starts an async save of `state`; returns once device arrays are copied.
@@ -295,17 +311,10 @@ class Checkpointer:
         self._manager, self.directory,
         lambda s: restore_step(self._manager, s, abstract_state.params, rest,
                                 abstract_state.model_state), check_meta)
-    if damaged:
-      for bad, reason in damaged:
-        target = layout.move_aside(self.directory, bad) if jax.process_index() == 0 else '?'
-        logging.warning('Checkpoint step %d in %s is damaged (%s); moved it to %s and resumed '
-                        'from step %d.', bad, self.directory, reason,
-                        os.path.basename(target), step)
-      if jax.process_count() > 1:
-        from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
-        multihost_utils.sync_global_devices('checkpoints_moved_aside')
-      self._manager.close()  # Forget the renamed steps.
-      self._manager = open_manager(self._workdir, **self._options)
+    moved = self._set_aside([bad for bad, _ in damaged], layout.CORRUPT_SUFFIX)
+    for (bad, reason), target in zip(damaged, moved):
+      logging.warning('Checkpoint step %d in %s is damaged (%s); moved it to %s and resumed '
+                      'from step %d.', bad, self.directory, reason, target, step)
     if step is None:
       return None, None
     meta, (params, rest) = restored
