@@ -111,7 +111,7 @@ def problems(root: str = ROOT) -> list[str]:
   out = []
   for module, targets in sorted(edges.items()):
     for target in sorted(targets):
-      (top, level), (target_top, target_level) = layer_of(module), layer_of(target)
+      level, target_level = layer_of(module)[1], layer_of(target)[1]
       if target_level > level:
         out.append(f'{module} (layer {LAYERS[level][0]}) imports {target} '
                    f'(layer {LAYERS[target_level][0]}), a layer above it')
