@@ -29,3 +29,14 @@ class CheckpointWriteError(TrainerError, OSError):
 
 class WorkdirLockedError(TrainerError, RuntimeError):
   """Another trainer holds the workdir."""
+
+
+def first_line(error: BaseException | str) -> str:
+  """The first non-blank line of an error's message (the error's type name if none).
+
+  What every command line prints for a user's mistake: one line, no traceback.
+  """
+  lines = [line for line in str(error).splitlines() if line.strip()]
+  if lines:
+    return lines[0]
+  return type(error).__name__ if isinstance(error, BaseException) else repr(error)

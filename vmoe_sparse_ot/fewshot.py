@@ -43,7 +43,7 @@ from vmoe_sparse_ot.evaluate import fewshot
 from vmoe_sparse_ot.evaluate.checkpoint_config import CheckpointMismatchError
 from vmoe_sparse_ot.evaluate.checkpoint_config import describe_model
 from vmoe_sparse_ot.evaluate.checkpoint_config import resolve_model_config
-from vmoe_sparse_ot.evaluate.files import write_json_atomic
+from vmoe_sparse_ot import atomic
 from vmoe_sparse_ot import checkpoints
 from vmoe_sparse_ot import parallel
 from vmoe_sparse_ot import config as config_lib
@@ -119,7 +119,7 @@ def run(config: ml_collections.ConfigDict, workdir: str, step: int | None = None
       'datasets': results,
   }
   if jax.process_index() == 0:
-    write_json_atomic(os.path.join(workdir, RESULTS_FILE), payload)
+    atomic.write_json(os.path.join(workdir, RESULTS_FILE), payload)
   return payload
 
 

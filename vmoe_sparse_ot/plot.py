@@ -31,6 +31,7 @@ quiet_logs.setup_environment()  # Before TensorFlow loads (tensorboard, data).
 # pylint: disable=g-import-not-at-top,wrong-import-position
 import numpy as np
 
+from vmoe_sparse_ot import errors
 from vmoe_sparse_ot import plotting_style
 
 PROG = 'python -m vmoe_sparse_ot.plot'
@@ -407,8 +408,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     paths = plot_workdir(args.workdir, args.out, num_images=args.num_images,
                          dataset=args.dataset, split=args.split, data_dir=args.data_dir)
   except (OSError, ValueError) as e:
-    lines = [line for line in str(e).splitlines() if line.strip()] or [type(e).__name__]
-    print(f'{PROG}: error: {lines[0]}', file=sys.stderr, flush=True)
+    print(f'{PROG}: error: {errors.first_line(e)}', file=sys.stderr, flush=True)
     sys.exit(2)
   for path in paths:
     print(f'Wrote {path}')

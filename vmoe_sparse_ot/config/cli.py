@@ -13,6 +13,7 @@ import os
 import sys
 from typing import Any, Mapping, NoReturn, Sequence
 
+from vmoe_sparse_ot.errors import first_line
 from vmoe_sparse_ot.config.files import load_config_file
 
 
@@ -23,8 +24,8 @@ def fail(prog: str, message: Any, status: int = 2, *, first_line_only: bool = Tr
   A user's mistake is one line (`first_line_only`); a report that lists several
   differences (a checkpoint that does not match the config) keeps its lines.
   """
-  lines = [line for line in str(message).splitlines() if line.strip()] or [repr(message)]
-  text = lines[0] if first_line_only else '\n'.join(lines)
+  lines = [line for line in str(message).splitlines() if line.strip()]
+  text = first_line(message) if first_line_only or not lines else '\n'.join(lines)
   print(f'{prog}: error: {text}', file=sys.stderr, flush=True)
   sys.exit(status)
 

@@ -20,6 +20,7 @@ import re
 from typing import Any, Mapping
 
 from vmoe_sparse_ot.config_keys import check_keys
+from vmoe_sparse_ot.errors import first_line
 from vmoe_sparse_ot.config import fewshot_section as fewshot_config
 from vmoe_sparse_ot.nn.config import MODEL_DTYPES
 from vmoe_sparse_ot.nn.config import VIT_SIZES
@@ -446,7 +447,7 @@ def check_datasets(config: Mapping[str, Any], *, training: bool = True,
       num_classes = data.check_dataset(ds['name'], [ds['train_split'], ds['eval_split']],
                                        data_dir)
     except (OSError, ValueError) as e:
-      raise _same_kind(e, f'config.dataset: {_first_line(e)}') from None
+      raise _same_kind(e, f'config.dataset: {first_line(e)}') from None
     for key, is_training in (('pp_train', True), ('pp_eval', False)):
       _check_pp_output(config, f'dataset.{key}', ds[key], training=is_training,
                        stored_shape=data.image_shape(ds['name'], data_dir))
@@ -463,7 +464,7 @@ def check_datasets(config: Mapping[str, Any], *, training: bool = True,
       try:
         data.check_dataset(spec['name'], [spec['train_split'], spec['test_split']], data_dir)
       except (OSError, ValueError) as e:
-        raise _same_kind(e, f'config.fewshot.datasets.{key}: {_first_line(e)}') from None
+        raise _same_kind(e, f'config.fewshot.datasets.{key}: {first_line(e)}') from None
 
 
 def _check_pp_output(config, pp_key: str, pp: str | None, *, training: bool,
@@ -485,7 +486,7 @@ def _check_pp_output(config, pp_key: str, pp: str | None, *, training: bool,
       specs = data.trace_pp(pp, training=training, image_size=size, channels=ds['channels'],
                             label_shape=label_shape, stored_shape=stored_shape)
     except ValueError as e:
-      raise ConfigError(f'config.{pp_key}: {_first_line(e)}') from None
+      raise ConfigError(f'config.{pp_key}: {first_line(e)}') from None
     entries = {k: (tuple(v.shape.as_list()) if v.shape.rank is not None else (None,),
                    v.dtype.name) for k, v in specs.items()}
   message = pp_targets.problem(
@@ -508,7 +509,7 @@ def _check_eval_datasets(config) -> None:
                                    label_key=entry['label_key'])
       label_shape = data.label_shape(dataset, entry['label_key'], ds['data_dir'])
     except (OSError, ValueError) as e:
-      raise _same_kind(e, f'{where}: {_first_line(e)}') from None
+      raise _same_kind(e, f'{where}: {first_line(e)}') from None
     if classes > config['model']['num_classes']:
       raise ConfigError(f"{where}: {entry['label_key']!r} of dataset {dataset!r} has "
                         f'{classes} classes; config.model.num_classes='
@@ -518,11 +519,6 @@ def _check_eval_datasets(config) -> None:
     pp = entry['pp'] if entry['pp'] is not None else ds['pp_eval']
     _check_pp_output(config, pp_key, pp, training=False, label_shape=label_shape,
                      stored_shape=data.image_shape(dataset, ds['data_dir']))
-
-
-def _first_line(e: BaseException) -> str:
-  lines = [line for line in str(e).splitlines() if line.strip()]
-  return lines[0] if lines else type(e).__name__
 
 
 def _same_kind(e: BaseException, message: str) -> Exception:

@@ -9,6 +9,8 @@ import argparse
 import sys
 import time
 
+from vmoe_sparse_ot import errors
+
 # The embedded datasets' names, known without importing TensorFlow (so that
 # --help and argument errors print nothing else); tests check they match.
 NAMES = ('embedded_mnist', 'sklearn_digits')
@@ -48,7 +50,7 @@ def main(argv=None) -> None:
       print(f'{name}: {splits} in {builder.data_dir} ({time.time() - start:.1f}s)',
             flush=True)
   except (OSError, ValueError) as e:
-    print(f'{prog}: error: {str(e).splitlines()[0]}', file=sys.stderr, flush=True)
+    print(f'{prog}: error: {errors.first_line(e)}', file=sys.stderr, flush=True)
     sys.exit(2)
 
 

@@ -32,6 +32,7 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
+from vmoe_sparse_ot import errors
 from vmoe_sparse_ot.data import embedded
 from vmoe_sparse_ot.data import pp as pp_lib
 from vmoe_sparse_ot.data import streams
@@ -86,7 +87,7 @@ def check_dataset(name: str, splits: Sequence[str], data_dir: str | None = None,
     except (KeyError, ValueError) as e:
       raise ValueError(f'dataset {name!r} has no split {split!r} '
                        f'(available: {", ".join(sorted(builder.info.splits))}): '
-                       f'{str(e).splitlines()[0] if str(e) else type(e).__name__}') from None
+                       f'{errors.first_line(e)}') from None
   return _label_classes(builder, name, label_key)
 
 

@@ -76,13 +76,14 @@ from vmoe_sparse_ot import nn, quiet_logs
 from vmoe_sparse_ot.evaluate import overrides as overrides_lib
 from vmoe_sparse_ot.evaluate import routing_stats
 from vmoe_sparse_ot.evaluate.checkpoint_config import describe_model, model_config_differences
-from vmoe_sparse_ot.evaluate.files import write_json_atomic
+from vmoe_sparse_ot import atomic
 from vmoe_sparse_ot import checkpoints
 from vmoe_sparse_ot.config import cli
 from vmoe_sparse_ot import parallel
 from vmoe_sparse_ot.train import losses as losses_lib
 from vmoe_sparse_ot import config as config_lib
 from vmoe_sparse_ot.errors import CheckpointRestoreError
+from vmoe_sparse_ot.errors import first_line
 
 PROG = 'python -m vmoe_sparse_ot.evaluate'
 EVAL_DIR = 'eval'
@@ -201,11 +202,11 @@ def prepare(workdir: str, step: int | None = None, *, dataset: str | None = None
   try:
     data.check_dataset(dataset, [], data_dir)
   except (OSError, ValueError) as e:
-    raise UsageError(f'--dataset={dataset}: {_first_line(e)}') from None
+    raise UsageError(f'--dataset={dataset}: {first_line(e)}') from None
   try:
     num_classes = data.check_dataset(dataset, [split], data_dir)
   except (OSError, ValueError) as e:
-    raise UsageError(f'--split={split}: {_first_line(e)}') from None
+    raise UsageError(f'--split={split}: {first_line(e)}') from None
   if num_classes > int(model_config['num_classes']):
     raise UsageError(f'--dataset={dataset}: has {num_classes} classes, more than the model\'s '
                      f'{model_config["num_classes"]} outputs')
@@ -231,11 +232,6 @@ def prepare(workdir: str, step: int | None = None, *, dataset: str | None = None
       batch_size=batch_size, name=name or default_name(dataset, split, overrides, step),
       pp=run_data.get('pp_eval') if same else None,
       loss=run_config.get('loss', {}).get('name') or 'softmax_xent')
-
-
-def _first_line(e: BaseException) -> str:
-  lines = [line for line in str(e).splitlines() if line.strip()]
-  return lines[0] if lines else type(e).__name__
 
 
 def make_eval_step(model, num_tokens: int, loss: str = 'softmax_xent'):
@@ -335,7 +331,7 @@ def run(request: Request, *, devices: Sequence[Any] | None = None) -> dict[str, 
       'mesh': {k: int(v) for k, v in mesh.shape.items()},
   }
   if jax.process_index() == 0:
-    write_json_atomic(request.path, payload)
+    atomic.write_json(request.path, payload)
   return payload
 
 

@@ -43,6 +43,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from vmoe_sparse_ot import errors
+
 NAME = 'router_study'
 ROUTERS = ('topk', 'sbase', 'sparse_ot', 'expert_choice', 'sinkhorn_ec', 'soft_moe',
            'topk_bias')
@@ -124,7 +126,7 @@ def router_available(config) -> tuple[bool, str]:
     jax.eval_shape(lambda: model.init(
         keys, jnp.zeros((1, ds.image_size, ds.image_size, ds.channels)), train=False))
   except ValueError as e:
-    return False, str(e).splitlines()[0]
+    return False, errors.first_line(e)
   return True, ''
 
 

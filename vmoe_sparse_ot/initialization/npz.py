@@ -7,12 +7,12 @@ and a header cannot declare more data than the entry holds.
 """
 from __future__ import annotations
 
-import os
-import tempfile
 import zipfile
 from typing import Mapping
 
 import numpy as np
+
+from vmoe_sparse_ot import atomic
 
 
 class WeightsFileError(ValueError):
@@ -77,13 +77,5 @@ def read_npz(path: str) -> dict[str, np.ndarray]:
 
 def write_npz(path: str, arrays: Mapping[str, np.ndarray]) -> None:
   """Writes `arrays` to `path` (uncompressed .npz) via a temporary file renamed into place."""
-  directory = os.path.dirname(os.path.abspath(path))
-  fd, tmp = tempfile.mkstemp(prefix='.tmp-', suffix='.npz', dir=directory)
-  try:
-    with os.fdopen(fd, 'wb') as f:
-      np.savez(f, **{k: np.asarray(v) for k, v in arrays.items()})
-    os.replace(tmp, path)
-  except BaseException:
-    if os.path.exists(tmp):
-      os.remove(tmp)
-    raise
+  with atomic.atomic_open(path, 'wb') as f:
+    np.savez(f, **{k: np.asarray(v) for k, v in arrays.items()})

@@ -25,6 +25,8 @@ from clu import metric_writers
 from clu import metrics as clu_metrics
 from clu.metric_writers import interface
 
+from vmoe_sparse_ot import atomic
+
 METRICS_FILE = 'metrics.jsonl'
 SPLITS = ('eval', 'fewshot')  # Key prefixes with a split of their own.
 
@@ -136,10 +138,7 @@ def drop_records_after(path: str, step: int) -> None:
     except (ValueError, KeyError, TypeError):
       continue  # A line cut short by a kill.
   if len(kept) != len(lines):
-    tmp = path + '.tmp'
-    with open(tmp, 'w', encoding='utf-8') as f:
-      f.writelines(kept)
-    os.replace(tmp, path)
+    atomic.write_text(path, ''.join(kept))
 
 
 def make_writer(workdir: str, *, resume_step: int) -> metric_writers.MetricWriter:

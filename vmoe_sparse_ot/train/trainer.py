@@ -39,6 +39,7 @@ from clu import periodic_actions
 from vmoe_sparse_ot import data as data_lib
 from vmoe_sparse_ot import initialization
 from vmoe_sparse_ot import nn
+from vmoe_sparse_ot import atomic
 from vmoe_sparse_ot import checkpoints
 from vmoe_sparse_ot import config as config_lib
 from vmoe_sparse_ot.train import evaluation
@@ -211,11 +212,8 @@ def _write_config(config: ml_collections.ConfigDict, workdir: str) -> None:
   """WORKDIR/config.json: the resolved config of this run (rewritten on resume)."""
   if jax.process_index() > 0:
     return
-  path = os.path.join(workdir, 'config.json')
-  with open(path + '.tmp', 'w', encoding='utf-8') as f:
-    json.dump(config.to_dict(), f, indent=2, sort_keys=True, default=str)
-    f.write('\n')
-  os.replace(path + '.tmp', path)
+  atomic.write_json(os.path.join(workdir, 'config.json'), config.to_dict(), sort_keys=True,
+                    default=str)
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
@@ -445,9 +443,9 @@ def _train_loop(config, workdir, model, mesh, tx, schedule, ckpt, state, start_s
   summary.setdefault('train_loss_history', [])
   summary.setdefault('losses', [])  # Nothing was trained.
   if jax.process_index() == 0:
-    with open(os.path.join(workdir, 'summary.json'), 'w') as f:
-      json.dump({k: v for k, v in summary.items()
-                 if k not in ('train_loss_history', 'losses')}, f, indent=2)
+    atomic.write_json(os.path.join(workdir, 'summary.json'),
+                      {k: v for k, v in summary.items()
+                       if k not in ('train_loss_history', 'losses')})
   return summary
 
 
