@@ -40,7 +40,7 @@ import numpy as np
 
 from vmoe_sparse_ot import nn
 from vmoe_sparse_ot.evaluate import overrides as overrides_lib
-from vmoe_sparse_ot.evaluate import routing_stats
+from vmoe_sparse_ot.nn import routing_stats
 from vmoe_sparse_ot import checkpoints
 
 DEFAULT_BATCH_SIZE = 64

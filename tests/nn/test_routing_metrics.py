@@ -2,7 +2,7 @@
 import numpy as np
 import jax
 
-from vmoe_sparse_ot.evaluate import routing_stats
+from vmoe_sparse_ot.nn import routing_stats
 from vmoe_sparse_ot.nn import routers
 from vmoe_sparse_ot.nn import routing as rt
 from vmoe_sparse_ot.nn.routing_metrics import max_load_violation

@@ -60,17 +60,6 @@ def test_upcycled_run_with_frozen_blocks_and_label_smoothing(dense_workdir, tmp_
   assert again['eval'] == summary['eval']   # The trained params, not the source's.
 
 
-def test_label_smoothing_against_the_formula():
-  logits = np.array([[2.0, 0.5, -1.0], [0.0, 0.0, 3.0]], np.float32)
-  labels = np.array([0, 1])
-  got = np.asarray(trainer.cross_entropy(logits, labels, 0.3))
-  logp = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
-  target = np.full((2, 3), 0.3 / 3) + 0.7 * np.eye(3)[labels]
-  np.testing.assert_allclose(got, -(target * logp).sum(-1), rtol=1e-6)
-  np.testing.assert_allclose(np.asarray(trainer.cross_entropy(logits, labels)),
-                             -logp[[0, 1], labels], rtol=1e-6)
-
-
 def test_export_cli_writes_public_names_that_initialize_the_same_model(dense_workdir, tmp_path,
                                                                        capsys):
   # `python -m vmoe_sparse_ot.export` is `export.main()`; called here in-process.

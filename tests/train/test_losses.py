@@ -83,3 +83,14 @@ def test_unknown_loss_names_the_known_ones():
   with pytest.raises(ValueError, match=r"unknown loss 'xent'; known: \['sigmoid_xent', "
                                        r"'softmax_xent'\]"):
     losses.get('xent')
+
+
+def test_label_smoothing_against_the_formula():
+  logits = np.array([[2.0, 0.5, -1.0], [0.0, 0.0, 3.0]], np.float32)
+  labels = np.array([0, 1])
+  got = np.asarray(losses.cross_entropy(logits, labels, 0.3))
+  logp = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+  target = np.full((2, 3), 0.3 / 3) + 0.7 * np.eye(3)[labels]
+  np.testing.assert_allclose(got, -(target * logp).sum(-1), rtol=1e-6)
+  np.testing.assert_allclose(np.asarray(losses.cross_entropy(logits, labels)),
+                             -logp[[0, 1], labels], rtol=1e-6)

@@ -38,7 +38,7 @@ and the step when --step is given, e.g. `embedded_mnist-test-cf0.5-bpr` or
 and `._=+-` become `_`).
 
 Routing statistics come from the `expert_weights` (G, S, E) each MoE layer sows
-(`evaluate.routing_stats`), over the real examples only (eval batches are padded
+(`nn.routing_stats`), over the real examples only (eval batches are padded
 with masked examples, and the last group of a batch with padding tokens; neither
 counts): a token is dropped when its combine weight from every expert is 0; the
 load of an expert is the fraction of tokens it took; experts per token is their
@@ -72,18 +72,19 @@ from absl import flags
 from jax.sharding import PartitionSpec
 from ml_collections import config_flags
 
-from vmoe_sparse_ot import nn, quiet_logs
-from vmoe_sparse_ot.evaluate import overrides as overrides_lib
-from vmoe_sparse_ot.evaluate import routing_stats
-from vmoe_sparse_ot.evaluate.checkpoint_config import describe_model, model_config_differences
 from vmoe_sparse_ot import atomic
 from vmoe_sparse_ot import checkpoints
-from vmoe_sparse_ot.config import cli
-from vmoe_sparse_ot import parallel
-from vmoe_sparse_ot.train import losses as losses_lib
 from vmoe_sparse_ot import config as config_lib
+from vmoe_sparse_ot import nn
+from vmoe_sparse_ot import parallel
+from vmoe_sparse_ot import quiet_logs
+from vmoe_sparse_ot.config import cli
 from vmoe_sparse_ot.errors import CheckpointRestoreError
 from vmoe_sparse_ot.errors import first_line
+from vmoe_sparse_ot.evaluate import overrides as overrides_lib
+from vmoe_sparse_ot.evaluate.checkpoint_config import describe_model, model_config_differences
+from vmoe_sparse_ot.nn import routing_stats
+from vmoe_sparse_ot.train import evaluation
 
 PROG = 'python -m vmoe_sparse_ot.evaluate'
 EVAL_DIR = 'eval'
@@ -234,40 +235,6 @@ def prepare(workdir: str, step: int | None = None, *, dataset: str | None = None
       loss=run_config.get('loss', {}).get('name') or 'softmax_xent')
 
 
-def make_eval_step(model, num_tokens: int, loss: str = 'softmax_xent'):
-  """(params, batch, model_state) -> sums over the batch's real examples: loss, correct,
-  count, routing.
-
-  `loss` is the training loss's name (`train.losses`, without label smoothing). A
-  loss that reads float targets ('labels', e.g. `sigmoid_xent`) on a batch with
-  only integer labels gets their one-hot over the model's classes, as V-MoE
-  evaluates its sigmoid-trained models on single-label sets. `routing` is
-  {layer: `routing_stats.routing_sums`}; N = `num_tokens` per image;
-  `model_state` the router state to route with (`nn.router_state`; {} for none).
-  """
-  loss_fn = losses_lib.get(loss)
-
-  def eval_step(params, batch, model_state=None):
-    (logits, _), state = model.apply({'params': params, **(model_state or {})},
-                                     batch['image'], train=False, mutable=['intermediates'])
-    if loss in losses_lib.NEEDS_LABELS and 'labels' not in batch:
-      batch = {**batch, 'labels': jax.nn.one_hot(batch['label'], logits.shape[-1])}
-    mask = batch['mask']
-    per_example = loss_fn(logits, batch, 0.0)
-    correct = (losses_lib.top1_correct(logits, batch) > 0) & mask
-    b = batch['image'].shape[0]
-    return {
-        'loss_sum': jnp.sum(jnp.where(mask, per_example, 0.0)),
-        'correct': jnp.sum(correct, dtype=jnp.int32),
-        'count': jnp.sum(mask, dtype=jnp.int32),
-        'routing': {layer: routing_stats.routing_sums(
-            routing_stats.per_image(w, b, num_tokens), mask)
-                    for layer, w in routing_stats.layer_weights(state).items()},
-    }
-
-  return eval_step
-
-
 def run(request: Request, *, devices: Sequence[Any] | None = None) -> dict[str, Any]:
   """Evaluates `request` on `devices` (default: all), writes its JSON, returns the payload.
 
@@ -294,7 +261,7 @@ def run(request: Request, *, devices: Sequence[Any] | None = None) -> dict[str, 
       parallel.replicated(mesh))
   batch_sharding = parallel.batch_sharding(mesh)
   num_tokens = int(request.meta['param_shapes']['encoder/pos_embedding'][1])
-  eval_step = jax.jit(make_eval_step(model, num_tokens, request.loss),
+  eval_step = jax.jit(evaluation.make_eval_step(model, request.loss, num_tokens=num_tokens),
                       in_shardings=(params_sharding, batch_sharding,
                                     parallel.replicated(mesh)),
                       out_shardings=parallel.replicated(mesh))
@@ -467,5 +434,5 @@ def run_cli() -> None:
   app.run(main, flags_parser=parse_absl_flags)
 
 
-__all__ = ['Request', 'UsageError', 'default_name', 'format_report', 'main', 'make_eval_step',
+__all__ = ['Request', 'UsageError', 'default_name', 'format_report', 'main',
            'prepare', 'run', 'run_cli']

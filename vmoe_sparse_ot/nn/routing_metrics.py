@@ -23,7 +23,7 @@ Metrics (scalars, no gradient):
   takes the same number of tokens.
 - `tokens_per_expert_min`, `_mean`, `_max`: load over all (group, expert) pairs.
 
-`token_counts` is also how the evaluation job (`evaluate.routing_stats`) counts
+`token_counts` is also how the evaluation job (`nn.routing_stats`) counts
 tokens by number of experts, so training and evaluation agree by construction.
 
 Shapes: G groups, S tokens per group, E experts, C capacity.

@@ -26,8 +26,10 @@ import jax
 import jax.numpy as jnp
 from absl import logging
 
-from vmoe_sparse_ot.train import losses as losses_lib
 from vmoe_sparse_ot.config.schema import EVAL_DATASET_KEYS
+from vmoe_sparse_ot.nn import routing_stats
+from vmoe_sparse_ot.train import losses as losses_lib
+
 DEFAULT_NAME = ''  # The run's own eval split: metrics 'eval/<metric>'.
 
 
@@ -61,20 +63,41 @@ def metric_key(name: str, metric: str) -> str:
   return f'eval/{metric}' if name == DEFAULT_NAME else f'eval/{name}/{metric}'
 
 
-def make_eval_step(model, loss: str = 'softmax_xent'):
-  """(params, batch, model_state) -> sums of loss and correct predictions over unmasked
-  examples. `model_state`: the router state to route with (`nn.router_state`; {}
-  for a stateless router), read, never updated."""
+def make_eval_step(model, loss: str = 'softmax_xent', *, num_tokens: int | None = None):
+  """(params, batch, model_state) -> sums over the batch's real examples (mask True).
+
+  Returns {'loss_sum', 'correct', 'count'} and, with `num_tokens` (N tokens per
+  image), 'routing': {layer: `nn.routing_stats.routing_sums`} of every MoE layer.
+  The one eval step of the trainer and of the evaluation job. `loss` is the
+  training loss's name (`train.losses`, without label smoothing); a loss that
+  reads float targets ('labels', e.g. `sigmoid_xent`) on a batch with only integer
+  labels gets their one-hot over the model's classes, as V-MoE evaluates its
+  sigmoid-trained models on single-label sets. `model_state`: the router state to
+  route with (`nn.router_state`; {} for a stateless router), read, never updated.
+  """
   loss_fn = losses_lib.get(loss)
 
   def eval_step(params, batch, model_state=None):
-    logits, _ = model.apply({'params': params, **(model_state or {})}, batch['image'],
-                            train=False)
-    mask = batch['mask'].astype(jnp.float32)
+    variables = {'params': params, **(model_state or {})}
+    if num_tokens is None:
+      (logits, _), state = model.apply(variables, batch['image'], train=False), None
+    else:
+      (logits, _), state = model.apply(variables, batch['image'], train=False,
+                                       mutable=['intermediates'])
+    if loss in losses_lib.NEEDS_LABELS and 'labels' not in batch:
+      batch = {**batch, 'labels': jax.nn.one_hot(batch['label'], logits.shape[-1])}
+    mask = batch['mask']
     per_example = loss_fn(logits, batch, 0.0)
-    correct = losses_lib.top1_correct(logits, batch)
-    return {'loss_sum': jnp.sum(per_example * mask), 'correct': jnp.sum(correct * mask),
-            'count': jnp.sum(mask)}
+    out = {'loss_sum': jnp.sum(jnp.where(mask, per_example, 0.0)),
+           'correct': jnp.sum((losses_lib.top1_correct(logits, batch) > 0) & mask,
+                              dtype=jnp.int32),
+           'count': jnp.sum(mask, dtype=jnp.int32)}
+    if num_tokens is not None:
+      b = batch['image'].shape[0]
+      out['routing'] = {layer: routing_stats.routing_sums(
+          routing_stats.per_image(w, b, num_tokens), mask)
+                        for layer, w in routing_stats.layer_weights(state).items()}
+    return out
 
   return eval_step
 

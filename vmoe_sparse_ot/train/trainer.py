@@ -117,10 +117,6 @@ def _flatten_routing(routing: dict[str, dict[str, Any]]) -> dict[str, Any]:
           for layer, metrics in routing.items() for name, value in metrics.items()}
 
 
-cross_entropy = losses_lib.cross_entropy  # Its older home.
-make_eval_step = evaluation.make_eval_step
-
-
 def make_step(model, tx: optax.GradientTransformation, label_smoothing: float = 0.0,
               microsteps: int = 1, loss: str = 'softmax_xent', mixup_p: float = 0.0):
   """(TrainState, batch) -> (TrainState one step later, {metric name: scalar}).
@@ -173,12 +169,6 @@ def make_step(model, tx: optax.GradientTransformation, label_smoothing: float = 
     return new_state, values
 
   return step_fn
-
-
-def make_train_step(model, tx: optax.GradientTransformation, label_smoothing: float = 0.0,
-                    microsteps: int = 1, loss: str = 'softmax_xent', mixup_p: float = 0.0):
-  """(TrainState, batch, TrainMetrics) -> (TrainState, TrainMetrics with this step merged)."""
-  return with_metrics(make_step(model, tx, label_smoothing, microsteps, loss, mixup_p))
 
 
 def with_metrics(step_fn):
@@ -375,7 +365,7 @@ def _train_loop(config, workdir, model, mesh, tx, schedule, ckpt, state, start_s
     writer.write_hparams({k: v for k, v in config_lib.flatten(config.to_dict()).items()
                           if isinstance(v, (int, float, str, bool))})
   eval_step = programs.get(keys['eval'], 'eval_step', lambda: jax.jit(
-      make_eval_step(model, config.loss.name),
+      evaluation.make_eval_step(model, config.loss.name),
       in_shardings=(state_sharding.params, batch_sharding, state_sharding.model_state),
       out_shardings=replicated))
   eval_sets = evaluation.eval_sets(config)
