@@ -88,8 +88,9 @@ def plot_curves(scalars: Series, path: str, title: str = '') -> str | None:
   panels = curve_panels(scalars)
   if not panels:
     return None
-  fig, axes = plotting_style.figure(len(panels))
+  fig, axes = plotting_style.figure(1, len(panels), panel=(4.2, 3.2))
   for ax, (name, series, ylabel) in zip(axes[0], panels):
+    ax.grid(True)
     for tag, label in series:
       if tag in scalars:
         steps, values = scalars[tag]
@@ -123,7 +124,9 @@ def plot_expert_load(scalars: Series, path: str, capacity: int | None = None,
   layers = _moe_layers(scalars)
   if not layers:
     return None
-  fig, axes = plotting_style.figure(len(layers), 3, height=2.8)
+  fig, axes = plotting_style.figure(3, len(layers), panel=(4.2, 2.8))
+  for ax in axes.flat:
+    ax.grid(True)
   for col, layer in enumerate(layers):
     def series(name, layer=layer):
       return scalars.get(f'routing/{layer}/{name}')
@@ -183,8 +186,9 @@ def plot_fewshot(results: dict[str, Any], path: str) -> str | None:
   datasets = results.get('datasets') or {}
   if not datasets:
     return None
-  fig, axes = plotting_style.figure(1, width=5.0, height=3.6)
+  fig, axes = plotting_style.figure(1, 1, panel=(5.0, 3.6))
   ax = axes[0][0]
+  ax.grid(True)
   for key, ds in datasets.items():
     shots = sorted(ds['shots'], key=int)
     x = [int(s) for s in shots]
@@ -260,7 +264,7 @@ def plot_routing(images: np.ndarray, choices: dict[str, np.ndarray], num_experts
   from matplotlib import colors as mcolors
   b, size = images.shape[0], images.shape[1]
   layers = list(choices)
-  fig, axes = plotting_style.figure(1 + len(layers), b, width=1.9, height=1.9)
+  fig, axes = plotting_style.figure(b, 1 + len(layers), panel=(1.9, 1.9))
   palette = np.concatenate([[[0.0, 0.0, 0.0, 1.0]], plotting_style.categorical_colors(
       num_experts)])
   listed = mcolors.ListedColormap(palette)

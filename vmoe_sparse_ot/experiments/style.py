@@ -1,4 +1,4 @@
-"""One matplotlib style for every experiment figure (Agg backend, no display).
+"""The experiments' figures: the project's style (`plotting_style`) and OT panels.
 
     fig, axes = style.figure(2, 3, width=9, height=5)
     style.plan_matrix(axes[1, 0], T, title='k = 2')
@@ -8,34 +8,16 @@
 Colors: `COLORS[name]` for the formulations shared by several figures, so a
 method has one color everywhere.
 """
-import matplotlib
+import numpy as np
 
-matplotlib.use('Agg')
+from vmoe_sparse_ot.plotting_style import CYCLE  # noqa: F401  (re-exported)
+from vmoe_sparse_ot.plotting_style import DPI  # noqa: F401
+from vmoe_sparse_ot.plotting_style import RC  # noqa: F401
+from vmoe_sparse_ot.plotting_style import figure  # noqa: F401
+from vmoe_sparse_ot.plotting_style import plt
+from vmoe_sparse_ot.plotting_style import save  # noqa: F401
 
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-
-DPI = 110
-
-RC = {
-    'font.size': 9,
-    'axes.titlesize': 9,
-    'axes.labelsize': 9,
-    'legend.fontsize': 8,
-    'xtick.labelsize': 8,
-    'ytick.labelsize': 8,
-    'figure.titlesize': 11,
-    'axes.spines.top': False,
-    'axes.spines.right': False,
-    'axes.grid': False,
-    'grid.alpha': 0.3,
-    'lines.linewidth': 1.5,
-    'image.cmap': 'viridis',
-    'savefig.bbox': 'tight',
-    'savefig.pad_inches': 0.05,
-}
-
-# Tableau colors, one per formulation / solver, used consistently.
+# One color per formulation / solver, the same in every figure.
 COLORS = {
     'unregularized': '#4e79a7',
     'entropic': '#f28e2b',
@@ -44,34 +26,7 @@ COLORS = {
     'source': '#4e79a7',
     'target': '#e15759',
 }
-CYCLE = ['#4e79a7', '#f28e2b', '#e15759', '#76b7b2', '#59a14f', '#edc948', '#b07aa1', '#ff9da7',
-         '#9c755f', '#bab0ac']
 PLAN_CMAP = 'Blues'
-
-
-def figure(nrows: int = 1, ncols: int = 1, *, width: float | None = None,
-           height: float | None = None, title: str | None = None, squeeze: bool = False,
-           **kwargs):
-  """A figure and an (nrows, ncols) array of axes (or one Axes with squeeze=True).
-
-  Default size: 2.6 x 2.4 inches per panel.
-  """
-  plt.rcParams.update(RC)
-  plt.rcParams['axes.prop_cycle'] = matplotlib.cycler(color=CYCLE)
-  width = width or 2.6 * ncols
-  height = height or 2.4 * nrows
-  fig, axes = plt.subplots(nrows, ncols, figsize=(width, height), squeeze=squeeze,
-                           layout='constrained', **kwargs)
-  if title:
-    fig.suptitle(title)
-  return fig, axes
-
-
-def save(fig, path: str, dpi: int = DPI) -> str:
-  """Writes `fig` as PNG to `path`, closes it, returns the path."""
-  fig.savefig(path, dpi=dpi)
-  plt.close(fig)
-  return path
 
 
 def nnz(T, rtol: float = 0.0) -> int:
