@@ -14,7 +14,6 @@ from vmoe_sparse_ot.plotting_style import CYCLE  # noqa: F401  (re-exported)
 from vmoe_sparse_ot.plotting_style import DPI  # noqa: F401
 from vmoe_sparse_ot.plotting_style import RC  # noqa: F401
 from vmoe_sparse_ot.plotting_style import figure  # noqa: F401
-from vmoe_sparse_ot.plotting_style import plt
 from vmoe_sparse_ot.plotting_style import save  # noqa: F401
 
 # One color per formulation / solver, the same in every figure.
