@@ -45,7 +45,7 @@ import optax
 
 from vmoe_sparse_ot import nn as vnn
 from vmoe_sparse_ot.nn import routers as vrouters
-from vmoe_sparse_ot.nn.config import default_model_config, default_router_config
+from vmoe_sparse_ot.nn.model_config import default_model_config, default_router_config
 
 
 def make_config(args, name: str, router: str = "topk", mlp_dim=None):

@@ -10,7 +10,7 @@ import pytest
 from tests.train.helpers import ROOT, small_config
 from vmoe_sparse_ot import fewshot as fewshot_job
 from vmoe_sparse_ot import plot
-from vmoe_sparse_ot.evaluate import fewshot
+from vmoe_sparse_ot.evaluate import transfer
 from vmoe_sparse_ot.train import trainer
 from tests.xla_flags import xla_flags
 
@@ -23,7 +23,7 @@ def workdir(tmp_path_factory):
   workdir = tmp_path_factory.mktemp('plot') / 'run'
   config = small_config(train_steps=10, log_every_steps=5)
   config.unlock()
-  config.fewshot.datasets = fewshot.transfer_datasets('digits')
+  config.fewshot.datasets = transfer.transfer_datasets('digits')
   config.fewshot.shots, config.fewshot.seeds = (1, 2), (0, 1)
   trainer.train_and_evaluate(config, str(workdir), devices=jax.devices()[:1])
   fewshot_job.run(config, str(workdir))
@@ -82,7 +82,7 @@ def test_plot_command_writes_non_empty_pngs(workdir, tmp_path):
                         capture_output=True, text=True, timeout=300)
   assert proc.returncode == 0, proc.stderr[-3000:]
   names = sorted(os.listdir(out))
-  assert names == ['curves.png', 'expert_load.png', 'fewshot.png', 'routing.png']
+  assert names == ['curves.png', 'expert_load.png', 'transfer.png', 'routing.png']
   from matplotlib import image  # pylint: disable=g-import-not-at-top
   for name in names:
     data = (out / name).read_bytes()
@@ -91,7 +91,7 @@ def test_plot_command_writes_non_empty_pngs(workdir, tmp_path):
     assert min(pixels.shape[:2]) > 200 and pixels[..., :3].std() > 0.01, name
   assert [line for line in proc.stdout.splitlines()] == [
       f'Wrote {out / name}' for name in ('curves.png', 'expert_load.png', 'routing.png',
-                                         'fewshot.png')]
+                                         'transfer.png')]
   assert proc.stderr == ''
 
 

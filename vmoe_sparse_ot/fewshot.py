@@ -5,7 +5,7 @@ r"""Few-shot linear transfer of a trained checkpoint.
 
 Restores the parameters of checkpoint N (the latest by default) from
 DIR/checkpoints, builds the model, evaluates every dataset of
-`config.fewshot.datasets` with the protocol of `vmoe_sparse_ot.evaluate.fewshot`,
+`config.fewshot.datasets` with the protocol of `vmoe_sparse_ot.evaluate.transfer`,
 prints a table and writes DIR/fewshot/results.json (atomically: a temporary file
 renamed into place), which records the step, the model name and the router.
 Parameters are laid out on the training mesh (`config.mesh`; expert parameters
@@ -39,7 +39,7 @@ from jax.sharding import PartitionSpec
 from ml_collections import config_flags
 
 from vmoe_sparse_ot import nn
-from vmoe_sparse_ot.evaluate import fewshot
+from vmoe_sparse_ot.evaluate import transfer
 from vmoe_sparse_ot.evaluate.checkpoint_config import CheckpointMismatchError
 from vmoe_sparse_ot.evaluate.checkpoint_config import describe_model
 from vmoe_sparse_ot.evaluate.checkpoint_config import resolve_model_config
@@ -88,7 +88,7 @@ def run(config: ml_collections.ConfigDict, workdir: str, step: int | None = None
     FileNotFoundError: no checkpoint (for `step`) under `workdir`.
     CheckpointMismatchError: `config.model` differs from the checkpoint's model
       config (and `use_checkpoint_config` is False), or its parameters do not fit.
-    fewshot.DatasetError: a dataset of `config.fewshot.datasets` cannot be loaded.
+    transfer.DatasetError: a dataset of `config.fewshot.datasets` cannot be loaded.
   """
   params, meta, step = checkpoints.restore_params_with_meta(workdir, step)
   config = resolve_model_config(
@@ -107,7 +107,7 @@ def run(config: ml_collections.ConfigDict, workdir: str, step: int | None = None
       nn.router_state.for_model(model, image_shape,
                                 checkpoints.restore_model_state(workdir, step)),
       parallel.replicated(mesh))
-  evaluator = fewshot.make_evaluator(config, model, mesh=mesh)
+  evaluator = transfer.make_evaluator(config, model, mesh=mesh)
   results = evaluator.run(params, model_state)
   payload = {
       'workdir': os.path.abspath(workdir),
@@ -115,7 +115,7 @@ def run(config: ml_collections.ConfigDict, workdir: str, step: int | None = None
       'model': describe_model(config.model),
       'model_config': json.loads(json.dumps(config.model.to_dict())),
       'protocol': evaluator.protocol,
-      'metrics': fewshot.metrics_from_results(results),
+      'metrics': transfer.metrics_from_results(results),
       'datasets': results,
   }
   if jax.process_index() == 0:
@@ -165,7 +165,7 @@ def main(argv):
   try:
     payload = run(config, _WORKDIR.value, _STEP.value,
                   use_checkpoint_config=_USE_CHECKPOINT_CONFIG.value)
-  except (FileNotFoundError, CheckpointMismatchError, fewshot.DatasetError) as e:
+  except (FileNotFoundError, CheckpointMismatchError, transfer.DatasetError) as e:
     cli.fail(PROG, e, status=1, first_line_only=False)
   if jax.process_index() == 0:
     print(format_table(payload))

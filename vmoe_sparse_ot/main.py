@@ -143,12 +143,12 @@ def main(argv: list[str]) -> None:
     config_lib.validate_for_devices(config, jax.device_count(), jax.process_count())
   except (OSError, ValueError) as e:
     cli.fail(PROG, e)
-  from vmoe_sparse_ot.evaluate import fewshot
+  from vmoe_sparse_ot.evaluate import transfer
   from vmoe_sparse_ot.train import trainer
   try:
     summary = trainer.train_and_evaluate(
         config, _WORKDIR.value, allow_schedule_change=_ALLOW_SCHEDULE_CHANGE.value,
-        fewshot=fewshot.periodic_fewshot)
+        fewshot=transfer.periodic_fewshot)
   except Exception as e:  # pylint: disable=broad-except
     # First: a failed save or read can be the symptom of a dead peer too.
     if _NUM_PROCESSES.value > 1 and lost_peer(e):

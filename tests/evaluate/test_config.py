@@ -2,11 +2,11 @@
 import pytest
 
 from vmoe_sparse_ot.config import fewshot_section as fewshot_config
-from vmoe_sparse_ot.evaluate import fewshot
+from vmoe_sparse_ot.evaluate import transfer
 
 
 def test_defaults():
-  cfg = fewshot.default_fewshot_config()
+  cfg = transfer.default_fewshot_config()
   fewshot_config.validate(cfg)
   assert cfg.shots == (1, 5, 10, 25)
   assert cfg.l2_regs[0] == 2.0**-10 and cfg.l2_regs[-1] == 2.0**19 and len(cfg.l2_regs) == 30
@@ -17,12 +17,12 @@ def test_defaults():
 
 
 def test_transfer_datasets_names_paper_sets():
-  sets = fewshot.transfer_datasets('imagenet', 'cifar100', 'caltech101')
+  sets = transfer.transfer_datasets('imagenet', 'cifar100', 'caltech101')
   assert sets.imagenet.name.startswith('imagenet2012')
   assert (sets.cifar100.name, sets.cifar100.train_split, sets.cifar100.test_split) == (
       'cifar100', 'train', 'test')
   with pytest.raises(ValueError, match="Unknown transfer dataset key.*'imagenet21k'"):
-    fewshot.transfer_datasets('imagenet21k')
+    transfer.transfer_datasets('imagenet21k')
 
 
 @pytest.mark.parametrize('key,value,match', [
@@ -36,14 +36,14 @@ def test_transfer_datasets_names_paper_sets():
     ('every_steps', -1, 'every_steps'),
 ])
 def test_validate_names_bad_key(key, value, match):
-  cfg = fewshot.default_fewshot_config().to_dict()
+  cfg = transfer.default_fewshot_config().to_dict()
   cfg[key] = value
   with pytest.raises(ValueError, match=match):
     fewshot_config.validate(cfg)
 
 
 def test_validate_rejects_unknown_keys_and_incomplete_datasets():
-  cfg = fewshot.default_fewshot_config().to_dict()
+  cfg = transfer.default_fewshot_config().to_dict()
   with pytest.raises(ValueError, match=r"unknown key\(s\) \['shot'\]"):
     fewshot_config.validate({**cfg, 'shot': 1})
   cfg['datasets'] = {'digits': {'name': 'sklearn_digits', 'train_split': 'train'}}

@@ -9,7 +9,8 @@ from jax.sharding import Mesh
 
 from tests.evaluate.helpers import clusters
 from vmoe_sparse_ot import nn
-from vmoe_sparse_ot.evaluate import features, fewshot
+from vmoe_sparse_ot.evaluate import features
+from vmoe_sparse_ot.evaluate import transfer
 
 L2_REGS = tuple(2.0**k for k in range(-10, 20))
 
@@ -28,7 +29,7 @@ def _protocol(**overrides):
 def test_linearly_separable_features_reach_accuracy_one(l2_selection):
   train_x, train_y = _gaussians(0)
   test_x, test_y = _gaussians(1)
-  results = fewshot.evaluate_features(train_x, train_y, test_x, test_y,
+  results = transfer.evaluate_features(train_x, train_y, test_x, test_y,
                                       **_protocol(l2_selection=l2_selection))
   assert sorted(results) == [1, 5, 10]
   for r in results.values():
@@ -59,10 +60,10 @@ def test_l2_selection_never_reads_test_labels(monkeypatch, l2_selection):
   train_x, train_y = _gaussians(2, noise=2.0)  # noisy: the choice of L2 matters
   test_x, test_y = _gaussians(3, noise=2.0)
   kwargs = _protocol(l2_selection=l2_selection, shots=(1, 2, 10), seeds=(0, 1, 2))
-  honest = fewshot.evaluate_features(train_x, train_y, test_x, test_y, **kwargs)
+  honest = transfer.evaluate_features(train_x, train_y, test_x, test_y, **kwargs)
 
   # 1. Test labels can only be read by the scoring step, which runs after the fit.
-  real_top1 = fewshot._top1
+  real_top1 = transfer._top1
   scored = []
 
   def top1(predictions, labels):
@@ -71,14 +72,14 @@ def test_l2_selection_never_reads_test_labels(monkeypatch, l2_selection):
     return real_top1(predictions, labels._labels)
 
   with monkeypatch.context() as patch:
-    patch.setattr(fewshot, '_top1', top1)
-    guarded = fewshot.evaluate_features(train_x, train_y, test_x, _LabelsGuard(test_y),
+    patch.setattr(transfer, '_top1', top1)
+    guarded = transfer.evaluate_features(train_x, train_y, test_x, _LabelsGuard(test_y),
                                         **kwargs)
   assert scored == [len(test_y)] * (3 * 3)
   assert guarded == honest
 
   # 2. Corrupted test labels change the accuracy but not the chosen L2 strengths.
-  corrupted = fewshot.evaluate_features(
+  corrupted = transfer.evaluate_features(
       train_x, train_y, test_x, np.random.default_rng(0).permutation(test_y), **kwargs)
   for shot in honest:
     assert corrupted[shot]['l2_reg'] == honest[shot]['l2_reg']
@@ -90,20 +91,20 @@ def test_l2_selection_never_reads_test_labels(monkeypatch, l2_selection):
 def test_chunked_prediction_matches_full_prediction():
   train_x, train_y = _gaussians(4, noise=2.0)
   test_x, _ = _gaussians(5, noise=2.0)
-  fit = fewshot.ridge.fit(train_x, train_y, num_classes=5, l2_regs=L2_REGS)
-  np.testing.assert_array_equal(fewshot._predict(fit, test_x, chunk=7),
+  fit = transfer.ridge.fit(train_x, train_y, num_classes=5, l2_regs=L2_REGS)
+  np.testing.assert_array_equal(transfer._predict(fit, test_x, chunk=7),
                                 np.argmax(fit.predict(test_x), axis=1))
 
 
 def test_sample_few_shot_draws_shot_distinct_examples_per_class():
   labels = np.repeat(np.arange(4), [3, 5, 7, 9])
-  idx = fewshot.sample_few_shot(labels, 3, seed=0, num_classes=4)
+  idx = transfer.sample_few_shot(labels, 3, seed=0, num_classes=4)
   assert len(set(idx.tolist())) == 12
   np.testing.assert_array_equal(np.bincount(labels[idx]), [3, 3, 3, 3])
-  np.testing.assert_array_equal(idx, fewshot.sample_few_shot(labels, 3, 0, 4))
-  assert not np.array_equal(idx, fewshot.sample_few_shot(labels, 3, 1, 4))
+  np.testing.assert_array_equal(idx, transfer.sample_few_shot(labels, 3, 0, 4))
+  assert not np.array_equal(idx, transfer.sample_few_shot(labels, 3, 1, 4))
   with pytest.raises(ValueError, match='Class 0 has 3 training examples, fewer than shot=4'):
-    fewshot.sample_few_shot(labels, 4, 0, 4)
+    transfer.sample_few_shot(labels, 4, 0, 4)
 
 
 # --- Feature extraction and the evaluator, with a tiny contract-conforming model.
@@ -151,7 +152,7 @@ def test_extract_drops_padding_and_matches_direct_apply():
 
 
 def test_sharded_extraction_of_vmoe_matches_single_device():
-  cfg = nn.config.default_model_config()
+  cfg = nn.model_config.default_model_config()
   cfg.hidden_size, cfg.encoder.num_layers, cfg.encoder.mlp_dim = 16, 1, 32
   cfg.encoder.num_heads, cfg.encoder.moe.num_experts, cfg.encoder.moe.group_size = 2, 4, 4
   cfg.encoder.moe.layers = '0'  # the one block is an MoE block
@@ -177,9 +178,9 @@ def _evaluator(**kwargs):
   model = _LinearModel()
   train_images, train_labels = _image_data(1, 30)
   test_images, test_labels = _image_data(2, 20)
-  ds = fewshot.FewShotDataset('toy', 'train', 'test', 3, _batches(train_images, train_labels, 8),
+  ds = transfer.FewShotDataset('toy', 'train', 'test', 3, _batches(train_images, train_labels, 8),
                               _batches(test_images, test_labels, 8))
-  evaluator = fewshot.FewShotEvaluator(
+  evaluator = transfer.FewShotEvaluator(
       model, {'toy': ds}, shots=(1, 2), seeds=(0, 1), l2_regs=L2_REGS, **kwargs)
   params = model.init(jax.random.key(0), train_images[:1], False)['params']
   return evaluator, params
@@ -234,24 +235,24 @@ class _RecordingWriter(metric_writers.MetricWriter):
 def test_periodic_action_writes_metrics_on_first_every_and_last_step():
   evaluator, params = _evaluator()
   writer = _RecordingWriter()
-  action = fewshot.PeriodicFewShot(evaluator, writer, every_steps=4, last_step=10)
+  action = transfer.PeriodicFewShot(evaluator, writer, every_steps=4, last_step=10)
   returned = {step: action(step, params) for step in range(1, 11)}
   assert [s for s, _ in writer.scalars] == [1, 4, 8, 10]
   assert [s for s, m in returned.items() if m is not None] == [1, 4, 8, 10]
   for _, scalars in writer.scalars:
     assert sorted(scalars) == ['fewshot/toy/1shot', 'fewshot/toy/2shot']
   # A resumed run evaluates on its first call too.
-  resumed = fewshot.PeriodicFewShot(evaluator, writer, every_steps=4, last_step=10)
+  resumed = transfer.PeriodicFewShot(evaluator, writer, every_steps=4, last_step=10)
   assert resumed.should_run(6) and resumed(6, params) is not None and not resumed.should_run(7)
   with pytest.raises(ValueError, match='every_steps'):
-    fewshot.PeriodicFewShot(evaluator, writer, every_steps=0, last_step=10)
+    transfer.PeriodicFewShot(evaluator, writer, every_steps=0, last_step=10)
 
 
 def test_periodic_action_writes_to_a_clu_summary_writer(tmp_path):
   from tensorboard.backend.event_processing import event_accumulator
   evaluator, params = _evaluator()
   writer = metric_writers.create_default_writer(str(tmp_path), asynchronous=False)
-  action = fewshot.PeriodicFewShot(evaluator, writer, every_steps=100, last_step=3)
+  action = transfer.PeriodicFewShot(evaluator, writer, every_steps=100, last_step=3)
   for step in (1, 2, 3):
     action(step, params)
   writer.flush()

@@ -9,7 +9,7 @@ import jax
 import pytest
 
 from vmoe_sparse_ot import fewshot as job
-from vmoe_sparse_ot.evaluate import fewshot
+from vmoe_sparse_ot.evaluate import transfer
 from vmoe_sparse_ot import config as config_lib
 from vmoe_sparse_ot.config import cli
 from vmoe_sparse_ot.train import trainer
@@ -21,7 +21,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 # steps; `get_config('bad')` adds a few-shot dataset that does not exist and
 # `get_config('sparse_ot')` names another router than the one trained (topk).
 CONFIG_FILE = textwrap.dedent('''
-    from vmoe_sparse_ot.evaluate import fewshot
+    from vmoe_sparse_ot.evaluate import transfer
     from vmoe_sparse_ot import config as config_lib
 
     def get_config(arg=None):
@@ -48,7 +48,7 @@ CONFIG_FILE = textwrap.dedent('''
       config.fewshot.shots = (1, 5)
       config.fewshot.seeds = (0, 1)
       config.fewshot.batch_size = 128
-      config.fewshot.datasets = fewshot.transfer_datasets('digits')
+      config.fewshot.datasets = transfer.transfer_datasets('digits')
       if arg == 'sparse_ot':  # Another router than the checkpoint's (topk).
         config.model.encoder.moe.router.name = 'sparse_ot'
       if arg == 'bad':
@@ -70,7 +70,7 @@ def setup(tmp_path_factory):
   workdir = tmp / 'workdir'
   # One device: compiling for the 8 fake CPU devices costs time and tests nothing here.
   trainer.train_and_evaluate(config_lib.load_config_file(str(config_path)), str(workdir),
-                             devices=jax.devices()[:1], fewshot=fewshot.periodic_fewshot)
+                             devices=jax.devices()[:1], fewshot=transfer.periodic_fewshot)
   return config_path, workdir
 
 
@@ -171,7 +171,7 @@ def test_missing_checkpoint_fails_clearly(setup, tmp_path, job_in_process):
 
 def test_unknown_dataset_fails_clearly(setup):
   config_path, workdir = setup
-  with pytest.raises(fewshot.DatasetError, match="'nope' .name='no_such_dataset'"):
+  with pytest.raises(transfer.DatasetError, match="'nope' .name='no_such_dataset'"):
     job.run(config_lib.load_config_file(f'{config_path}:bad'), str(workdir))
 
 

@@ -181,7 +181,7 @@ def test_bad_overrides_are_value_errors_naming_the_key(workdir):
 
 
 def _model_config(router='topk', **router_keys):
-  config = nn.config.default_model_config()
+  config = nn.model_config.default_model_config()
   config.encoder.moe.router.name = router
   config.encoder.moe.router.update(router_keys)
   return config

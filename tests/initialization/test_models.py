@@ -8,7 +8,7 @@ import pytest
 from vmoe_sparse_ot import initialization, nn
 from vmoe_sparse_ot.export import exported_arrays
 from vmoe_sparse_ot.initialization import names
-from vmoe_sparse_ot.nn.config import default_model_config
+from vmoe_sparse_ot.nn.model_config import default_model_config
 from vmoe_sparse_ot.nn.moe import MoeLayer
 from vmoe_sparse_ot.nn.vit import MlpBlock
 from tests.initialization.test_partitioned import build, dump

@@ -3,7 +3,7 @@ import jax
 import ml_collections
 
 from vmoe_sparse_ot.nn import routers
-from vmoe_sparse_ot.nn.config import default_model_config
+from vmoe_sparse_ot.nn.model_config import default_model_config
 from vmoe_sparse_ot.nn.routing_metrics import common_metrics
 
 # The functions under test, jitted once for every nn test file: called eagerly,

@@ -11,7 +11,7 @@ from scipy.stats import norm
 
 from vmoe_sparse_ot.nn import routers
 from vmoe_sparse_ot.nn import routing as rt
-from vmoe_sparse_ot.nn.config import default_router_config
+from vmoe_sparse_ot.nn.model_config import default_router_config
 from tests.nn.helpers import jit_common_metrics, jit_route
 
 # Inputs are numpy arrays: a jnp array made from a list or numpy array compiles a

@@ -3,7 +3,7 @@ import pytest
 
 from vmoe_sparse_ot import nn
 from vmoe_sparse_ot.evaluate import overrides
-from vmoe_sparse_ot.nn.config import variant_sizes
+from vmoe_sparse_ot.nn.model_config import variant_sizes
 from vmoe_sparse_ot import config as config_lib
 from vmoe_sparse_ot.config import cli
 from tests.train.helpers import ROOT, TINY

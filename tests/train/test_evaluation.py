@@ -1,9 +1,9 @@
-"""train.evaluation's eval step (the trainer's and the evaluate job's): the run's own loss."""
+"""train.periodic_eval's eval step (the trainer's and the evaluate job's): the run's own loss."""
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from vmoe_sparse_ot.train import evaluation
+from vmoe_sparse_ot.train import periodic_eval
 
 
 class FixedLogits:
@@ -32,7 +32,7 @@ def test_sigmoid_run_is_scored_with_binary_cross_entropy_on_one_hot_labels(seed)
   logits = rng.normal(size=(5, 4)) * 3
   labels = rng.integers(0, 4, size=5)
   mask = np.array([True, True, False, True, True])
-  out = evaluation.make_eval_step(FixedLogits(logits), 'sigmoid_xent', num_tokens=1)(
+  out = periodic_eval.make_eval_step(FixedLogits(logits), 'sigmoid_xent', num_tokens=1)(
       None, _batch(labels, mask))
   y = np.eye(4)[labels]
   per_example = -(y * _log_sigmoid(logits) + (1 - y) * _log_sigmoid(-logits)).sum(-1)
@@ -43,7 +43,7 @@ def test_sigmoid_run_is_scored_with_binary_cross_entropy_on_one_hot_labels(seed)
 
 def test_softmax_run_is_scored_as_before():
   logits = np.array([[2.0, 0.0, -1.0], [0.0, 1.0, 3.0]])
-  out = evaluation.make_eval_step(FixedLogits(logits), num_tokens=1)(None, _batch([0, 1], [True, True]))
+  out = periodic_eval.make_eval_step(FixedLogits(logits), num_tokens=1)(None, _batch([0, 1], [True, True]))
   log_softmax = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
   np.testing.assert_allclose(out['loss_sum'], -(log_softmax[0, 0] + log_softmax[1, 1]), rtol=1e-6)
   assert int(out['correct']) == 1
@@ -52,7 +52,7 @@ def test_softmax_run_is_scored_as_before():
 def test_float_targets_from_the_pp_string_are_used_as_given():
   logits = np.array([[1.0, -1.0, 0.5]])
   batch = {**_batch([0], [True]), 'labels': jnp.array([[0.9, 0.05, 0.05]])}
-  out = evaluation.make_eval_step(FixedLogits(logits), 'sigmoid_xent', num_tokens=1)(None, batch)
+  out = periodic_eval.make_eval_step(FixedLogits(logits), 'sigmoid_xent', num_tokens=1)(None, batch)
   y = np.array([0.9, 0.05, 0.05])
   want = -(y * _log_sigmoid(logits[0]) + (1 - y) * _log_sigmoid(-logits[0])).sum()
   np.testing.assert_allclose(out['loss_sum'], want, rtol=1e-5)
@@ -63,7 +63,7 @@ def test_with_and_without_routing_the_sums_agree(num_tokens):
   """The trainer's step (no routing) and the job's (num_tokens) count the same."""
   logits = np.array([[2.0, 0.0, -1.0], [0.0, 1.0, 3.0], [1.0, 0.0, 0.0]])
   batch = _batch([0, 2, 1], [True, True, False])
-  out = evaluation.make_eval_step(FixedLogits(logits), num_tokens=num_tokens)(None, batch)
+  out = periodic_eval.make_eval_step(FixedLogits(logits), num_tokens=num_tokens)(None, batch)
   log_softmax = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
   np.testing.assert_allclose(out['loss_sum'], -(log_softmax[0, 0] + log_softmax[1, 2]),
                              rtol=1e-6)

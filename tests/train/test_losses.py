@@ -3,7 +3,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from vmoe_sparse_ot.train import evaluation
+from vmoe_sparse_ot.train import periodic_eval
 from vmoe_sparse_ot.train import losses
 
 LOGITS = np.array([[2.0, 0.5, -1.0], [0.0, -3.0, 3.0], [1.0, 1.5, 0.2]], np.float32)
@@ -64,16 +64,16 @@ def test_eval_step_sums_the_configured_loss_over_real_examples():
   images = LOGITS[:, :, None, None]  # With w = I, the logits are the images.
   params = {'w': np.eye(3, dtype=np.float32)}
   mask = np.array([True, True, False])
-  integer = evaluation.make_eval_step(Linear())(params, {'image': images, 'label': LABEL,
+  integer = periodic_eval.make_eval_step(Linear())(params, {'image': images, 'label': LABEL,
                                                          'mask': mask})
-  onehot = evaluation.make_eval_step(Linear())(params, {'image': images, 'labels': ONEHOT,
+  onehot = periodic_eval.make_eval_step(Linear())(params, {'image': images, 'labels': ONEHOT,
                                                         'mask': mask})
   want = -_log_softmax(LOGITS)[[0, 1], LABEL[:2]].sum()
   assert float(integer['loss_sum']) == pytest.approx(want, rel=1e-6)
   assert float(onehot['loss_sum']) == pytest.approx(want, rel=1e-6)
   assert float(integer['correct']) == float(onehot['correct']) == 1.0
   assert float(integer['count']) == 2.0
-  sigmoid = evaluation.make_eval_step(Linear(), 'sigmoid_xent')(
+  sigmoid = periodic_eval.make_eval_step(Linear(), 'sigmoid_xent')(
       params, {'image': images, 'labels': ONEHOT, 'mask': mask})
   want = np.asarray(losses.sigmoid_xent(LOGITS, {'labels': ONEHOT}))[:2].sum()
   assert float(sigmoid['loss_sum']) == pytest.approx(want, rel=1e-6)

@@ -9,7 +9,7 @@ import jax
 import numpy as np
 
 from vmoe_sparse_ot.errors import ResumeMismatchError
-from vmoe_sparse_ot.nn.config import without_compute_keys
+from vmoe_sparse_ot.nn.model_config import without_compute_keys
 from vmoe_sparse_ot.trees import flatten, path_name
 
 

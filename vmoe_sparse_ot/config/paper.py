@@ -4,7 +4,7 @@ from __future__ import annotations
 import ml_collections
 
 from vmoe_sparse_ot.config.fewshot_section import transfer_datasets
-from vmoe_sparse_ot.nn.config import variant_sizes
+from vmoe_sparse_ot.nn.model_config import variant_sizes
 from vmoe_sparse_ot.config.files import parse_arg
 from vmoe_sparse_ot.config.schema import base_config
 
@@ -36,7 +36,7 @@ def paper_vmoe_config(variant: str, patch: int, arg: str | None) -> ml_collectio
   peak learning rate 8e-4 (V-MoE Table 8 for B/32, B/16); global batch 4096,
   224x224 inputs with inception crop and flip.
 
-  Sizes of `model.variant='V-MoE-{variant}/{patch}'` (`nn.config.variant_sizes`;
+  Sizes of `model.variant='V-MoE-{variant}/{patch}'` (`nn.model_config.variant_sizes`;
   V-MoE B is ViT-B), written out as keys (model.variant stays None) so that the
   config shows them and overrides can shrink them. `arg` takes
   router=..., dataset=imagenet2012|imagenet21k, data_dir=... .

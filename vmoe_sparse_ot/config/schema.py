@@ -9,7 +9,7 @@ from __future__ import annotations
 import ml_collections
 
 from vmoe_sparse_ot.config.fewshot_section import default_fewshot_config
-from vmoe_sparse_ot.nn.config import default_model_config
+from vmoe_sparse_ot.nn.model_config import default_model_config
 
 OPTIMIZERS = ('adam', 'adamw', 'sgd', 'adafactor')
 AUGMENTATIONS = ('none', 'inception_crop_flip')
@@ -107,7 +107,7 @@ def base_config() -> ml_collections.ConfigDict:
           # {NAME: {'dataset': ..., 'split': ..., 'pp': ..., 'label_key': ...}},
           # logged as eval/NAME/loss, eval/NAME/accuracy. dataset and pp default to
           # config.dataset's name and pp_eval, label_key (the feature read as
-          # 'label') to 'label'. See vmoe_sparse_ot/train/evaluation.py.
+          # 'label') to 'label'. See vmoe_sparse_ot/train/periodic_eval.py.
           'datasets': {},
       },
       # Parameters taken from other weights before the first step of a fresh run

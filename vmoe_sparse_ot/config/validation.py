@@ -22,11 +22,11 @@ from typing import Any, Mapping
 from vmoe_sparse_ot.config_keys import check_keys
 from vmoe_sparse_ot.errors import first_line
 from vmoe_sparse_ot.config import fewshot_section as fewshot_config
-from vmoe_sparse_ot.nn.config import MODEL_DTYPES
-from vmoe_sparse_ot.nn.config import VIT_SIZES
-from vmoe_sparse_ot.nn.config import VMOE_PREFIX
-from vmoe_sparse_ot.nn.config import VMOE_SIZES
-from vmoe_sparse_ot.nn.config import variant_sizes
+from vmoe_sparse_ot.nn.model_config import MODEL_DTYPES
+from vmoe_sparse_ot.nn.model_config import VIT_SIZES
+from vmoe_sparse_ot.nn.model_config import VMOE_PREFIX
+from vmoe_sparse_ot.nn.model_config import VMOE_SIZES
+from vmoe_sparse_ot.nn.model_config import variant_sizes
 from vmoe_sparse_ot.config.schema import AUGMENTATIONS
 from vmoe_sparse_ot.config.schema import EVAL_DATASET_KEYS
 from vmoe_sparse_ot.config.schema import LOSSES

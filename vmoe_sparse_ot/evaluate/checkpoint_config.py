@@ -12,7 +12,7 @@ from typing import Any
 
 import ml_collections
 
-from vmoe_sparse_ot.nn.config import without_compute_keys
+from vmoe_sparse_ot.nn.model_config import without_compute_keys
 from vmoe_sparse_ot.config.files import flatten
 
 
@@ -23,7 +23,7 @@ class CheckpointMismatchError(ValueError):
 def model_config_differences(saved: dict[str, Any], model_config: Any) -> list[str]:
   """'model.a.b: config X, checkpoint Y' for every key where the two model configs differ.
 
-  `nn.config.COMPUTE_KEYS` (model.dtype, model.remat) are not compared: they
+  `nn.model_config.COMPUTE_KEYS` (model.dtype, model.remat) are not compared: they
   change how the model computes, not its parameters.
   """
   # JSON round trip: tuples become lists, as they come back from the checkpoint.

@@ -84,7 +84,7 @@ from vmoe_sparse_ot.errors import first_line
 from vmoe_sparse_ot.evaluate import overrides as overrides_lib
 from vmoe_sparse_ot.evaluate.checkpoint_config import describe_model, model_config_differences
 from vmoe_sparse_ot.nn import routing_stats
-from vmoe_sparse_ot.train import evaluation
+from vmoe_sparse_ot.train import periodic_eval
 
 PROG = 'python -m vmoe_sparse_ot.evaluate'
 EVAL_DIR = 'eval'
@@ -261,7 +261,7 @@ def run(request: Request, *, devices: Sequence[Any] | None = None) -> dict[str, 
       parallel.replicated(mesh))
   batch_sharding = parallel.batch_sharding(mesh)
   num_tokens = int(request.meta['param_shapes']['encoder/pos_embedding'][1])
-  eval_step = jax.jit(evaluation.make_eval_step(model, request.loss, num_tokens=num_tokens),
+  eval_step = jax.jit(periodic_eval.make_eval_step(model, request.loss, num_tokens=num_tokens),
                       in_shardings=(params_sharding, batch_sharding,
                                     parallel.replicated(mesh)),
                       out_shardings=parallel.replicated(mesh))

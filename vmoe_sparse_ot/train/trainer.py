@@ -11,7 +11,7 @@ device in between.
 The loop body is one step followed by periodic actions (clu `PeriodicCallback`):
 the progress line, checkpointing (after checking the state is finite),
 evaluation and few-shot transfer. The loss (`train.losses`), mixup
-(`train.mixup`) and the evaluation sets (`train.evaluation`) live in their own
+(`train.mixup`) and the evaluation sets (`train.periodic_eval`) live in their own
 modules.
 
 Reproducibility: step t draws its keys from `fold_in(root key, t)`, the input
@@ -42,7 +42,7 @@ from vmoe_sparse_ot import nn
 from vmoe_sparse_ot import atomic
 from vmoe_sparse_ot import checkpoints
 from vmoe_sparse_ot import config as config_lib
-from vmoe_sparse_ot.train import evaluation
+from vmoe_sparse_ot.train import periodic_eval
 from vmoe_sparse_ot.train import lock as lock_lib
 from vmoe_sparse_ot.train import losses as losses_lib
 from vmoe_sparse_ot.train import metrics as metrics_lib
@@ -81,7 +81,7 @@ def _stream_meta(dataset, batch_size: int, seed: int) -> dict[str, Any]:
 def run_meta(config: ml_collections.ConfigDict, abstract_params: Any) -> dict[str, Any]:
   """Checkpoint metadata fixed for the run (the step is added at each save)."""
   return {
-      'model_config': nn.config.without_compute_keys(_json(config.model.to_dict()),
+      'model_config': nn.model_config.without_compute_keys(_json(config.model.to_dict()),
                                                      only_defaults=True),
       'param_shapes': checkpoints.param_shapes(abstract_params),
       # What fixes the meaning of "global batch t" of the training stream.
@@ -217,7 +217,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
   differ from the checkpoint's (otherwise refused, naming the change).
   `fewshot`: builds periodic few-shot evaluation, `fewshot(config, model, mesh,
   writer)` -> `action(step, params, model_state)` or None (the command line passes
-  `evaluate.fewshot.periodic_fewshot`); needed when config.fewshot.every_steps > 0.
+  `evaluate.transfer.periodic_fewshot`); needed when config.fewshot.every_steps > 0.
 
   Returns a summary: final evaluation metrics, the final step, steady-state
   throughput, the mean training loss of the last logging interval
@@ -234,7 +234,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
   if config.fewshot.every_steps > 0 and fewshot is None:
     raise ValueError(
         f'config.fewshot.every_steps={config.fewshot.every_steps}: periodic few-shot needs '
-        'train_and_evaluate(..., fewshot=evaluate.fewshot.periodic_fewshot) (the command '
+        'train_and_evaluate(..., fewshot=evaluate.transfer.periodic_fewshot) (the command '
         'line passes it), or set it to 0')
   model = nn.build_model(config.model)
   os.makedirs(workdir, exist_ok=True)
@@ -365,14 +365,14 @@ def _train_loop(config, workdir, model, mesh, tx, schedule, ckpt, state, start_s
     writer.write_hparams({k: v for k, v in config_lib.flatten(config.to_dict()).items()
                           if isinstance(v, (int, float, str, bool))})
   eval_step = programs.get(keys['eval'], 'eval_step', lambda: jax.jit(
-      evaluation.make_eval_step(model, config.loss.name),
+      periodic_eval.make_eval_step(model, config.loss.name),
       in_shardings=(state_sharding.params, batch_sharding, state_sharding.model_state),
       out_shardings=replicated))
-  eval_sets = evaluation.eval_sets(config)
-  eval_datasets = evaluation.make_datasets(config, eval_sets, eval_batch_size)
+  eval_sets = periodic_eval.eval_sets(config)
+  eval_datasets = periodic_eval.make_datasets(config, eval_sets, eval_batch_size)
 
   def run_eval(state):  # {set name: result}; '' is config.dataset.eval_split.
-    return evaluation.evaluate_all(
+    return periodic_eval.evaluate_all(
         lambda p, ds: evaluate(eval_step, p, ds, batch_sharding, state.model_state),
         state.params, eval_datasets)
 
@@ -422,14 +422,14 @@ def _train_loop(config, workdir, model, mesh, tx, schedule, ckpt, state, start_s
       summary.update(progress.summary())
     if not eval_results:  # Nothing left to train: evaluate the restored params.
       eval_results.append(run_eval(state))
-      evaluation.log_results(summary['step'], eval_results[-1], eval_sets, writer)
+      periodic_eval.log_results(summary['step'], eval_results[-1], eval_sets, writer)
   finally:
     writer.close()
 
-  summary['eval'] = eval_results[-1][evaluation.DEFAULT_NAME]
+  summary['eval'] = eval_results[-1][periodic_eval.DEFAULT_NAME]
   if len(eval_results[-1]) > 1:
     summary['eval_datasets'] = {name: result for name, result in eval_results[-1].items()
-                                if name != evaluation.DEFAULT_NAME}
+                                if name != periodic_eval.DEFAULT_NAME}
   summary.setdefault('train_loss_history', [])
   summary.setdefault('losses', [])  # Nothing was trained.
   if jax.process_index() == 0:
@@ -445,7 +445,7 @@ def _periodic_actions(config, writer, ckpt, meta, progress, run_eval, eval_sets,
 
   Each is called after every step as `action(step, state=..., metrics=...)`;
   `['evaluate'].get_last_callback_result()` is the latest eval results, {eval set
-  name: result} (`train.evaluation`).
+  name: result} (`train.periodic_eval`).
   """
   train_steps = int(config.train_steps)
   all_finite = programs.get(mesh_key, 'all_finite', lambda: jax.jit(
@@ -468,7 +468,7 @@ def _periodic_actions(config, writer, ckpt, meta, progress, run_eval, eval_sets,
     with progress.paused():
       start = time.monotonic()
       results = run_eval(state)
-      evaluation.log_results(step, results, eval_sets, writer, time.monotonic() - start)
+      periodic_eval.log_results(step, results, eval_sets, writer, time.monotonic() - start)
     return results
 
   def few_shot(step, t, state, metrics):

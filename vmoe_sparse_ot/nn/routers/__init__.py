@@ -82,7 +82,7 @@ def get_router(name: str) -> Router:
 
 
 def parse_router_options(cfg: Mapping[str, Any], where: str = WHERE) -> RouterConfig:
-  """Validates a router config dict (see `nn.config.default_router_config`).
+  """Validates a router config dict (see `nn.model_config.default_router_config`).
 
   Unknown keys anywhere (top level or any router's section) fail; the chosen
   router's values are converted and checked.
