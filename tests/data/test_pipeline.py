@@ -123,11 +123,12 @@ def test_augment_modes_are_pp_strings():
                                   training=True)
   assert train.startswith('decode(channels=3)|inception_crop(224, area_min=8, ')
   assert train.endswith('|flip_lr|value_range(-1, 1)')
-  # The tiny MNIST config's strings are the 'none' mode's.
+  # The tiny MNIST config's strings are the 'none' mode's, with a resize that follows
+  # image_size (the identity at the stored 28 px).
   from vmoe_sparse_ot.config import files  # pylint: disable=g-import-not-at-top
   config = files.load_config_file('configs/vmoe_tiny_mnist.py')
   assert config.dataset.pp_train == config.dataset.pp_eval == (
-      'decode(channels=1)|value_range(-1, 1)') and config.dataset.augment is None
+      'decode(channels=1)|resize(28)|value_range(-1, 1)') and config.dataset.augment is None
 
 
 def test_bad_arguments_fail_clearly():

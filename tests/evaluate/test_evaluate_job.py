@@ -137,7 +137,7 @@ def test_settings_come_from_the_run_then_config_then_flags(workdir, tmp_path):
   request = job.prepare(str(workdir), 2, router='sparse_ot', num_selected_experts=1)
   assert (request.step, request.dataset, request.split, request.batch_size, request.augment,
           request.pp) == (2, 'embedded_mnist', 'test[:200]', EVAL_BATCH, None,
-                          'decode(channels=1)|value_range(-1, 1)')  # The run's pp_eval.
+                          'decode(channels=1)|resize(28)|value_range(-1, 1)')  # The run's pp_eval.
   assert request.name == 'embedded_mnist-test_200-sparse_ot-k1-step2'
   assert request.path == str(workdir / 'eval' / f'{request.name}.json')
   config = tiny_config()

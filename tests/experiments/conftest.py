@@ -50,8 +50,8 @@ def quick_run(name: str, out_dir, all_dir: str | None = None) -> dict:
   assert written['quick'] is True and written['wall_time_s'] > 0
   if payload is not None:
     assert set(payload) == set(written)
-  # The table prints without error and names the experiment.
-  assert name in experiments.load(name).format_table(written)
+  # The table prints without error.
+  assert experiments.load(name).format_table(written).strip()
   return written
 
 

@@ -257,8 +257,8 @@ BAD_CONFIGS = [
      'keyword=value) and separated by "|"'),
     ('dataset.pp_eval', '', "config.dataset.pp_eval='': must be a pp string such as "
      '"decode|resize(224)|value_range(-1, 1)" or None'),
-    ('dataset.augment', 'none', "config.dataset.pp_train='decode(channels=1)|value_range(-1, "
-     "1)' and config.dataset.augment='none' are both set: augment is the older spelling of "
+    ('dataset.augment', 'none', "config.dataset.pp_train='decode(channels=1)|resize(28)|"
+     "value_range(-1, 1)' and config.dataset.augment='none' are both set: augment is the older spelling of "
      'the pp strings; set it to None'),
     ('mesh.expert', 3, 'config.mesh.expert=3 must divide config.model.encoder.moe.num_experts=8'),
     ('mesh.data', 0, 'config.mesh.data=0: must be a positive integer or -1 (as many as fit)'),
