@@ -29,7 +29,6 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 # the gaps at the end, instead of one worker finishing a long file alone. Files
 # not listed follow in collection order.
 SLOWEST_FIRST = (
-    "tests/experiments/test_all.py",
     "tests/test_docs.py",
     "tests/train/test_trainer.py",
     "tests/train/test_routers.py",
@@ -79,6 +78,11 @@ SLOWEST_FIRST = (
     "tests/evaluate/test_fewshot.py",
     "tests/ot/test_negative_costs.py",
     "tests/experiments/test_supply_demand.py",
+    "tests/experiments/test_gaussians_1d.py",
+    "tests/experiments/test_solver_comparison.py",
+    "tests/experiments/test_color_transfer.py",
+    # After the experiment files: `all --resume` reuses the quick runs they made.
+    "tests/experiments/test_all.py",
 )
 
 

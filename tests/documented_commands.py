@@ -17,7 +17,8 @@ promise (exit status 0, the lines and files they say it writes):
   (ImageNet, accelerators, a pod): its `--workdir` is replaced by
   `--print_config`, so its config file, arguments and override keys resolve.
 - `Job`: another module or script, run as written after the `Main` commands
-  (whose workdirs it reads), with `extra` arguments that shrink it.
+  (whose workdirs it reads), with `extra` arguments that shrink it; the argparse
+  command lines (IN_PROCESS) in the same interpreter, the others as processes.
 - `Usage`: a synopsis (`NAME [--out DIR]`); its module's --help must list its flags.
 - `Covered`: run by the named test, which must exist.
 - `NotHere`: needs what no test machine has (say why).
@@ -43,12 +44,10 @@ FEWSHOT_SHRINK = ('--config.fewshot.shots=(1,)', '--config.fewshot.seeds=(0,)',
 SHRINK = ('--config.train_steps=2', '--config.log_every_steps=1',
           '--config.dataset.eval_split=test[:200]', '--config.eval_batch_size=100',
           *FEWSHOT_SHRINK)
-# Also appended to `Main` commands whose workdir no documented command reads with
-# the tiny config's own model: the tests' smaller model (tests/train/helpers.SMALL).
-SMALL_MODEL = ('--config.model.hidden_size=32', '--config.model.encoder.num_layers=2',
-               '--config.model.encoder.num_heads=2', '--config.model.encoder.mlp_dim=64',
-               '--config.model.encoder.moe.num_experts=4',
-               '--config.model.encoder.moe.group_size=32', '--config.batch_size=16')
+# Jobs whose command lines argparse reads: run in the `Main` commands' interpreter,
+# after them (tests/main_cases.py).
+IN_PROCESS = ('python -m vmoe_sparse_ot.plot ', 'python -m vmoe_sparse_ot.export ',
+              'python -m vmoe_sparse_ot.data')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,7 +55,6 @@ class Main:
   stdout: tuple[str, ...] = ()  # regexes the output must match (stdout and stderr)
   files: tuple[str, ...] = ()  # paths (localized) that must exist afterwards
   subs: tuple[tuple[str, str], ...] = ()  # text -> replacement, before `localize`
-  small: bool = True  # shrink the model too (SMALL_MODEL)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,8 +96,10 @@ _README_WORKDIR = 'workdirs/vmoe_tiny_mnist_sparse_ot'
 
 COMMANDS = {
     # --- training, in one interpreter, in this order ---
-    # The tiny model itself, as scripts/main.sh trains it: the two share programs.
-    f'{_TINY} --workdir=/tmp/run': Main((_FINAL,), ('/tmp/run/checkpoints/2',), small=False),
+    # The tiny model as the commands say (SHRINK changes steps and data, not the model):
+    # runs of one router share their compiled programs (in-process, and with
+    # scripts/main.sh through the session's compilation cache).
+    f'{_TINY} --workdir=/tmp/run': Main((_FINAL,), ('/tmp/run/checkpoints/2',)),
     f'{_TINY} --print_config': Main(('"name": "sparse_ot"', '"image_size": 28')),
     f'{_TINY}:router=sbase --workdir=/tmp/sbase': Main((_FINAL,), ('/tmp/sbase/checkpoints/2',)),
     # A second run in the README's /tmp/run would resume the first: its own directory.

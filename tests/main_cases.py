@@ -34,11 +34,17 @@ class Result:
 
 
 def run_main_cases(argvs, env, timeout=300):
-  """Runs each argument list of `argvs` as `python -m vmoe_sparse_ot.main ARGS`; [Result]."""
+  """Runs each argument list of `argvs` as `python -m vmoe_sparse_ot.main ARGS`; [Result].
+
+  A case may also be (module, argv) for a command line parsed by argparse, whose
+  `main(argv)` runs in the same interpreter (`vmoe_sparse_ot.plot`, `.export`,
+  `.data`: their flags do not clash with main's).
+  """
   with tempfile.TemporaryDirectory() as tmp:
     cases, out = os.path.join(tmp, 'cases.json'), os.path.join(tmp, 'results.json')
     with open(cases, 'w') as f:
-      json.dump([list(map(str, argv)) for argv in argvs], f)
+      json.dump([[case[0], list(map(str, case[1]))] if isinstance(case, tuple)
+                 else list(map(str, case)) for case in argvs], f)
     proc = subprocess.run([sys.executable, '-m', 'tests.main_cases', cases, out], cwd=ROOT,
                           env=env, capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0 and os.path.exists(out), proc.stderr[-3000:]
@@ -53,10 +59,11 @@ def _reset_flags():
   flags.FLAGS.unparse_flags()
 
 
-def _run_one(main, argv):
-  """main.run() with sys.argv = [main.py, *argv]: (exit status, stdout, stderr)."""
+def _run_one(main, argv, module=None):
+  """main.run() with sys.argv = [main.py, *argv] (or `module.main(argv)`): (exit status,
+  stdout, stderr)."""
   _reset_flags()
-  sys.argv = [main.__file__, *argv]
+  sys.argv = [(module or main).__file__, *argv]
   with tempfile.TemporaryFile('w+') as out, tempfile.TemporaryFile('w+') as err:
     sys.stdout.flush()
     sys.stderr.flush()
@@ -64,7 +71,10 @@ def _run_one(main, argv):
     os.dup2(out.fileno(), 1)
     os.dup2(err.fileno(), 2)
     try:
-      main.run()
+      if module is None:
+        main.run()
+      else:
+        module.main(list(argv))
       code = 0
     except SystemExit as e:  # What the interpreter would make of it.
       code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
@@ -89,7 +99,13 @@ def _child(cases_path, out_path):
   from vmoe_sparse_ot import main  # pylint: disable=g-import-not-at-top
   with open(cases_path) as f:
     argvs = json.load(f)
-  results = [_run_one(main, argv) for argv in argvs]
+  import importlib  # pylint: disable=g-import-not-at-top
+  results = []
+  for case in argvs:
+    if case and isinstance(case[0], str) and len(case) == 2 and isinstance(case[1], list):
+      results.append(_run_one(main, case[1], importlib.import_module(case[0])))
+    else:
+      results.append(_run_one(main, case))
   with open(out_path, 'w') as f:
     json.dump(results, f)
 

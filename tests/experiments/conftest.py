@@ -1,11 +1,15 @@
-"""Runs each experiment's --quick version once per test module, through the dispatcher.
+"""Each experiment's --quick run, once per test session, in a directory every worker sees.
 
-tests/experiments/test_all.py runs `python -m vmoe_sparse_ot.experiments all --quick`
-into a directory that every pytest worker of the session sees (`shared_all_dir`).
-`quick_run` takes an experiment's files from there when that run has written them
-(its JSON comes last), instead of running the experiment a second time; otherwise
-(a file run alone, or before test_all got there) it runs the experiment itself.
+`quick_run(name, out_dir, all_dir)` runs `name` into the session's shared
+directory (`shared_all_dir`) unless it is there already, under a lock per
+experiment, and copies its JSON and figures into `out_dir`.
+tests/experiments/test_all.py then runs `python -m vmoe_sparse_ot.experiments all
+--quick --resume` into the same directory: the experiments whose files are there
+(run by their own test files, with the same code, in the same session) are not
+run again, the others are.
 """
+import contextlib
+import fcntl
 import json
 import os
 import shutil
@@ -16,36 +20,35 @@ from vmoe_sparse_ot import experiments
 
 
 def shared_all_dir(tmp_path_factory) -> str:
-  """The session's `all --quick` output directory (the workers' temp dirs' parent)."""
+  """The session's quick-run directory (under xdist, the workers' temp dirs' parent)."""
   base = tmp_path_factory.getbasetemp()
-  # Under pytest-xdist each worker has basetemp/popen-gwN; their parent is shared.
   root = base.parent if os.environ.get('PYTEST_XDIST_WORKER') else base
-  return str(root / 'experiments_all_quick')
+  path = str(root / 'experiments_quick')
+  os.makedirs(path, exist_ok=True)
+  return path
 
 
-def _from_all_run(name: str, out_dir, all_dir: str) -> bool:
-  """Copies `name`'s JSON and figures from a finished `all --quick` run; False if none."""
-  path = os.path.join(all_dir, f'{name}.json')
-  try:
-    with open(path) as f:
-      if json.load(f).get('quick') is not True:
-        return False
-  except (OSError, ValueError):
-    return False
-  for f in os.listdir(all_dir):
-    if f.startswith(name) and (f.endswith('.png') or f == f'{name}.json'):
-      shutil.copy(os.path.join(all_dir, f), os.path.join(str(out_dir), f))
-  return True
+@contextlib.contextmanager
+def locked(all_dir: str, name: str):
+  """Holds `all_dir/NAME.lock` (one writer of an experiment's files at a time)."""
+  with open(os.path.join(all_dir, f'{name}.lock'), 'w') as f:
+    fcntl.flock(f, fcntl.LOCK_EX)
+    try:
+      yield
+    finally:
+      fcntl.flock(f, fcntl.LOCK_UN)
 
 
-def quick_run(name: str, out_dir, all_dir: str | None = None) -> dict:
-  """`name` with quick=True into out_dir (or its files from the `all` run); its JSON read back."""
+def quick_run(name: str, out_dir, all_dir: str) -> dict:
+  """`name`'s quick run (made once per session in `all_dir`), its files copied to out_dir."""
   payload = None
-  if not (all_dir and _from_all_run(name, out_dir, all_dir)):
-    payload = experiments.run_experiment(name, str(out_dir), quick=True)
-  path = os.path.join(str(out_dir), f'{name}.json')
-  assert os.path.exists(path)
-  with open(path) as f:
+  with locked(all_dir, name):
+    if experiments.finished(name, all_dir, quick=True, seeds=None) is None:
+      payload = experiments.run_experiment(name, all_dir, quick=True)
+    for f in os.listdir(all_dir):
+      if f.startswith(name) and (f.endswith('.png') or f == f'{name}.json'):
+        shutil.copy(os.path.join(all_dir, f), os.path.join(str(out_dir), f))
+  with open(os.path.join(str(out_dir), f'{name}.json')) as f:
     written = json.load(f)
   assert written['quick'] is True and written['wall_time_s'] > 0
   if payload is not None:

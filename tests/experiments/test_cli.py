@@ -38,3 +38,15 @@ def test_known_name_without_module_is_a_value_error(monkeypatch):
   monkeypatch.setattr(experiments, 'NAMES', experiments.NAMES + ('not_written_yet',))
   with pytest.raises(ValueError, match='not available'):
     experiments.load('not_written_yet')
+
+
+def test_resume_returns_a_finished_run_and_reruns_other_settings(tmp_path):
+  first = experiments.run_experiment('color_transfer', str(tmp_path), quick=True)
+  again = experiments.run_experiment('color_transfer', str(tmp_path), quick=True, resume=True)
+  assert again['resumed'] is True and again['wall_time_s'] == first['wall_time_s']
+  assert experiments.finished('color_transfer', str(tmp_path), quick=True, seeds=None)
+  # Other settings (or no JSON) are not a finished run.
+  assert experiments.finished('color_transfer', str(tmp_path), quick=False, seeds=None) is None
+  assert experiments.finished('gaussians_1d', str(tmp_path), quick=True, seeds=None) is None
+  (tmp_path / 'color_transfer.json').write_text('{"quick": tr')   # cut short
+  assert experiments.finished('color_transfer', str(tmp_path), quick=True, seeds=None) is None

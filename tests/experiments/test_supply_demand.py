@@ -4,12 +4,12 @@ import json
 import numpy as np
 import pytest
 
-from vmoe_sparse_ot import experiments
+from tests.experiments.conftest import quick_run
 from vmoe_sparse_ot.experiments import supply_demand
 
 
-def test_quick_run_sparse_plan_respects_capacity_and_entropic_plan_is_dense(tmp_path):
-  payload = experiments.run_experiment('supply_demand', str(tmp_path), quick=True)
+def test_quick_run_sparse_plan_respects_capacity_and_entropic_plan_is_dense(tmp_path, all_dir):
+  payload = quick_run('supply_demand', tmp_path, all_dir)
   saved = json.loads((tmp_path / 'supply_demand.json').read_text())
   assert saved['plans'] == json.loads(json.dumps(payload['plans']))
   assert (tmp_path / 'supply_demand.png').stat().st_size > 10_000

@@ -1,12 +1,15 @@
 """upcycle_finetune: pre-train, upcycle, fine-tune on digits at 21 px, evaluate; its script."""
 import json
 import os
+import pathlib
 import subprocess
 
 import numpy as np
 import pytest
 
+from tests.experiments.conftest import locked
 from tests.experiments.conftest import pngs
+from tests.experiments.conftest import shared_all_dir
 from tests.xla_flags import xla_flags
 from vmoe_sparse_ot.experiments import upcycle_finetune
 
@@ -17,11 +20,13 @@ NAME = 'upcycle_finetune'
 
 @pytest.fixture(scope='module')
 def script_run(tmp_path_factory):
-  out = tmp_path_factory.mktemp('upcycle')
+  """The README's script, quick, into the session's shared directory (test_all reuses it)."""
+  out = shared_all_dir(tmp_path_factory)
   env = dict(os.environ, XLA_FLAGS=xla_flags(1))
-  proc = subprocess.run(['bash', 'scripts/upcycle_finetune.sh', '--quick', f'--out={out}'],
-                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
-  return proc, out
+  with locked(out, NAME):
+    proc = subprocess.run(['bash', 'scripts/upcycle_finetune.sh', '--quick', f'--out={out}'],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+  return proc, pathlib.Path(out)
 
 
 def test_script_quick_writes_table_json_and_png(script_run):

@@ -105,16 +105,36 @@ def write_json(path: str, payload: dict) -> None:
     f.write('\n')
 
 
+def finished(name: str, out_dir: str, *, quick: bool, seeds: int | None) -> dict | None:
+  """The payload of `out_dir/NAME.json` if a run with these settings wrote it, else None.
+
+  The JSON is written last, after the figures, so its presence means the run ended.
+  """
+  try:
+    with open(os.path.join(out_dir, f'{name}.json')) as f:
+      payload = json.load(f)
+  except (OSError, ValueError):
+    return None
+  if payload.get('quick') != quick or payload.get('seeds') != seeds:
+    return None
+  return payload
+
+
 def run_experiment(name: str, out_dir: str = DEFAULT_OUT, *, quick: bool = False,
-                   seeds: int | None = None) -> dict:
+                   seeds: int | None = None, resume: bool = False) -> dict:
   """Runs experiment `name`: figures and `out_dir/NAME.json`; returns the payload.
 
   The payload gains `wall_time_s` (the whole run, compilation included) and
-  `quick` / `seeds` (how it was run).
+  `quick` / `seeds` (how it was run). `resume`: when `finished` finds the run
+  already done in `out_dir`, returns its payload, with `resumed` True, instead.
   """
   module = load(name)
   if seeds is not None and seeds < 1:
     raise ValueError(f'seeds must be a positive integer, got {seeds}')
+  if resume:
+    done = finished(name, out_dir, quick=quick, seeds=seeds)
+    if done is not None:
+      return dict(done, resumed=True)
   os.makedirs(out_dir, exist_ok=True)
   random.seed(SEED)
   np.random.seed(SEED)
