@@ -23,6 +23,7 @@ import argparse
 import os
 import sys
 
+from vmoe_sparse_ot import workdir_layout
 from vmoe_sparse_ot import quiet_logs
 
 quiet_logs.setup_environment()
@@ -71,7 +72,7 @@ def main(argv: list[str] | None = None) -> None:
   parser.add_argument('--naming', choices=names_lib.NAMINGS, default='vit',
                       help='parameter names to write (default: vit)')
   args = parser.parse_args(argv)
-  if not os.path.isdir(os.path.join(args.workdir, 'checkpoints')):
+  if not os.path.isdir(os.path.join(args.workdir, workdir_layout.CHECKPOINTS)):
     _fail(f'WORKDIR {args.workdir} has no checkpoints/ directory')
   out_dir = os.path.dirname(os.path.abspath(args.out))
   if not os.path.isdir(out_dir) or not os.access(out_dir, os.W_OK):

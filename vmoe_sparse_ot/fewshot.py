@@ -26,6 +26,7 @@ import json
 import os
 from typing import Any
 
+from vmoe_sparse_ot import workdir_layout
 from vmoe_sparse_ot import quiet_logs
 
 quiet_logs.setup_environment()  # Before TensorFlow loads (via data).
@@ -60,7 +61,7 @@ _USE_CHECKPOINT_CONFIG = flags.DEFINE_bool(
     "Evaluate with the checkpoint's own model config when --config's model differs "
     '(default: refuse and name the differences).')
 
-RESULTS_FILE = os.path.join('fewshot', 'results.json')
+RESULTS_FILE = workdir_layout.FEWSHOT_RESULTS
 
 
 def check_params_match(params: Any, model, config: ml_collections.ConfigDict) -> None:

@@ -24,6 +24,7 @@ import os
 import sys
 from typing import Any, Sequence
 
+from vmoe_sparse_ot import workdir_layout
 from vmoe_sparse_ot import quiet_logs
 
 quiet_logs.setup_environment()  # Before TensorFlow loads (tensorboard, data).
@@ -301,7 +302,7 @@ def plot_routing(images: np.ndarray, choices: dict[str, np.ndarray], num_experts
 
 def _run_config(workdir: str) -> dict[str, Any]:
   """WORKDIR/config.json (the resolved run config) if the trainer wrote one, else {}."""
-  path = os.path.join(workdir, 'config.json')
+  path = os.path.join(workdir, workdir_layout.CONFIG)
   if not os.path.isfile(path):
     return {}
   with open(path) as f:
@@ -357,12 +358,11 @@ def plot_workdir(workdir: str, out: str | None = None, *, num_images: int = 4,
   """Writes every picture that WORKDIR has data for; returns the paths written."""
   if not os.path.isdir(workdir):
     raise FileNotFoundError(f'workdir {workdir!r} is not a directory')
-  out = out or os.path.join(workdir, 'plots')
+  out = out or os.path.join(workdir, workdir_layout.PLOTS)
   written = []
   scalars = read_scalars(workdir)
   meta_model = None
-  has_checkpoint = os.path.isdir(os.path.join(workdir, 'checkpoints')) and any(
-      name.isdigit() for name in os.listdir(os.path.join(workdir, 'checkpoints')))
+  has_checkpoint = workdir_layout.has_checkpoint(workdir)
   if has_checkpoint:
     from vmoe_sparse_ot import checkpoints
     meta_model = checkpoints.read_meta(workdir)[0].get('model_config')
@@ -377,7 +377,7 @@ def plot_workdir(workdir: str, out: str | None = None, *, num_images: int = 4,
     written.append(routing_figure(workdir, os.path.join(out, 'routing.png'),
                                   num_images=num_images, dataset=dataset, split=split,
                                   data_dir=data_dir))
-  results_path = os.path.join(workdir, 'fewshot', 'results.json')
+  results_path = os.path.join(workdir, workdir_layout.FEWSHOT_RESULTS)
   if os.path.isfile(results_path):
     with open(results_path) as f:
       written.append(plot_fewshot(json.load(f), os.path.join(out, 'fewshot.png')))

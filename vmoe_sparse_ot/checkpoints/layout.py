@@ -14,6 +14,8 @@ import os
 import shutil
 import time
 
+from vmoe_sparse_ot import workdir_layout
+
 ITEMS = ('params', 'state', 'meta', 'model_state')
 TMP_PATTERN = '*.orbax-checkpoint-tmp*'
 CORRUPT_SUFFIX = '.corrupt'    # a step that does not restore
@@ -21,7 +23,7 @@ DIVERGED_SUFFIX = '.diverged'  # a step whose parameters gave a non-finite loss
 
 
 def checkpoint_dir(workdir: str) -> str:
-  return os.path.join(os.path.abspath(workdir), 'checkpoints')
+  return workdir_layout.checkpoints_dir(workdir)
 
 
 def move_aside(directory: str, step: int, suffix: str = CORRUPT_SUFFIX) -> str:

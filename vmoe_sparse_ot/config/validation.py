@@ -19,6 +19,7 @@ import os
 import re
 from typing import Any, Mapping
 
+from vmoe_sparse_ot import workdir_layout
 from vmoe_sparse_ot.config_keys import check_keys
 from vmoe_sparse_ot.errors import first_line
 from vmoe_sparse_ot.config import fewshot_section as fewshot_config
@@ -278,7 +279,7 @@ def check_initialization(config: Mapping[str, Any], workdir: str, model) -> None
   shapes; a workdir that has checkpoints resumes instead and is not checked.
   """
   path = config['initialization']['path']
-  if path is None or _has_checkpoints(workdir):
+  if path is None or workdir_layout.has_checkpoint(workdir):
     return
   import jax  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
@@ -296,11 +297,6 @@ def check_initialization(config: Mapping[str, Any], workdir: str, model) -> None
     message = str(e)
     prefix = 'config.' if message.startswith('initialization') else 'config.initialization: '
     raise ConfigError(prefix + message) from None
-
-
-def _has_checkpoints(workdir: str) -> bool:
-  directory = os.path.join(workdir, 'checkpoints')
-  return os.path.isdir(directory) and any(n.isdigit() for n in os.listdir(directory))
 
 
 def validate(config: Mapping[str, Any]) -> None:

@@ -72,6 +72,7 @@ from absl import flags
 from jax.sharding import PartitionSpec
 from ml_collections import config_flags
 
+from vmoe_sparse_ot import workdir_layout
 from vmoe_sparse_ot import atomic
 from vmoe_sparse_ot import checkpoints
 from vmoe_sparse_ot import config as config_lib
@@ -87,7 +88,7 @@ from vmoe_sparse_ot.nn import routing_stats
 from vmoe_sparse_ot.train import periodic_eval
 
 PROG = 'python -m vmoe_sparse_ot.evaluate'
-EVAL_DIR = 'eval'
+EVAL_DIR = workdir_layout.EVAL_DIR
 DEFAULT_BATCH_SIZE = 256
 _NAME_OK = re.compile(r'^[A-Za-z0-9][A-Za-z0-9._=+-]*$')
 
@@ -123,7 +124,7 @@ def _run_config(workdir: str, config: ml_collections.ConfigDict | None) -> dict[
   """--config as a dict, else the trainer's W/config.json, else {}."""
   if config is not None:
     return config.to_dict()
-  path = os.path.join(workdir, 'config.json')
+  path = os.path.join(workdir, workdir_layout.CONFIG)
   if not os.path.isfile(path):
     return {}
   try:

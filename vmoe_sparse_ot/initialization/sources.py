@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from vmoe_sparse_ot import workdir_layout
 from vmoe_sparse_ot import trees
 from vmoe_sparse_ot.initialization import names as names_lib
 from vmoe_sparse_ot.initialization import npz as npz_lib
@@ -55,7 +56,7 @@ def unflatten(flat: dict[str, Any]) -> dict[str, Any]:
 
 
 def _is_workdir(path: str) -> bool:
-  return os.path.isdir(os.path.join(path, 'checkpoints'))
+  return os.path.isdir(os.path.join(path, workdir_layout.CHECKPOINTS))
 
 
 def kind_of(path: str) -> str:

@@ -19,11 +19,13 @@ import socket
 
 from absl import logging
 
+from vmoe_sparse_ot import workdir_layout
 from vmoe_sparse_ot.errors import WorkdirLockedError
 
 
 def lock_path(workdir: str, process_index: int = 0) -> str:
-  name = '.lock' if process_index == 0 else f'.lock.process-{process_index}'
+  name = (workdir_layout.LOCK if process_index == 0
+          else f'{workdir_layout.LOCK}.process-{process_index}')
   return os.path.join(workdir, name)
 
 

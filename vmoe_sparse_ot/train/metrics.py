@@ -25,9 +25,10 @@ from clu import metric_writers
 from clu import metrics as clu_metrics
 from clu.metric_writers import interface
 
+from vmoe_sparse_ot import workdir_layout
 from vmoe_sparse_ot import atomic
 
-METRICS_FILE = 'metrics.jsonl'
+METRICS_FILE = workdir_layout.METRICS
 SPLITS = ('eval', 'fewshot')  # Key prefixes with a split of their own.
 
 

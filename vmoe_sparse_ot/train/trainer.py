@@ -36,6 +36,7 @@ import optax
 from absl import logging
 from clu import periodic_actions
 
+from vmoe_sparse_ot import workdir_layout
 from vmoe_sparse_ot import data as data_lib
 from vmoe_sparse_ot import initialization
 from vmoe_sparse_ot import nn
@@ -202,7 +203,7 @@ def _write_config(config: ml_collections.ConfigDict, workdir: str) -> None:
   """WORKDIR/config.json: the resolved config of this run (rewritten on resume)."""
   if jax.process_index() > 0:
     return
-  atomic.write_json(os.path.join(workdir, 'config.json'), config.to_dict(), sort_keys=True,
+  atomic.write_json(os.path.join(workdir, workdir_layout.CONFIG), config.to_dict(), sort_keys=True,
                     default=str)
 
 
@@ -433,7 +434,7 @@ def _train_loop(config, workdir, model, mesh, tx, schedule, ckpt, state, start_s
   summary.setdefault('train_loss_history', [])
   summary.setdefault('losses', [])  # Nothing was trained.
   if jax.process_index() == 0:
-    atomic.write_json(os.path.join(workdir, 'summary.json'),
+    atomic.write_json(os.path.join(workdir, workdir_layout.SUMMARY),
                       {k: v for k, v in summary.items()
                        if k not in ('train_loss_history', 'losses')})
   return summary
