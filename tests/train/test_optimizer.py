@@ -14,7 +14,8 @@ from vmoe_sparse_ot import parallel
 
 def _schedule(name, **kw):
   """The schedule, jitted: called eagerly, each of its ops compiles as its own program."""
-  cfg = dict(name=name, peak_value=1.0, end_value=0.1, warmup_steps=10, decay_steps=None)
+  cfg = dict(config_lib.base_config().schedule.to_dict(), name=name, peak_value=1.0,
+             end_value=0.1, warmup_steps=10, decay_steps=None)
   cfg.update(kw)
   return jax.jit(opt.make_schedule(cfg, train_steps=110))
 
@@ -35,6 +36,45 @@ def test_schedules_warm_up_then_decay():
   np.testing.assert_allclose([constant(s) for s in (5, 100)], [0.5, 1.0])
   with pytest.raises(ValueError, match='schedule.name'):
     _schedule('step_decay')
+
+
+# The reference V-MoE code's schedules, written out by hand: peak 1, end 0.1, 10
+# warmup steps, then 100 decay steps (the reference's decay_steps=110, counted
+# from step 0); s = t - 10.
+@pytest.mark.parametrize('name,kw,expected', [
+    ('constant', {}, {0: 1.0, 5: 1.0, 60: 1.0, 110: 1.0}),
+    # end + (peak - end) (1 - s / 100) ** 2
+    ('warmup_polynomial_decay', {'power': 2.0},
+     {5: 0.5, 10: 1.0, 60: 0.1 + 0.9 * 0.5 ** 2, 85: 0.1 + 0.9 * 0.25 ** 2, 110: 0.1}),
+    # peak 0.5 ** (s / 20), not below end 0.1
+    ('warmup_exponential_decay', {'transition_steps': 20, 'decay_rate': 0.5},
+     {5: 0.5, 10: 1.0, 30: 0.5, 45: 0.5 ** 1.75, 70: 0.125, 110: 0.1}),
+    ('warmup_exponential_decay', {'transition_steps': 20, 'decay_rate': 0.5,
+                                  'staircase': True, 'end_value': 0.0},
+     {10: 1.0, 45: 0.5, 110: 0.5 ** 5}),
+    # peak / sqrt(1 + s / 25) until s = 80, then linear to 0 at s = 100
+    ('big_vision_rsqrt', {'timescale': 25, 'cooldown_steps': 20},
+     {5: 0.5, 10: 1.0, 35: 2 ** -0.5, 89: (1 + 79 / 25) ** -0.5, 90: 4.2 ** -0.5,
+      100: 0.5 * 4.2 ** -0.5, 110: 0.0}),
+    ('big_vision_rsqrt', {'timescale': 25, 'cooldown_steps': 0},
+     {10: 1.0, 110: (1 + 100 / 25) ** -0.5}),
+])
+def test_reference_schedules_against_their_formulas(name, kw, expected):
+  schedule = _schedule(name, decay_steps=100, **kw)
+  got = [float(schedule(t)) for t in expected]
+  np.testing.assert_allclose(got, list(expected.values()), rtol=1e-6, atol=1e-7)
+
+
+def test_checkpoints_record_only_the_keys_their_schedule_reads():
+  """Older checkpoints (five schedule keys) resume: the record of those schedules is
+  unchanged by the keys other schedules added."""
+  config = config_lib.base_config()
+  record = config_lib.schedule_record(config.schedule)
+  assert set(record) == {'name', 'peak_value', 'end_value', 'warmup_steps', 'decay_steps'}
+  with config.unlocked():
+    config.schedule.name = 'big_vision_rsqrt'
+  assert set(config_lib.schedule_record(config.schedule)) == set(record) | {
+      'timescale', 'cooldown_steps'}
 
 
 def test_decoupled_weight_decay_on_kernels_only_and_clipping():

@@ -26,6 +26,7 @@ from vmoe_sparse_ot.config.schema import OPTIMIZERS
 from vmoe_sparse_ot.config.schema import SAMPLINGS
 from vmoe_sparse_ot.config.schema import SCHEDULES
 from vmoe_sparse_ot.config.schema import base_config
+from vmoe_sparse_ot.config.schema import schedule_record
 from vmoe_sparse_ot.config.validation import ConfigError
 from vmoe_sparse_ot.config.validation import check_before_training
 from vmoe_sparse_ot.config.validation import check_datasets
@@ -42,5 +43,5 @@ __all__ = [
     'PAPER_DATASETS', 'PAPER_TRAIN_STEPS', 'SAMPLINGS', 'SCHEDULES', 'base_config',
     'check_before_training', 'check_datasets', 'check_directory', 'check_keys',
     'explain_override', 'flatten', 'format_config', 'load_config_file',
-    'paper_vmoe_config', 'parse_arg', 'pp_template', 'validate', 'validate_for_devices',
+    'paper_vmoe_config', 'parse_arg', 'pp_template', 'schedule_record', 'validate', 'validate_for_devices',
 ]

@@ -14,7 +14,27 @@ from vmoe_sparse_ot.nn.model_config import default_model_config
 OPTIMIZERS = ('adam', 'adamw', 'sgd', 'adafactor')
 AUGMENTATIONS = ('none', 'inception_crop_flip')
 SAMPLINGS = ('index', 'stream')  # data/pipeline.py
-SCHEDULES = ('warmup_linear_decay', 'warmup_cosine_decay', 'warmup_constant')
+# Each schedule and the `config.schedule` keys it reads beside SCHEDULE_KEYS.
+SCHEDULE_EXTRA_KEYS = {
+    'warmup_linear_decay': (),
+    'warmup_cosine_decay': (),
+    'warmup_constant': (),
+    'constant': (),
+    'warmup_polynomial_decay': ('power',),
+    'warmup_exponential_decay': ('transition_steps', 'decay_rate', 'transition_begin',
+                                 'staircase'),
+    'big_vision_rsqrt': ('timescale', 'cooldown_steps'),
+}
+SCHEDULES = tuple(SCHEDULE_EXTRA_KEYS)
+SCHEDULE_KEYS = ('name', 'peak_value', 'end_value', 'warmup_steps', 'decay_steps')
+
+
+def schedule_record(schedule) -> dict:
+  """The keys of `config.schedule` its schedule reads (what a checkpoint records):
+  the keys of the schedules that predate the others are all a record holds, so
+  older checkpoints compare equal."""
+  keys = SCHEDULE_KEYS + SCHEDULE_EXTRA_KEYS.get(schedule['name'], ())
+  return {k: schedule[k] for k in keys}
 LOSSES = ('softmax_xent', 'sigmoid_xent')  # train/losses.py
 # Keys of one config.evaluate.datasets entry and their defaults (None: from
 # config.dataset; 'split' must be given).
@@ -135,7 +155,22 @@ def base_config() -> ml_collections.ConfigDict:
           'end_value': 1e-5,
           'warmup_steps': 100,
           # Steps from the end of warmup to `end_value`; None: until train_steps.
+          # (The reference code counts its decay_steps from step 0: subtract
+          # warmup_steps to translate one of its configs.)
           'decay_steps': ml_collections.FieldReference(None, field_type=int),
+          # warmup_polynomial_decay: (1 - t / decay_steps) ** power from peak to end.
+          'power': 1.0,
+          # warmup_exponential_decay (optax's): peak * decay_rate ** ((t - warmup -
+          # transition_begin) / transition_steps), floored at end_value;
+          # staircase: whole transitions only.
+          'transition_steps': 1000,
+          'decay_rate': 0.5,
+          'transition_begin': 0,
+          'staircase': False,
+          # big_vision_rsqrt: peak / sqrt(1 + (t - warmup) / timescale), then a linear
+          # cooldown to 0 over the last cooldown_steps of warmup + decay_steps.
+          'timescale': 10_000,
+          'cooldown_steps': 0,
       },
       'mesh': {
           # Devices along 'expert' (expert parameters are split over it); -1: the

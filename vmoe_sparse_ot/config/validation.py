@@ -362,6 +362,22 @@ def validate(config: Mapping[str, Any]) -> None:
   _number(config, 'schedule.end_value', low=0)
   _int(config, 'schedule.warmup_steps', 0)
   _int(config, 'schedule.decay_steps', 1, optional=True)
+  _number(config, 'schedule.power', low=0, low_open=True)
+  _int(config, 'schedule.transition_steps', 1)
+  _number(config, 'schedule.decay_rate', low=0, low_open=True)
+  _int(config, 'schedule.transition_begin', 0)
+  if not isinstance(_get(config, 'schedule.staircase'), bool):
+    _fail('schedule.staircase', _get(config, 'schedule.staircase'), 'must be True or False')
+  _number(config, 'schedule.timescale', low=0, low_open=True)
+  _int(config, 'schedule.cooldown_steps', 0)
+  schedule = config['schedule']
+  if schedule['name'] == 'big_vision_rsqrt':
+    decay = schedule['decay_steps'] or max(
+        int(config['train_steps']) - int(schedule['warmup_steps']), 1)
+    if schedule['cooldown_steps'] > decay:
+      _fail('schedule.cooldown_steps', schedule['cooldown_steps'],
+            f'must be <= the decay steps ({decay}: schedule.decay_steps, else train_steps - '
+            'warmup_steps)')
   # Mesh.
   for key in ('data', 'expert'):
     value = config['mesh'][key]

@@ -8,6 +8,7 @@ import jax
 import optax
 
 from vmoe_sparse_ot import trees
+from vmoe_sparse_ot.config.schema import SCHEDULE_EXTRA_KEYS
 
 
 def resolved_schedule(schedule: Mapping[str, Any], train_steps: int) -> dict[str, Any]:
@@ -22,28 +23,72 @@ def resolved_schedule(schedule: Mapping[str, Any], train_steps: int) -> dict[str
 
 
 def make_schedule(schedule: Mapping[str, Any], train_steps: int) -> optax.Schedule:
-  """Linear warmup from 0 to `peak_value`, then linear / cosine decay or constant.
+  """The learning rate at each step t of `config.schedule`.
 
-  Decay runs for `decay_steps` steps after warmup (default: until `train_steps`),
-  ending at `end_value`.
+  Every name but 'constant' warms up linearly from 0 to `peak_value` over
+  `warmup_steps`; then, for `decay_steps` steps (default: until `train_steps`):
+  - 'warmup_constant': `peak_value`; 'constant': `peak_value` from step 0;
+  - 'warmup_linear_decay', 'warmup_cosine_decay': to `end_value`;
+  - 'warmup_polynomial_decay': end + (peak - end) (1 - s / decay_steps) ** power;
+  - 'warmup_exponential_decay': peak decay_rate ** ((s - transition_begin) /
+    transition_steps) (whole transitions with `staircase`), not below `end_value`
+    when that is > 0, and without end;
+  - 'big_vision_rsqrt': peak / sqrt(1 + s / timescale), then linear to 0 over the
+    last `cooldown_steps` of the decay;
+  where s = t - warmup_steps. Each is the reference V-MoE code's schedule of the
+  same name, with its decay_steps counted from the end of warmup.
   """
   schedule = resolved_schedule(schedule, train_steps)
   name = schedule['name']
   peak, end = float(schedule['peak_value']), float(schedule['end_value'])
   warmup = int(schedule['warmup_steps'])
   decay_steps = int(schedule['decay_steps'])
+  if name == 'constant':
+    return optax.constant_schedule(peak)
   if name == 'warmup_constant':
     after = optax.constant_schedule(peak)
   elif name == 'warmup_linear_decay':
     after = optax.linear_schedule(peak, end, decay_steps)
   elif name == 'warmup_cosine_decay':
     after = optax.cosine_decay_schedule(peak, decay_steps, alpha=end / peak if peak else 0.0)
+  elif name == 'warmup_polynomial_decay':
+    after = optax.polynomial_schedule(peak, end, float(schedule['power']), decay_steps)
+  elif name == 'warmup_exponential_decay':
+    after = optax.exponential_decay(
+        peak, int(schedule['transition_steps']), float(schedule['decay_rate']),
+        transition_begin=int(schedule['transition_begin']),
+        staircase=bool(schedule['staircase']), end_value=end or None)
+  elif name == 'big_vision_rsqrt':
+    after = _rsqrt_with_cooldown(peak, decay_steps, float(schedule['timescale']),
+                                 int(schedule['cooldown_steps']))
   else:
-    raise ValueError(f"schedule.name must be one of 'warmup_linear_decay', "
-                     f"'warmup_cosine_decay', 'warmup_constant'; got {name!r}")
+    raise ValueError(f'schedule.name must be one of {sorted(SCHEDULE_EXTRA_KEYS)}; '
+                     f'got {name!r}')
   if warmup <= 0:
     return after
   return optax.join_schedules([optax.linear_schedule(0.0, peak, warmup), after], [warmup])
+
+
+def _rsqrt_with_cooldown(peak: float, decay_steps: int, timescale: float,
+                         cooldown_steps: int) -> optax.Schedule:
+  """peak / sqrt(1 + s / timescale) for s < decay_steps - cooldown_steps, then linear
+  from there to 0 at s = decay_steps (s counts from the end of warmup)."""
+  if cooldown_steps > decay_steps:
+    raise ValueError(f'schedule.cooldown_steps={cooldown_steps} must be <= decay_steps '
+                     f'({decay_steps})')
+  main = decay_steps - cooldown_steps
+  before_cooldown = peak / (1.0 + main / timescale) ** 0.5
+
+  def rsqrt(count):
+    return peak * jax.lax.rsqrt(1.0 + count / timescale)
+
+  def cooldown(count):
+    return jax.numpy.where(count < cooldown_steps,
+                           before_cooldown * (1.0 - count / cooldown_steps), 0.0)
+
+  if cooldown_steps <= 0:
+    return rsqrt
+  return optax.join_schedules([rsqrt, cooldown], [main])
 
 
 def path_mask(params: Any, regex: str) -> Any:

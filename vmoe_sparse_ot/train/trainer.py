@@ -91,7 +91,7 @@ def run_meta(config: ml_collections.ConfigDict, abstract_params: Any) -> dict[st
       # it was before they existed and older workdirs still resume.
       'optimizer': {k: v for k, v in _json(config.optimizer.to_dict()).items()
                     if not (k in ('freeze', 'mu_dtype') and v is None)},
-      'schedule': _json(config.schedule.to_dict()),
+      'schedule': _json(config_lib.schedule_record(config.schedule.to_dict())),
       'train_steps': int(config.train_steps),
   }
 
