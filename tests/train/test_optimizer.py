@@ -77,6 +77,36 @@ def test_checkpoints_record_only_the_keys_their_schedule_reads():
       'timescale', 'cooldown_steps'}
 
 
+def test_weight_decay_per_regex_takes_the_first_match_as_the_reference_does():
+  params = {'encoder': {'kernel': jnp.full((2,), 2.0), 'bias': jnp.full((2,), 3.0)},
+            'head': {'kernel': jnp.full((2,), 5.0)}}
+  pairs = [('head/kernel', 0.5), ('kernel', 0.1)]   # the head matches both: the first wins
+  factors = opt.weight_decay_factors(params, pairs)
+  assert factors == {'encoder': {'kernel': 0.1, 'bias': 0.0}, 'head': {'kernel': 0.5}}
+  cfg = dict(config_lib.base_config().optimizer.to_dict(), name='sgd', momentum=0.0,
+             weight_decay=pairs)
+  tx = opt.make_optimizer(cfg, optax.constant_schedule(1.0), params)
+  grads = jax.tree.map(jnp.zeros_like, params)
+  updates, _ = jax.jit(tx.update)(grads, jax.jit(tx.init)(params), params)
+  # SGD at learning rate 1 on zero gradients: the update is -factor * param.
+  np.testing.assert_allclose(updates['encoder']['kernel'], [-0.2, -0.2], rtol=1e-6)
+  np.testing.assert_allclose(updates['encoder']['bias'], [0.0, 0.0])
+  np.testing.assert_allclose(updates['head']['kernel'], [-2.5, -2.5], rtol=1e-6)
+
+
+@pytest.mark.parametrize('value,message', [
+    ([('kernel', -1.0)], "got the entry ('kernel', -1.0)"),
+    ([('(kernel', 0.1)], "'(kernel' is not a regular expression"),
+    ('0.1', 'must be a number >= 0 or a list of (regex, value >= 0) pairs'),
+])
+def test_bad_weight_decay_lists_are_one_line(value, message):
+  config = config_lib.base_config()
+  config.optimizer.weight_decay = value
+  with pytest.raises(config_lib.ConfigError, match='config.optimizer.weight_decay=') as e:
+    config_lib.validate(config)
+  assert message in str(e.value) and '\n' not in str(e.value)
+
+
 def test_decoupled_weight_decay_on_kernels_only_and_clipping():
   params = {'dense': {'kernel': np.ones((2,), np.float32), 'bias': np.ones((2,), np.float32)}}
   cfg = dict(config_lib.base_config().optimizer)

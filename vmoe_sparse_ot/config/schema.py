@@ -96,8 +96,12 @@ def base_config() -> ml_collections.ConfigDict:
           # dtype of Adam's first moment / the momentum ('bfloat16' halves it);
           # None: the parameters' dtype.
           'mu_dtype': ml_collections.FieldReference(None, field_type=str),
-          'weight_decay': 0.0,
-          # Parameters whose '/'-joined path matches get weight decay.
+          # A float, for the parameters matching weight_decay_regex; or, as in the
+          # reference code, a list of (regex, value): each parameter decays with the
+          # value of the first regex its '/'-joined path matches (none: no decay),
+          # and weight_decay_regex is not read.
+          'weight_decay': ml_collections.FieldReference(0.0, field_type=object),
+          # Parameters whose '/'-joined path matches get a float weight_decay.
           'weight_decay_regex': r'(^|/)[^/]*kernel$',
           # Clip gradients to this global norm; None: no clipping.
           'gradient_clip_norm': ml_collections.FieldReference(None, field_type=float),

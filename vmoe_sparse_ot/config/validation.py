@@ -299,6 +299,25 @@ def check_initialization(config: Mapping[str, Any], workdir: str, model) -> None
     raise ConfigError(prefix + message) from None
 
 
+def _weight_decay(value: Any) -> None:
+  """A number >= 0, or a list of (regex, number >= 0) pairs."""
+  if _is_number(value):
+    if value < 0:
+      _fail('optimizer.weight_decay', value, 'must be >= 0')
+    return
+  allowed = 'must be a number >= 0 or a list of (regex, value >= 0) pairs'
+  if not isinstance(value, (list, tuple)):
+    _fail('optimizer.weight_decay', value, allowed)
+  for pair in value:
+    if not (isinstance(pair, (list, tuple)) and len(pair) == 2 and isinstance(pair[0], str)
+            and _is_number(pair[1]) and pair[1] >= 0):
+      _fail('optimizer.weight_decay', value, f'{allowed}; got the entry {pair!r}')
+    try:
+      re.compile(pair[0])
+    except re.error as e:
+      _fail('optimizer.weight_decay', value, f'{pair[0]!r} is not a regular expression ({e})')
+
+
 def validate(config: Mapping[str, Any]) -> None:
   """Raises ConfigError (one line, naming the full key) for the first bad value."""
   reference = base_config()
@@ -340,7 +359,7 @@ def validate(config: Mapping[str, Any]) -> None:
     _number(config, f'optimizer.{key}', low=0, high=1, high_open=True)
   _number(config, 'optimizer.eps', low=0, low_open=True)
   _choice(config, 'optimizer.mu_dtype', ('bfloat16', 'float32'), optional=True)
-  _number(config, 'optimizer.weight_decay', low=0)
+  _weight_decay(config['optimizer']['weight_decay'])
   _number(config, 'optimizer.gradient_clip_norm', low=0, low_open=True, optional=True)
   regex = config['optimizer']['weight_decay_regex']
   try:

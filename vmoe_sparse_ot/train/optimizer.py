@@ -108,12 +108,14 @@ def make_optimizer(optimizer: Mapping[str, Any], schedule: optax.Schedule,
 
   Weight decay is decoupled from the adaptive moments and scaled by the learning
   rate (AdamW; V-MoE's "Adam, weight decay 0.1"), applied to the parameters
-  matching `weight_decay_regex` (kernels by default). `mu_dtype` (None: the
+  matching `weight_decay_regex` (kernels by default); a list of (regex, value)
+  gives each parameter the value of the first regex its path matches (none: 0),
+  as the reference code does. `mu_dtype` (None: the
   parameters' dtype) stores Adam's first moment, SGD's and Adafactor's momentum
   in that dtype, e.g. 'bfloat16' to halve their memory.
   """
   name = optimizer['name']
-  wd = float(optimizer['weight_decay'])
+  wd = optimizer['weight_decay']
   mu_dtype = optimizer.get('mu_dtype')
   if name in ('adam', 'adamw'):
     core = [optax.scale_by_adam(b1=float(optimizer['b1']), b2=float(optimizer['b2']),
@@ -131,9 +133,11 @@ def make_optimizer(optimizer: Mapping[str, Any], schedule: optax.Schedule,
   if clip is not None:
     chain.append(optax.clip_by_global_norm(float(clip)))
   chain += core
-  if wd:
+  if isinstance(wd, (list, tuple)):
+    chain.append(add_decayed_weights_by_path(weight_decay_factors(params, wd)))
+  elif wd:
     chain.append(optax.add_decayed_weights(
-        wd, mask=path_mask(params, optimizer['weight_decay_regex'])))
+        float(wd), mask=path_mask(params, optimizer['weight_decay_regex'])))
   chain.append(optax.scale_by_learning_rate(schedule))
   freeze = optimizer.get('freeze')
   if freeze is None:
@@ -144,6 +148,27 @@ def make_optimizer(optimizer: Mapping[str, Any], schedule: optax.Schedule,
   # checkpoints are those of a run without freezing.
   zero = _zero_where(path_mask(params, freeze))
   return optax.chain(zero, *chain, zero)
+
+
+def weight_decay_factors(params: Any, pairs) -> Any:
+  """Float tree: each parameter's factor, the value of the first regex of `pairs`
+  ((regex, value), ...) its '/'-joined path matches; 0 when none does."""
+  compiled = [(re.compile(regex), float(value)) for regex, value in pairs]
+
+  def factor(path, _):
+    name = trees.path_name(path)
+    return next((value for pattern, value in compiled if pattern.search(name)), 0.0)
+
+  return jax.tree_util.tree_map_with_path(factor, params)
+
+
+def add_decayed_weights_by_path(factors: Any) -> optax.GradientTransformation:
+  """Stateless: updates + factor * params, with a (static) factor per parameter."""
+  def update(updates, params=None):
+    if params is None:
+      raise ValueError('weight decay needs the parameters: call update(updates, state, params)')
+    return jax.tree.map(lambda u, p, f: u + f * p if f else u, updates, params, factors)
+  return optax.stateless(update)
 
 
 def adafactor(momentum: float = 0.9, b2_cap: float = 0.999, decay_exponent: float = 0.8,
