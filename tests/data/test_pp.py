@@ -262,3 +262,46 @@ def test_imagenet21k_train_string_gives_the_model_input_and_is_seeded():
     assert out['labels'].shape == (21843,) and out['labels'][5] == 1 and out['label'] == 5
   np.testing.assert_array_equal(first['image'], again['image'])
   assert not np.array_equal(first['image'], other['image'])
+
+
+def test_reference_pp_strings_verbatim_with_its_argument_names():
+  """The reference code's spelling: inkey / outkey, resize_size / resize_method."""
+  image = _coords(8, 4)
+  # Its ImageNet evaluation string, as its configs write it (double quotes included).
+  out = _run('decode|resize(resize_size=4, resize_method="nearest")|value_range(-1, 1)|'
+             'onehot(5, inkey="label", outkey="labels")|keep("image", "labels")',
+             training=False, image=_encode(image), label=tf.constant(3, tf.int64))
+  assert sorted(out) == ['image', 'labels']
+  ours = _run("decode|resize(4, method='nearest')|value_range(-1, 1)", training=False,
+              image=_encode(image))
+  np.testing.assert_array_equal(out['image'], ours['image'])
+  np.testing.assert_array_equal(out['labels'], [0, 0, 0, 1, 0])
+  # onehot(..., key=) reads and writes one entry, as `key` does there.
+  same = _run('onehot(3, key="label", on=0.9, off=0.05)', training=False,
+              label=tf.constant(1, tf.int64))
+  np.testing.assert_allclose(same['label'], [0.05, 0.9, 0.05])
+  # Multi-label data (ImageNet ReaL) becomes one multi-hot vector.
+  multi = _run('onehot(4, inkey="real_label", outkey="labels")', training=False,
+               real_label=tf.constant([0, 2], tf.int64))
+  np.testing.assert_array_equal(multi['labels'], [1, 0, 1, 0])
+  with pytest.raises(pp.PPError, match='inkey= and key= name the same argument'):
+    pp.build('onehot(3, inkey="label", key="label")', training=False)
+
+
+def test_reshape_flatten_copy_and_ignore_no_labels():
+  grid = np.arange(8, dtype=np.uint8).reshape(2, 4, 1)
+  out = _run('reshape((4, 2, 1))', image=grid, training=False)
+  np.testing.assert_array_equal(out['image'], grid.reshape(4, 2, 1))
+  flat = pp.build('flatten', training=False)({'image': tf.constant(1),
+                                               'objects': {'label': tf.constant(2)}})
+  assert sorted(flat) == ['image', 'objects/label']
+  copied = _run('copy(inkey="label", outkey="target")', training=False,
+                label=tf.constant(7, tf.int64))
+  assert int(copied['target']) == 7 and int(copied['label']) == 7
+  # An image of ImageNet ReaL without labels does not count; keep() keeps the flag.
+  for labels, valid in (([], False), ([3], True), ([1, 5], True)):
+    out = _run('ignore_no_labels(labels_key="real_label")|keep("image")', training=False,
+               image=grid, real_label=tf.constant(labels, tf.int64))
+    assert bool(out[pp.VALID_KEY]) is valid
+  with pytest.raises(pp.PPError, match='new_shape'):
+    pp.build('reshape((4, 0))', training=False)

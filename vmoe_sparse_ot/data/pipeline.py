@@ -356,12 +356,18 @@ def make_dataset(name: str, split: str, *, batch_size: int, image_size: int,
       return finish(preprocess({**ex, pp_lib.SEED_KEY: seed}))
 
     ds = ds.map(_no_autograph(train_map), num_parallel_calls=tf.data.AUTOTUNE)
+    if pp_lib.VALID_KEY in ds.element_spec:  # `ignore_no_labels`: skip those examples.
+      ds = ds.filter(lambda ex: ex[pp_lib.VALID_KEY]).map(
+          lambda ex: {k: v for k, v in ex.items() if k != pp_lib.VALID_KEY})
     ds = ds.batch(batch_size, drop_remainder=True)
   else:
     num_batches = math.ceil(num / global_batch)
 
     def eval_map(_, ex):
-      return {**finish(preprocess(ex)), 'mask': tf.constant(True)}
+      out = finish(preprocess(ex))
+      # `ignore_no_labels`: an example without labels is masked out, as padding is.
+      valid = out.pop(pp_lib.VALID_KEY, tf.constant(True))
+      return {**out, 'mask': tf.cast(valid, tf.bool)}
 
     ds = ds.map(_no_autograph(eval_map), num_parallel_calls=tf.data.AUTOTUNE)
     # This process's real examples are a prefix of its share of the padded stream,

@@ -23,9 +23,11 @@ from vmoe_sparse_ot.data import pp_image  # noqa: F401  (registers its ops)
 from vmoe_sparse_ot.data import randaug  # noqa: F401  (registers its ops)
 from vmoe_sparse_ot.data.pp_registry import OPS
 from vmoe_sparse_ot.data.pp_registry import SEED_KEY
+from vmoe_sparse_ot.data.pp_registry import VALID_KEY
 from vmoe_sparse_ot.data.pp_registry import Example
 
-__all__ = ['OPS', 'PPError', 'SEED_KEY', 'OpCall', 'build', 'is_random', 'parse']
+__all__ = ['OPS', 'PPError', 'REFERENCE_KEYWORDS', 'SEED_KEY', 'VALID_KEY', 'OpCall', 'build',
+           'is_random', 'parse']
 
 
 class PPError(ValueError):
@@ -85,10 +87,31 @@ def parse(pp: str) -> tuple[OpCall, ...]:
   return tuple(calls)
 
 
+# The reference code's keyword names, where ours differ: `inkey` / `outkey` of its
+# single-entry ops, the `resize_size` / `resize_method` of its resizing ops.
+REFERENCE_KEYWORDS = {'inkey': 'key', 'outkey': 'key_result', 'resize_size': 'size',
+                      'resize_method': 'method'}
+
+
+def _our_keywords(spec, call: OpCall) -> dict[str, Any]:
+  """`call.kwargs` with the reference's names that the op does not take as its own
+  translated to ours (REFERENCE_KEYWORDS); naming both spellings is an error."""
+  params = inspect.signature(spec.builder).parameters
+  kwargs = dict(call.kwargs)
+  for theirs, ours in REFERENCE_KEYWORDS.items():
+    if theirs in kwargs and theirs not in params and ours in params:
+      if ours in kwargs:
+        raise PPError(f'op {call.text!r}: {theirs}= and {ours}= name the same argument; '
+                      'give one')
+      kwargs[ours] = kwargs.pop(theirs)
+  return kwargs
+
+
 def _build_op(call: OpCall, training: bool) -> Callable[[Example], Example]:
   spec = OPS.get(call.name)
   if spec is None:
     raise PPError(f'unknown op {call.name!r}; ops: {", ".join(sorted(OPS))}')
+  call = call._replace(kwargs=_our_keywords(spec, call))
   if spec.random and not training:
     raise PPError(f'op {call.text!r} is random: evaluation preprocessing must be '
                   'deterministic (random ops belong in pp_train)')

@@ -10,6 +10,7 @@ import numbers
 from vmoe_sparse_ot.data.pp_registry import Example
 from vmoe_sparse_ot.data.pp_registry import Op
 from vmoe_sparse_ot.data.pp_registry import SEED_KEY
+from vmoe_sparse_ot.data.pp_registry import VALID_KEY
 from vmoe_sparse_ot.data.pp_registry import get
 from vmoe_sparse_ot.data.pp_registry import image_op
 from vmoe_sparse_ot.data.pp_registry import register
@@ -95,11 +96,12 @@ def _entry_names(names, what: str) -> None:
 
 @register('keep')
 def keep(*keys) -> Op:
-  """Keeps only the named entries (and the per-example seed, while random ops run)."""
+  """Keeps only the named entries (and the per-example seed, while random ops run, and
+  `ignore_no_labels`' flag)."""
   _entry_names(keys, 'keys')
 
   def op(data: Example) -> Example:
-    return {k: v for k, v in data.items() if k in keys or k == SEED_KEY}
+    return {k: v for k, v in data.items() if k in keys or k in (SEED_KEY, VALID_KEY)}
 
   return op
 
@@ -122,6 +124,44 @@ def copy(inkey, outkey) -> Op:
 
   def op(data: Example) -> Example:
     return {**data, outkey: get(data, inkey, 'copy')}
+
+  return op
+
+
+@register('ignore_no_labels')
+def ignore_no_labels(labels_key='labels', valid_key=VALID_KEY) -> Op:
+  """Marks an example whose `labels_key` holds no label (ImageNet ReaL has images
+  without any) as not counting: training skips it, evaluation masks it out."""
+  _entry_names((labels_key,), 'labels_key')
+  if valid_key != VALID_KEY:
+    raise ValueError(f'valid_key={valid_key!r}: the pipeline reads {VALID_KEY!r} only')
+
+  def op(data: Example) -> Example:
+    labels = get(data, labels_key, 'ignore_no_labels')
+    valid = tf.size(labels) > 0
+    if VALID_KEY in data:
+      valid = tf.logical_and(tf.cast(data[VALID_KEY], tf.bool), valid)
+    return {**data, VALID_KEY: valid}
+
+  return op
+
+
+@register('flatten')
+def flatten() -> Op:
+  """Nested entries (a TFDS feature dict) become 'outer/inner' entries."""
+
+  def op(data: Example) -> Example:
+    out = {}
+
+    def visit(prefix, value):
+      if isinstance(value, dict):
+        for k, v in value.items():
+          visit(f'{prefix}/{k}' if prefix else k, v)
+      else:
+        out[prefix] = value
+
+    visit('', data)
+    return out
 
   return op
 

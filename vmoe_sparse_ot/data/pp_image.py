@@ -191,3 +191,15 @@ def decode_jpeg_and_inception_crop(size=None, area_min=5, area_max=100, ratio_mi
     return resize_to(image, out_size, method, antialias) if out_size else image
 
   return apply
+
+
+@image_op('reshape')
+def reshape(new_shape):
+  """The value reshaped to `new_shape` (a tuple of ints, -1 for one inferred axis)."""
+  if not (isinstance(new_shape, (tuple, list)) and new_shape
+          and all(_is_int(d) and (d >= 1 or d == -1) for d in new_shape)
+          and list(new_shape).count(-1) <= 1):
+    raise ValueError(f'new_shape={new_shape!r} must be a tuple of positive ints (one may '
+                     'be -1)')
+  return lambda image: tf.reshape(image, new_shape)
+

@@ -21,6 +21,9 @@ from typing import Any, Callable
 # Random ops read and advance this entry: an int64 (2,) stateless seed that the
 # pipeline sets per example (training only) and removes after the last op.
 SEED_KEY = '_seed'
+# `ignore_no_labels` writes whether the example counts here (bool): the pipeline
+# drops the others from training and masks them out of evaluation.
+VALID_KEY = '__valid__'
 
 Example = dict[str, Any]
 Op = Callable[[Example], Example]
