@@ -103,7 +103,10 @@ def _child(cases_path, out_path):
   results = []
   for case in argvs:
     if case and isinstance(case[0], str) and len(case) == 2 and isinstance(case[1], list):
-      results.append(_run_one(main, case[1], importlib.import_module(case[0])))
+      module = importlib.import_module(case[0])
+      if not hasattr(module, 'main'):  # a package: `python -m` runs its __main__
+        module = importlib.import_module(case[0] + '.__main__')
+      results.append(_run_one(main, case[1], module))
     else:
       results.append(_run_one(main, case))
   with open(out_path, 'w') as f:

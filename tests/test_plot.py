@@ -82,7 +82,7 @@ def test_plot_command_writes_non_empty_pngs(workdir, tmp_path):
                         capture_output=True, text=True, timeout=300)
   assert proc.returncode == 0, proc.stderr[-3000:]
   names = sorted(os.listdir(out))
-  assert names == ['curves.png', 'expert_load.png', 'transfer.png', 'routing.png']
+  assert names == ['curves.png', 'expert_load.png', 'fewshot.png', 'routing.png']
   from matplotlib import image  # pylint: disable=g-import-not-at-top
   for name in names:
     data = (out / name).read_bytes()
@@ -91,7 +91,7 @@ def test_plot_command_writes_non_empty_pngs(workdir, tmp_path):
     assert min(pixels.shape[:2]) > 200 and pixels[..., :3].std() > 0.01, name
   assert [line for line in proc.stdout.splitlines()] == [
       f'Wrote {out / name}' for name in ('curves.png', 'expert_load.png', 'routing.png',
-                                         'transfer.png')]
+                                         'fewshot.png')]
   assert proc.stderr == ''
 
 

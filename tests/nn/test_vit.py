@@ -238,7 +238,7 @@ def _param_count(cfg, image):
 
 
 def _vmoe_config(variant, experts, layers, group_size):
-  cfg = vnn.config.default_model_config()
+  cfg = vnn.model_config.default_model_config()
   cfg.variant, cfg.num_classes = variant, 1000
   cfg.encoder.moe.num_experts, cfg.encoder.moe.layers = experts, layers
   cfg.encoder.moe.group_size = group_size

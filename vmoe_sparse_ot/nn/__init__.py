@@ -17,7 +17,7 @@ import flax.linen as nn
 import jax.numpy as jnp
 
 from vmoe_sparse_ot.nn import router_state
-from vmoe_sparse_ot.nn.model_config import COMPUTE_KEYS, MODEL_DTYPES
+from vmoe_sparse_ot.nn.model_config import COMPUTE_KEYS, MODEL_DTYPES, variant_sizes
 from vmoe_sparse_ot.nn.dispatch import DISPATCHERS, DTYPES
 from vmoe_sparse_ot.nn.routers import ROUTERS, RouterConfig, check_keys, parse_router_options
 from vmoe_sparse_ot.nn.vit import VisionTransformer, parse_moe_layers
@@ -39,7 +39,7 @@ def _pair(x) -> tuple:
 
 
 def build_model(model_config: Mapping[str, Any]) -> nn.Module:
-  """Builds 'vit_moe' or 'vit' from a config like `model_config.default_model_config()`.
+  """Builds 'vit_moe' or 'vit' from a config like `nn.model_config.default_model_config()`.
 
   All options are validated here, before anything is traced or compiled.
   """
@@ -59,7 +59,7 @@ def build_model(model_config: Mapping[str, Any]) -> nn.Module:
   patch_size = _pair(cfg["patch_size"])
   rep = cfg.get("representation_size")
   if cfg.get("variant") is not None:
-    sizes = model_config.variant_sizes(cfg["variant"])
+    sizes = variant_sizes(cfg["variant"])
     hidden_size, num_layers = sizes["hidden_size"], sizes["num_layers"]
     num_heads, mlp_dim, patch_size = sizes["num_heads"], sizes["mlp_dim"], sizes["patch_size"]
     if rep is None:
