@@ -39,11 +39,14 @@ _PREFIXES = ('bash ', 'python ', '.venv/bin/python ', '.venv/bin/pip ')
 FEWSHOT_SHRINK = ('--config.fewshot.shots=(1,)', '--config.fewshot.seeds=(0,)',
                   '--config.fewshot.datasets.mnist.train_split=validation[:200]',
                   '--config.fewshot.datasets.mnist.test_split=test[:500]')
-# Appended to every trained `Main` command and to scripts/main.sh: two steps, a
-# slice of the test split.
+# Appended to every trained `Main` command and to scripts/main.sh: two steps of
+# the tests' smaller model (tests/train/helpers.SMALL), a slice of the test split.
 SHRINK = ('--config.train_steps=2', '--config.log_every_steps=1',
           '--config.dataset.eval_split=test[:200]', '--config.eval_batch_size=100',
-          *FEWSHOT_SHRINK)
+          '--config.model.hidden_size=32', '--config.model.encoder.num_layers=2',
+          '--config.model.encoder.num_heads=2', '--config.model.encoder.mlp_dim=64',
+          '--config.model.encoder.moe.num_experts=4', '--config.model.encoder.moe.group_size=32',
+          '--config.batch_size=16', *FEWSHOT_SHRINK)
 # Jobs whose command lines argparse reads: run in the `Main` commands' interpreter,
 # after them (tests/main_cases.py).
 IN_PROCESS = ('python -m vmoe_sparse_ot.plot ', 'python -m vmoe_sparse_ot.export ',
@@ -96,8 +99,7 @@ _README_WORKDIR = 'workdirs/vmoe_tiny_mnist_sparse_ot'
 
 COMMANDS = {
     # --- training, in one interpreter, in this order ---
-    # The tiny model as the commands say (SHRINK changes steps and data, not the model):
-    # runs of one router share their compiled programs (in-process, and with
+    # Runs of one router share their compiled programs (in-process, and with
     # scripts/main.sh through the session's compilation cache).
     f'{_TINY} --workdir=/tmp/run': Main((_FINAL,), ('/tmp/run/checkpoints/2',)),
     f'{_TINY} --print_config': Main(('"name": "sparse_ot"', '"image_size": 28')),
@@ -134,7 +136,7 @@ COMMANDS = {
     'python -m vmoe_sparse_ot.main': Usage('vmoe_sparse_ot.main', (
         '--config', '--workdir', '--print_config', '--coordinator_address')),
     # --- jobs on the workdirs above ---
-    # The quickstart first: the README's few-shot command reads its workdir.
+    # The quickstart: trains, few-shot, plots.
     'bash scripts/main.sh --config.train_steps=300': Job(
         extra=SHRINK, env=(('WORKDIR', _README_WORKDIR),),
         stdout=(_FINAL, 'Few-shot', r'plots'),
@@ -148,15 +150,17 @@ COMMANDS = {
         files=('/tmp/upcycled_plots/curves.png',)),
     'python -m vmoe_sparse_ot.export workdirs/upcycled upcycled.npz': Job(
         files=('upcycled.npz',)),
+    # The same flags on another workdir, with its console and JSON checked line by line.
     'python -m vmoe_sparse_ot.evaluate --workdir=workdirs/upcycled --capacity_factor=0.5 '
-    '--batch_priority': Job(stdout=(r'top-1', r'dropped'),
-                            files=('workdirs/upcycled/eval',)),
+    '--batch_priority': Covered(
+        'tests/evaluate/test_evaluate_job.py::test_command_line_end_to_end_on_two_devices'),
     'python -m vmoe_sparse_ot.evaluate --workdir=W --split=test --router=sparse_ot': Job(
         subs=(('=W ', '=/tmp/sbase '),), extra=('--split=test[:500]',), stdout=(r'top-1',)),
+    # The same flags on a shrunken run, its table and results.json checked.
     'python -m vmoe_sparse_ot.fewshot --config=configs/vmoe_tiny_mnist.py '
-    f'--workdir={_README_WORKDIR}': Job(
-        extra=FEWSHOT_SHRINK,
-        files=(f'{_README_WORKDIR}/fewshot/results.json',)),
+    f'--workdir={_README_WORKDIR}': Covered(
+        'tests/evaluate/test_fewshot_job.py::'
+        'test_job_evaluates_latest_checkpoint_prints_table_and_writes_json'),
     'bash scripts/main.sh': Covered(
         'tests/test_docs.py::test_documented_command[bash scripts/main.sh --config.train_steps=300]'),
     'python -m vmoe_sparse_ot.data': Job(stdout=()),
