@@ -30,9 +30,7 @@ Targets (issue 3): sparse_ot <= 1.10x topk; topk MoE <= 1.25x dense ViT.
 """
 import argparse
 import json
-import os
 import statistics
-import sys
 import time
 
 import xla_threads  # noqa: E402  (the benchmarks folder is sys.path[0])

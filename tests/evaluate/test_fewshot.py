@@ -1,7 +1,6 @@
 """Few-shot protocol, feature extraction (masked, sharded) and the periodic action."""
 import flax.linen as flax_nn
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 from clu import metric_writers

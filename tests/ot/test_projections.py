@@ -9,7 +9,7 @@ import pytest
 
 from tests.ot.helpers import densify, force_kernel, simplex_threshold, supports
 from vmoe_sparse_ot import ot
-from vmoe_sparse_ot.ot import projections, selection
+from vmoe_sparse_ot.ot import projections
 
 # Called eagerly, each function compiles every primitive inside it as its own
 # program; jitted once here (k and axis static; regularizers are pytrees with

@@ -1,5 +1,4 @@
 """The trainer with config.initialization, optimizer.freeze and label_smoothing; export CLI."""
-import json
 import re
 
 import jax

@@ -1,6 +1,5 @@
 """config.mixup: a hand-made batch mixed with its roll; one ratio per step from the step key."""
 import jax
-import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest

@@ -1,6 +1,5 @@
 """train.programs: a run's jitted functions kept for the next run with the same key."""
 import jax
-import numpy as np
 
 from vmoe_sparse_ot import parallel
 from vmoe_sparse_ot.train import programs

@@ -11,7 +11,7 @@ is split over all the mesh's axes, as the trainer splits its batch over 'data' a
 shardings they carry, and the outputs are replicated so that every process ends up
 with the features of the whole split.
 """
-from typing import Any, Callable, Iterable, Mapping
+from typing import Callable, Iterable, Mapping
 
 import jax
 import numpy as np

@@ -18,7 +18,6 @@ for about one more forward pass of compute. Parameters and outputs do not change
 
 Shapes: B images, N tokens per image, D hidden size, H MLP hidden size.
 """
-import functools
 from typing import Any, Dict, Optional, Tuple
 
 import flax.linen as nn
