@@ -33,7 +33,7 @@ class Result:
   stderr: str
 
 
-def run_main_cases(argvs, env, timeout=300):
+def run_main_cases(argvs, env, timeout=300, cwd=ROOT):
   """Runs each argument list of `argvs` as `python -m vmoe_sparse_ot.main ARGS`; [Result].
 
   A case may also be (module, argv) for a command line parsed by argparse, whose
@@ -45,7 +45,9 @@ def run_main_cases(argvs, env, timeout=300):
     with open(cases, 'w') as f:
       json.dump([[case[0], list(map(str, case[1]))] if isinstance(case, tuple)
                  else list(map(str, case)) for case in argvs], f)
-    proc = subprocess.run([sys.executable, '-m', 'tests.main_cases', cases, out], cwd=ROOT,
+    env = dict(env, PYTHONPATH=os.pathsep.join(
+        p for p in (ROOT, env.get('PYTHONPATH', '')) if p))  # `tests` from any cwd
+    proc = subprocess.run([sys.executable, '-m', 'tests.main_cases', cases, out], cwd=cwd,
                           env=env, capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0 and os.path.exists(out), proc.stderr[-3000:]
     with open(out) as f:

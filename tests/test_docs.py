@@ -4,6 +4,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 import time
@@ -136,9 +137,17 @@ def test_documented_command(command, runs, request):
     for flag in check.flags:
       assert flag in proc.stdout + proc.stderr, (flag, proc.stdout[-2000:])
     return
-  for result in results[command]:
+  assert _problems(check, results[command], tmp) == []
+
+
+def _problems(check, results, tmp) -> list[str]:
+  """What the results of a Main, PrintConfig or Job command lack of what its check asks."""
+  out = []
+  for result in results:
     output = result.stdout + result.stderr
-    assert result.returncode == 0, output[-3000:]
+    if result.returncode != 0:
+      out.append(f'exit status {result.returncode}: {output[-3000:]}')
+      continue
     if isinstance(check, dc.PrintConfig):
       printed = json.loads(result.stdout)
       for item in check.keys:
@@ -146,12 +155,36 @@ def test_documented_command(command, runs, request):
         value = printed
         for part in key.split('.'):
           value = value[part]
-        assert str(value) == want, (key, value)
+        if str(value) != want:
+          out.append(f'{key}={value!r}, not {want}')
       continue
-    for pattern in check.stdout:
-      assert re.search(pattern, output), (pattern, output[-3000:])
-  for path in check.files:
-    assert os.path.exists(dc.local_path(path, tmp)), path
+    out += [f'no {pattern!r} in the output' for pattern in check.stdout
+            if not re.search(pattern, output)]
+  out += [f'no file {path}' for path in check.files
+          if not os.path.exists(dc.local_path(path, tmp))]
+  return out
+
+
+def test_a_planted_break_fails_its_documented_command(tmp_path):
+  """In a temporary copy of configs/, the tiny config reads scikit-learn's 8 px digits
+  with a pp string that lost its resize: the README's first training command fails,
+  in one line naming the op to add, before anything compiles."""
+  command = 'python -m vmoe_sparse_ot.main --config=configs/vmoe_tiny_mnist.py --workdir=/tmp/run'
+  check = dc.COMMANDS[command]
+  shutil.copytree(os.path.join(dc.ROOT, 'configs'), tmp_path / 'configs')
+  config = tmp_path / 'configs' / 'vmoe_tiny_mnist.py'
+  text = config.read_text()
+  planted = (text.replace('|resize({image_size})', '')
+             .replace("config.dataset.name = 'embedded_mnist'",
+                      "config.dataset.name = 'sklearn_digits'"))
+  assert planted.count('resize') < text.count('resize') and 'sklearn_digits' in planted
+  config.write_text(planted)
+  argv = _argv(command, str(tmp_path))[3:] + list(dc.SHRINK)
+  result, = main_cases.run_main_cases([argv], _env(), cwd=str(tmp_path))
+  found = _problems(check, [result], str(tmp_path))
+  assert found and found[0].startswith('exit status 2'), found
+  assert "add resize(28) after decode(channels=1)" in result.stderr
+  assert len(result.stderr.strip().splitlines()) == 1, result.stderr
 
 
 def test_setup_is_idempotent():

@@ -176,7 +176,8 @@ BAD_CONFIGS = [
     ('schedule.decay_steps', 0,
      'config.schedule.decay_steps=0: must be an integer >= 1 or None'),
     ('schedule.name', 'linear', "config.schedule.name='linear': must be one of "
-     "['warmup_linear_decay', 'warmup_cosine_decay', 'warmup_constant']"),
+     "['warmup_linear_decay', 'warmup_cosine_decay', 'warmup_constant', 'constant', "
+     "'warmup_polynomial_decay', 'warmup_exponential_decay', 'big_vision_rsqrt']"),
     ('optimizer.gradient_clip_norm', -1.0,
      'config.optimizer.gradient_clip_norm=-1.0: must be > 0 or None'),
     ('optimizer.weight_decay', -0.1, 'config.optimizer.weight_decay=-0.1: must be >= 0'),
@@ -236,8 +237,9 @@ BAD_CONFIGS = [
     ('dataset.name', '', "config.dataset.name='': must be a dataset name (an embedded or "
      'TFDS dataset)'),
     ('dataset.pp_train', 'decode|flipp', "config.dataset.pp_train='decode|flipp': unknown op "
-     "'flipp'; ops: central_crop, copy, decode, decode_jpeg_and_inception_crop, drop, flip_lr, "
-     'inception_crop, keep, onehot, randaug, random_crop, resize, resize_small, value_range'),
+     "'flipp'; ops: central_crop, copy, decode, decode_jpeg_and_inception_crop, drop, flatten, "
+     'flip_lr, ignore_no_labels, inception_crop, keep, onehot, randaug, random_crop, reshape, '
+     'resize, resize_small, value_range'),
     ('dataset.pp_train', 'decode|resize(0)', "config.dataset.pp_train='decode|resize(0)': op "
      "'resize(0)': size=0 must be a positive integer or a pair (height, width); accepts "
      "resize(size, method='bilinear', antialias=False, key='image', key_result=None)"),
