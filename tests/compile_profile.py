@@ -39,12 +39,7 @@ _by_program = collections.defaultdict(lambda: [0, 0.0])  # name: [compiles, seco
 
 @contextlib.contextmanager
 def counting_compiles(into: list):
-  """Appends one entry (its seconds) per XLA compilation in the block to `into`.
-
-  The persistent compilation cache (tests/conftest.py) is off in the block: a
-  program another process cached would not count.
-  """
-  import jax  # pylint: disable=g-import-not-at-top
+  """Appends one entry (its seconds) per XLA compilation in the block to `into`."""
   from jax import monitoring  # pylint: disable=g-import-not-at-top
 
   def listener(event, duration, **kwargs):
@@ -52,14 +47,11 @@ def counting_compiles(into: list):
     if event == COMPILE_EVENT:
       into.append(duration)
 
-  cache_was_on = jax.config.jax_enable_compilation_cache
-  jax.config.update('jax_enable_compilation_cache', False)
   monitoring.register_event_duration_secs_listener(listener)
   try:
     yield
   finally:
     monitoring.unregister_event_duration_listener(listener)
-    jax.config.update('jax_enable_compilation_cache', cache_was_on)
 
 
 def _listener(event, duration, **kwargs):

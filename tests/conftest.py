@@ -5,7 +5,6 @@ before JAX is first imported, which is why it lives here. Unsharded computations
 still run on device 0, so other tests are unaffected.
 """
 import os
-import tempfile
 
 import pytest
 
@@ -20,16 +19,6 @@ os.environ.setdefault("XLA_FLAGS", xla_flags(8))
 os.environ.setdefault("JAX_TRACEBACK_IN_LOCATIONS_LIMIT", "0")
 os.environ.setdefault("POT_BACKEND_DISABLE_TENSORFLOW", "1")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-# One JAX compilation cache per test session, shared by the pytest workers and
-# every process the tests start: the tiny model's programs are compiled in many
-# processes (command lines, multi-process runs, scripts), XLA once. Programs that
-# compile in under half a second are not worth a file. Tests that count
-# compilations turn the cache off around what they count (compile_profile).
-_SESSION = os.environ.get("PYTEST_XDIST_TESTRUNUID") or str(os.getpid())
-os.environ.setdefault("JAX_COMPILATION_CACHE_DIR",
-                      os.path.join(tempfile.gettempdir(), f"vmoe_sparse_ot_tests_{_SESSION}",
-                                   "jax_cache"))
-os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.5")
 
 
 # Test files, slowest first (per-file sums of each test's wall time, measured on

