@@ -104,11 +104,12 @@ COMMANDS = {
     f'{_TINY} --workdir=/tmp/run': Main((_FINAL,), ('/tmp/run/checkpoints/2',)),
     f'{_TINY} --print_config': Main(('"name": "sparse_ot"', '"image_size": 28')),
     f'{_TINY}:router=sbase --workdir=/tmp/sbase': Main((_FINAL,), ('/tmp/sbase/checkpoints/2',)),
-    # A second run in the README's /tmp/run would resume the first: its own directory.
-    f'{_TINY}:router=topk --workdir=/tmp/run': Main(
-        (_FINAL,), ('/tmp/run_topk/checkpoints/2',), subs=(('/tmp/run', '/tmp/run_topk'),)),
+    # The README's training with another router, in the short and the long form: the
+    # router is set (every router's training is tests/train/test_routers.py's).
+    f'{_TINY}:router=topk --workdir=/tmp/run': PrintConfig(
+        ('model.encoder.moe.router.name=topk',)),
     f'{_TINY} --config.model.encoder.moe.router.name=sbase --config.train_steps=300 '
-    '--workdir=/tmp/run2': Main((_FINAL,), ('/tmp/run2/checkpoints/2',)),
+    '--workdir=/tmp/run2': PrintConfig(('model.encoder.moe.router.name=sbase', 'train_steps=300')),
     f'{_TINY} --workdir=workdirs/dense --config.model.name=vit': Main(
         (_FINAL,), ('workdirs/dense/checkpoints/2',)),
     f'{_TINY}:router=sparse_ot --workdir=workdirs/upcycled '
