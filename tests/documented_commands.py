@@ -29,6 +29,8 @@ import dataclasses
 import os
 import re
 
+from vmoe_sparse_ot import experiments
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOCS = ('README.md', *sorted(f'docs/{f}' for f in os.listdir(os.path.join(ROOT, 'docs'))
                              if f.endswith('.md')))
@@ -43,10 +45,9 @@ FEWSHOT_SHRINK = ('--config.fewshot.shots=(1,)', '--config.fewshot.seeds=(0,)',
 # the tests' smaller model (tests/train/helpers.SMALL), a slice of the test split.
 SHRINK = ('--config.train_steps=2', '--config.log_every_steps=1',
           '--config.dataset.eval_split=test[:200]', '--config.eval_batch_size=100',
-          '--config.model.hidden_size=32', '--config.model.encoder.num_layers=2',
-          '--config.model.encoder.num_heads=2', '--config.model.encoder.mlp_dim=64',
-          '--config.model.encoder.moe.num_experts=4', '--config.model.encoder.moe.group_size=32',
-          '--config.batch_size=16', *FEWSHOT_SHRINK)
+          *(f'--config.{k}={v}' for k, v in experiments.QUICK_MODEL.items()
+            if k.startswith('model.') or k == 'batch_size'),
+          *FEWSHOT_SHRINK)
 # Jobs whose command lines argparse reads: run in the `Main` commands' interpreter,
 # after them (tests/main_cases.py).
 IN_PROCESS = ('python -m vmoe_sparse_ot.plot ', 'python -m vmoe_sparse_ot.export ',

@@ -5,24 +5,19 @@ import subprocess
 import sys
 
 from vmoe_sparse_ot import config as config_lib
+from vmoe_sparse_ot import experiments
 from tests.xla_flags import xla_flags
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 TINY = str(ROOT / 'configs' / 'vmoe_tiny_mnist.py')
 
-# Overrides that shrink the tiny MNIST config so a step takes milliseconds.
+# Overrides that shrink the tiny MNIST config so a step takes milliseconds: the
+# experiments' quick model and data (experiments.QUICK_MODEL), and the tests' own
+# evaluation, schedule and cadences.
 SMALL = {
-    'model.hidden_size': 32,
-    'model.encoder.num_layers': 2,
-    'model.encoder.num_heads': 2,
-    'model.encoder.mlp_dim': 64,
-    'model.encoder.moe.num_experts': 4,
-    'model.encoder.moe.group_size': 32,
+    **experiments.QUICK_MODEL,
     'model.patch_size': (7, 7),
-    'dataset.train_split': 'train[:4096]',
     'dataset.eval_split': 'test[:300]',
-    'dataset.shuffle_buffer': 1024,
-    'batch_size': 16,
     'eval_batch_size': 64,
     'schedule.warmup_steps': 5,
     # Fixed, so the schedule (and the compiled step) does not depend on
