@@ -135,6 +135,10 @@ COMMANDS = {
     '--process_id=I': PrintConfig(('model.patch_size=[32, 32]', 'dataset.data_dir=/data/tfds'),
                                   subs=(('=N ', '=2 '), ('=I', '=0'), ('HOST0', '127.0.0.1'))),
     'python -m vmoe_sparse_ot.main --config=configs/NAME.py --workdir=DIR': PrintConfig(),
+    # A config file of the reference code, translated: its keys, overrides, refusals.
+    'python -m vmoe_sparse_ot.main --config=FILE[:ARG] --workdir=W': Covered(
+        'tests/config/test_reference.py::'
+        'test_command_line_overrides_use_the_files_key_names_and_bad_keys_exit_2'),
     'python -m vmoe_sparse_ot.main': Usage('vmoe_sparse_ot.main', (
         '--config', '--workdir', '--print_config', '--coordinator_address')),
     # --- jobs on the workdirs above ---

@@ -24,6 +24,7 @@ message naming it.
 """
 import json
 import os
+import sys
 from typing import Any
 
 from vmoe_sparse_ot import workdir_layout
@@ -49,6 +50,7 @@ from vmoe_sparse_ot import checkpoints
 from vmoe_sparse_ot import parallel
 from vmoe_sparse_ot import config as config_lib
 from vmoe_sparse_ot.config import cli
+from vmoe_sparse_ot.config import reference
 
 PROG = 'python -m vmoe_sparse_ot.fewshot'
 
@@ -149,7 +151,10 @@ def main(argv):
   if len(argv) > 1:
     cli.fail(PROG, f'unexpected arguments {argv[1:]}')
   quiet_logs.quiet_library_logs()
-  config = _CONFIG.value
+  try:
+    config = reference.resolve(_CONFIG.value, log=lambda line: print(line, file=sys.stderr))
+  except ValueError as e:
+    cli.fail(PROG, e)
   if not _WORKDIR.value:
     cli.fail(PROG, 'flag --workdir is required')
   try:

@@ -33,6 +33,7 @@ from ml_collections import config_flags
 
 from vmoe_sparse_ot import config as config_lib
 from vmoe_sparse_ot.config import cli
+from vmoe_sparse_ot.config import reference
 
 PROG = 'python -m vmoe_sparse_ot.main'
 # Seconds without a heartbeat after which the coordination service declares a
@@ -130,7 +131,10 @@ def main(argv: list[str]) -> None:
   if len(argv) > 1:
     cli.fail(PROG, f'unexpected arguments {argv[1:]}')
   quiet_logs.quiet_library_logs()
-  config = _CONFIG.value
+  try:
+    config = reference.resolve(_CONFIG.value, log=lambda line: print(line, file=sys.stderr))
+  except ValueError as e:
+    cli.fail(PROG, e)
   if _PRINT_CONFIG.value:
     cli.print_stdout(cli.format_config(config))
     return

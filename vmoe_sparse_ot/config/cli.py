@@ -62,7 +62,7 @@ def preflight_config_flag(prog: str, argv: Sequence[str]) -> None:
   if spec is None:
     return
   try:
-    load_config_file(spec)
+    load_config_file(spec, translate=False)
   except (OSError, ValueError, TypeError, SyntaxError, AttributeError, KeyError) as e:
     fail(prog, f'--config={spec}: {type(e).__name__ + ": " if isinstance(e, SyntaxError) else ""}'
          f'{e}')
@@ -84,7 +84,7 @@ def parse_flags(prog: str, argv: list[str], flag_values: Any = None) -> list[str
     message = None
     if spec and overrides:
       try:
-        message = explain_override(load_config_file(spec), overrides)
+        message = explain_override(load_config_file(spec, translate=False), overrides)
       except Exception:  # pylint: disable=broad-except
         message = None
     if message is None:

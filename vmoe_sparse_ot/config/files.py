@@ -4,10 +4,12 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
+import sys
 from typing import Any
 
 import ml_collections
 
+from vmoe_sparse_ot.config import reference
 from vmoe_sparse_ot.trees import flatten  # noqa: F401  (re-exported: config.flatten)
 
 
@@ -67,8 +69,10 @@ def pp_template(section: ml_collections.ConfigDict, template: str):
   return result if result is not None else template
 
 
-def load_config_file(spec: str) -> ml_collections.ConfigDict:
-  """Loads 'path/to/config.py[:arg]' the way `config_flags` does.
+def load_config_file(spec: str, *, translate: bool = True) -> ml_collections.ConfigDict:
+  """Loads 'path/to/config.py[:arg]' the way `config_flags` does; a file in the
+  reference V-MoE layout comes back translated (`config.reference.resolve`)
+  unless `translate` is False (its own keys, as command-line overrides name them).
 
   Raises FileNotFoundError (one line) when the file does not exist.
   """
@@ -83,4 +87,8 @@ def load_config_file(spec: str) -> ml_collections.ConfigDict:
   module_spec.loader.exec_module(module)
   if not hasattr(module, 'get_config'):
     raise ValueError(f'config file {path!r} defines no get_config()')
-  return module.get_config(arg) if arg else module.get_config()
+  config = module.get_config(arg) if arg else module.get_config()
+  if not translate:
+    return config
+  # A reference V-MoE config file becomes this project's config (config.reference).
+  return reference.resolve(config, log=lambda line: print(line, file=sys.stderr))

@@ -1,0 +1,258 @@
+"""Config files in the reference V-MoE layout, translated (vmoe_sparse_ot/config/reference.py).
+
+The config files under tests/config/reference_configs/ are written for these tests
+from the reference layout's documentation; expectations are written out by hand.
+"""
+import math
+import os
+import re
+
+import ml_collections
+import numpy as np
+import pytest
+
+from tests import main_cases
+from vmoe_sparse_ot.config import files
+from vmoe_sparse_ot.config import reference
+from vmoe_sparse_ot.train import optimizer
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+S32 = os.path.join(HERE, 'reference_configs', 's32_ilsvrc2012.py')
+# A made-up size of imagenet2012's train[:99%], for train_epochs.
+TRAIN_EXAMPLES = 1_268_355
+
+
+def _s32():
+  return files.load_config_file(S32, translate=False)
+
+
+def _translate(config, examples=TRAIN_EXAMPLES):
+  return reference.translate(config, num_examples=lambda name, split, data_dir: examples)
+
+
+def test_the_layout_is_recognized_and_ours_is_not():
+  from vmoe_sparse_ot.config import schema
+  assert reference.is_reference(_s32())
+  assert not reference.is_reference(schema.base_config())
+  assert reference.resolve(schema.base_config(), log=print) is not None
+
+
+def test_s32_data_evaluation_and_checkpoints_by_hand():
+  ours, notes = _translate(_s32())
+  # 300 epochs of 1,268,355 examples at batch 4096, rounded up as there.
+  assert ours.train_steps == math.ceil(300 * TRAIN_EXAMPLES / 4096) == 92_898  # 380,506,500 / 4096 = 92,897.09
+  d = ours.dataset
+  assert (d.name, d.train_split, d.eval_split) == ('imagenet2012', 'train[:99%]', 'validation')
+  assert (d.image_size, d.channels, d.shuffle_buffer) == (224, 3, 50_000)
+  labels = 'onehot(1000, inkey="label", outkey="labels")|keep("image", "labels")'
+  assert d.pp_train == ('decode_jpeg_and_inception_crop(224)|flip_lr|randaug(2, 10)|'
+                        f'value_range(-1,1)|{labels}')
+  assert d.pp_eval == f'decode|resize_small(256)|central_crop(224)|value_range(-1,1)|{labels}'
+  assert (ours.batch_size, ours.eval_batch_size) == (4096, 4096)
+  extra = ours.evaluate.datasets.to_dict()
+  assert extra == {
+      'val': {'dataset': 'imagenet2012', 'split': 'train[99%:]', 'pp': d.pp_eval},
+      'real': {'dataset': 'imagenet2012_real', 'split': 'validation',
+               'pp': 'decode|resize_small(256)|central_crop(224)|value_range(-1,1)|onehot('
+                     '1000, inkey="real_label", outkey="labels")|keep("image", "labels")'}}
+  assert ours.evaluate.model_overrides.to_dict() == {
+      'encoder': {'moe': {'router': {'capacity_factor': 4.0}}}}
+  assert ours.eval_every_steps == 1000 and ours.log_every_steps == 100
+  assert (ours.checkpoint.every_steps, ours.checkpoint.keep) == (1000, 1)
+  assert ours.mesh.expert == 8 and ours.seed == 0
+  assert ours.loss.name == 'sigmoid_xent'
+  assert (ours.mixup.p, ours.mixup.granularity, ours.mixup.size) == (0.2, 'device', 2)
+  assert ours.profile.to_dict() == {'all_processes': False, 'num_profile_steps': 5,
+                                    'first_profile': 10, 'every_secs': 3600.0}
+  # Each key with no effect is named once, with its reason.
+  named = [n.split(' ')[0] for n in notes]
+  assert set(named) == {'description', 'params_axis_resources', 'extra_rng_keys',
+                        'dataset.*.prefetch', 'dataset.*.prefetch_device', 'dataset.*.cache',
+                        'dataset.*.manual_dir', 'model.encoder.moe.router.dispatcher.'
+                        'partition_spec', 'save_checkpoint.wait_seconds',
+                        'report_progress.every_secs'}
+  assert len(named) == len(set(named))
+
+
+def test_s32_model_optimizer_and_schedule_by_hand():
+  ours, _ = _translate(_s32())
+  m = ours.model
+  assert (m.name, m.num_classes, tuple(m.patch_size), m.hidden_size, m.classifier,
+          m.representation_size) == ('vit_moe', 1000, (32, 32), 512, 'token', 512)
+  assert m.head_bias_init == pytest.approx(-math.log(1000))
+  e = m.encoder
+  assert (e.num_layers, e.mlp_dim, e.num_heads, e.dropout_rate) == (8, 2048, 8, 0.0)
+  assert (e.moe.num_experts, e.moe.layers, e.moe.group_size, e.moe.dropout_rate,
+          e.moe.split_rngs) == (8, '5,7', 400, 0.2, False)
+  assert (e.moe.dispatcher, e.moe.routed_tokens_dtype) == ('einsum', 'bfloat16')
+  r = e.moe.router
+  assert (r.name, r.num_selected_experts, r.noise_std, r.capacity_factor, r.batch_priority,
+          r.importance_loss_weight, r.load_loss_weight) == ('topk', 2, 1.0, 1.05, False,
+                                                            0.005, 0.005)
+  o = ours.optimizer
+  assert (o.name, o.b1, o.b2, o.mu_dtype, o.gradient_clip_norm) == (
+      'adam', 0.9, 0.999, 'float32', 1.0)
+  assert [tuple(p) for p in o.weight_decay] == [('.*/kernel', 0.1)]
+  s = ours.schedule
+  assert (s.name, s.peak_value, s.end_value, s.warmup_steps, s.decay_steps) == (
+      'warmup_linear_decay', 3e-3, 1e-5, 10_000, None)
+
+
+def test_the_reference_defaults_apply_where_the_file_is_silent():
+  config = _s32()
+  del config.model.encoder.moe.router['importance_loss_weight']
+  del config.model.encoder.moe.router['num_selected_experts']
+  del config.model.encoder.moe['dropout_rate']
+  del config.mixup['granularity']
+  ours, _ = _translate(config)
+  router = ours.model.encoder.moe.router
+  assert (router.importance_loss_weight, router.num_selected_experts) == (1.0, 1)
+  assert ours.model.encoder.moe.dropout_rate == 0.0
+  assert ours.mixup.granularity == 'device'
+
+
+def _reference_lr(step, *, peak, end, warmup, decay_steps, total, schedule):
+  """The reference's schedules written out: decay_steps counts from step 0 (default total)."""
+  decay_steps = decay_steps or total
+  if step < warmup:
+    return peak * step / warmup
+  frac = min(1.0, (step - warmup) / (decay_steps - warmup))
+  if schedule == 'warmup_linear_decay':
+    return (peak - end) * (1 - frac) + end
+  if schedule == 'warmup_cosine_decay':
+    return end + (peak - end) * 0.5 * (1 + math.cos(math.pi * frac))
+  raise AssertionError(schedule)
+
+
+@pytest.mark.parametrize('schedule', ['warmup_linear_decay', 'warmup_cosine_decay'])
+@pytest.mark.parametrize('decay_steps', [None, 80])
+def test_learning_rate_at_every_step_equals_the_reference_formula(schedule, decay_steps):
+  config = _s32()
+  config.optimizer.learning_rate = ml_collections.ConfigDict(
+      {'schedule': schedule, 'peak_value': 3e-3, 'end_value': 1e-5, 'warmup_steps': 10})
+  if decay_steps:
+    config.optimizer.learning_rate.decay_steps = decay_steps
+  config.train_epochs = 1
+  ours, _ = _translate(config, examples=100 * 4096)  # 100 steps
+  assert ours.train_steps == 100
+  lr = optimizer.make_schedule(ours.schedule, ours.train_steps)
+  steps = np.arange(0, 101)
+  got = np.array([float(lr(t)) for t in steps])
+  want = np.array([_reference_lr(int(t), peak=3e-3, end=1e-5, warmup=10,
+                                 decay_steps=decay_steps, total=100, schedule=schedule)
+                   for t in steps], np.float32)
+  np.testing.assert_allclose(got, want, rtol=2e-6, atol=1e-9)
+
+
+def test_a_float_learning_rate_and_a_float_weight_decay():
+  config = _s32()
+  del config.optimizer['learning_rate'], config.optimizer['weight_decay']
+  config.optimizer.learning_rate = 0.01
+  config.optimizer.weight_decay = 0.1
+  ours, _ = _translate(config)
+  assert (ours.schedule.name, ours.schedule.peak_value, ours.schedule.warmup_steps) == (
+      'constant', 0.01, 0)
+  # A float decays every parameter there.
+  assert (ours.optimizer.weight_decay, ours.optimizer.weight_decay_regex) == (0.1, '.*')
+
+
+@pytest.mark.parametrize('edit, key', [
+    (lambda c: setattr(c, 'not_a_key', 1), 'not_a_key'),
+    (lambda c: c.model.encoder.__setattr__('attention_qk_norm', True),
+     'model.encoder.attention_qk_norm'),
+    (lambda c: c.model.encoder.moe.router.__setattr__('gshard_loss_weight', 0.5),
+     'model.encoder.moe.router.gshard_loss_weight'),
+    (lambda c: c.model.__setattr__('classifier', 'map'), 'model.classifier'),
+    (lambda c: c.optimizer.learning_rate.__setattr__('decay_steps', 5_000),
+     'optimizer.learning_rate.decay_steps'),
+    (lambda c: c.dataset.train.__setattr__('process', 'decode|flip_lr'),
+     'dataset.train.process'),
+])
+def test_keys_that_cannot_be_translated_are_one_line_naming_them(edit, key):
+  config = _s32()
+  with config.unlocked() if hasattr(config, 'unlocked') else _nothing():
+    edit(config)
+  with pytest.raises(reference.ReferenceConfigError) as e:
+    _translate(config)
+  message = str(e.value)
+  assert '\n' not in message and re.search(rf'\b{re.escape(key)}\b', message), message
+
+
+class _nothing:
+  def __enter__(self):
+    return self
+
+  def __exit__(self, *exc):
+    return False
+
+
+def test_initialization_rules_of_a_fine_tuning_config():
+  config = _s32()
+  config.initialization = ml_collections.ConfigDict({
+      'name': 'initialize_from_vmoe', 'prefix': '/ckpts/vmoe_s32',
+      'rules': [('head', ''), ('pre_logits/.*', ''),
+                ('^(.*/pos_embedding)$', r'params/\1', 'vit_zoom'), ('^(.*)$', r'params/\1')],
+      'raise_if_target_unmatched': False,
+      'axis_resources_regexes': [('Moe/Mlp/.*', ('expert',))]})
+  ours, notes = _translate(config)
+  i = ours.initialization
+  assert (i.path, i.raise_if_target_unmatched) == ('/ckpts/vmoe_s32', False)
+  assert [tuple(r) for r in i.rules] == [('head/.*', ''), ('pre_logits/.*', '')]
+  assert any(n.startswith('initialization.axis_resources_regexes') for n in notes)
+  config.initialization.rules = [('Encoder/.*', '')]
+  with pytest.raises(reference.ReferenceConfigError, match=r'initialization\.rules\[0\]'):
+    _translate(config)
+
+
+def test_fewshot_section():
+  config = _s32()
+  config.fewshot = ml_collections.ConfigDict({
+      'datasets': {'pets': ('oxford_iiit_pet', 'train', 'test'),
+                   'col_hist': ('colorectal_histology', 'train[:2000]', 'train[2000:]')},
+      'shots': [1, 5], 'l2_regs': [2.0 ** i for i in range(-2, 3)], 'batch_size': 512,
+      'process': 'decode|resize(256)|central_crop(224)|value_range(-1, 1)',
+      'every_steps': 5000, 'seeds_per_step': 2, 'main_task': ('pets', 5),
+      'model_overrides': {'num_classes': None}})
+  ours, notes = _translate(config)
+  f = ours.fewshot
+  assert f.datasets.to_dict() == {
+      'pets': {'name': 'oxford_iiit_pet', 'train_split': 'train', 'test_split': 'test'},
+      'col_hist': {'name': 'colorectal_histology', 'train_split': 'train[:2000]',
+                   'test_split': 'train[2000:]'}}
+  assert (tuple(f.shots), f.batch_size, f.every_steps, tuple(f.seeds)) == (
+      (1, 5), 512, 5000, (0, 1))
+  assert tuple(f.l2_regs) == (0.25, 0.5, 1.0, 2.0, 4.0)
+  assert f.l2_selection == 'reference'
+  assert {n.split(' ')[0] for n in notes} >= {'fewshot.process', 'fewshot.main_task',
+                                              'fewshot.model_overrides.num_classes'}
+
+
+def test_the_docs_show_the_mapping_table():
+  with open(os.path.join(HERE, '..', '..', 'docs', 'REFERENCE.md')) as f:
+    text = f.read()
+  assert reference.markdown_table() in text, (
+      'docs/REFERENCE.md: paste reference.markdown_table() between its markers')
+
+
+def test_command_line_overrides_use_the_files_key_names_and_bad_keys_exit_2(tmp_path):
+  """--print_config of the file with overrides in its own names, then an unknown key:
+  one line, exit status 2, no workdir."""
+  bad = tmp_path / 'bad.py'
+  with open(S32) as f:
+    bad.write_text(f.read().replace('  config.seed = 0', '  config.seed = 0\n  config.warmup = 3'))
+  workdir = tmp_path / 'run'
+  printed, refused = main_cases.run_main_cases([
+      [f'--config={S32}', '--config.dataset.train.batch_size=256',
+       '--config.dataset.train.name=embedded_mnist', '--config.dataset.train.split=train',
+       '--config.dataset.test.name=embedded_mnist', '--config.dataset.val.name=embedded_mnist',
+       '--config.train_epochs=1', '--print_config'],
+      [f'--config={bad}', f'--workdir={workdir}']], dict(os.environ))
+  assert printed.returncode == 0, printed.stderr[-2000:]
+  import json
+  config = json.loads(printed.stdout)
+  assert config['batch_size'] == 256
+  assert config["train_steps"] == math.ceil(50_000 / 256)  # the embedded train split: 50,000
+  assert 'read a config in the reference V-MoE layout' in printed.stderr
+  assert refused.returncode == 2
+  assert refused.stderr.strip().count('\n') == 0 and 'warmup' in refused.stderr, refused.stderr
+  assert not workdir.exists()
