@@ -8,7 +8,10 @@ message naming the full key, the value and what is allowed, e.g.
 
   config.schedule.peak_value=-0.001: must be > 0
 
-Router-specific options are checked by the router itself when the model is built
+The checks that the model and the routers own (the model's name, classifier,
+dtype, remat and split_rngs; `model.variant`; the routers' shared options, each
+by its `check=`) are theirs, in `nn`, called from here and worded as above. A
+router's own section is checked by the router when the model is built
 (`nn.build_model`), which the command lines call right after these checks. What
 needs the disk, the datasets or a traced model is in `config.preflight`.
 """
@@ -20,11 +23,10 @@ from typing import Any, Mapping
 
 from vmoe_sparse_ot.config_keys import check_keys
 from vmoe_sparse_ot.config import fewshot_section as fewshot_config
-from vmoe_sparse_ot.nn.model_config import MODEL_DTYPES
-from vmoe_sparse_ot.nn.model_config import VIT_SIZES
-from vmoe_sparse_ot.nn.model_config import VMOE_PREFIX
-from vmoe_sparse_ot.nn.model_config import VMOE_SIZES
+from vmoe_sparse_ot.nn import routers
+from vmoe_sparse_ot.nn.model_config import check_model_options
 from vmoe_sparse_ot.nn.model_config import variant_sizes
+from vmoe_sparse_ot.nn.routers.base import OptionError
 from vmoe_sparse_ot.config.schema import AUGMENTATIONS
 from vmoe_sparse_ot.config.schema import EVAL_DATASET_KEYS
 from vmoe_sparse_ot.config.schema import LOSSES
@@ -33,8 +35,6 @@ from vmoe_sparse_ot.config.schema import SAMPLINGS
 from vmoe_sparse_ot.config.schema import SCHEDULES
 from vmoe_sparse_ot.config.schema import base_config
 
-MODELS = ('vit_moe', 'vit')
-CLASSIFIERS = ('token', 'gap')
 # Sections whose keys are checked against `base_config()`; 'model.encoder.moe.router'
 # is left to the router (its options depend on the router).
 _SECTIONS = ('', 'dataset', 'optimizer', 'schedule', 'mesh', 'checkpoint', 'model',
@@ -115,13 +115,7 @@ def model_sizes(model: Mapping[str, Any]) -> tuple[int, int, tuple[int, int]]:
   """(hidden_size, num_heads, patch_size) in effect: `model.variant` overrides the keys."""
   variant = model.get('variant')
   if variant is not None:
-    try:
-      sizes = variant_sizes(variant)
-    except ValueError:
-      _fail('model.variant', variant,
-            f'must be SIZE/PATCH with SIZE in {list(VIT_SIZES)} (e.g. "B/32"), '
-            f'{VMOE_PREFIX}SIZE/PATCH with SIZE in {list(VMOE_SIZES)} (e.g. '
-            f'"{VMOE_PREFIX}S/32") or None')
+    sizes = _owned(variant_sizes, variant)
     return sizes['hidden_size'], sizes['num_heads'], sizes['patch_size']
   patch = model['patch_size']
   patch = (patch, patch) if _is_int(patch) else tuple(patch)
@@ -130,18 +124,22 @@ def model_sizes(model: Mapping[str, Any]) -> tuple[int, int, tuple[int, int]]:
   return model['hidden_size'], model['encoder']['num_heads'], patch
 
 
+def _owned(check, *args):
+  """`check(*args)`, a check that `nn` owns, its `OptionError` worded as ours."""
+  try:
+    return check(*args)
+  except OptionError as e:
+    _fail(e.key, e.value, e.allowed)
+
+
 def _validate_model(config) -> None:
-  _choice(config, 'model.name', MODELS)
-  _choice(config, 'model.classifier', CLASSIFIERS)
+  # The model's choices and flags (name, classifier, dtype, remat, split_rngs)
+  # and the routers' shared options are checked by their owners in `nn`.
+  _owned(check_model_options, config['model'])
   _int(config, 'model.num_classes', 1)
   _int(config, 'model.hidden_size', 1)
   _int(config, 'model.representation_size', 0, optional=True)
   _number(config, 'model.head_bias_init')
-  model = config['model']
-  if model.get('dtype') is not None and model['dtype'] not in MODEL_DTYPES:
-    _fail('model.dtype', model['dtype'], f'must be one of {list(MODEL_DTYPES)} or None')
-  if not isinstance(model.get('remat', False), bool):
-    _fail('model.remat', model['remat'], 'must be True or False')
   _int(config, 'model.encoder.num_layers', 1)
   _int(config, 'model.encoder.num_heads', 1)
   _int(config, 'model.encoder.mlp_dim', 1)
@@ -159,30 +157,18 @@ def _validate_model(config) -> None:
     return
   _int(config, 'model.encoder.moe.num_experts', 1)
   _int(config, 'model.encoder.moe.group_size', 1)
-  if not isinstance(config['model']['encoder']['moe'].get('split_rngs', False), bool):
-    _fail('model.encoder.moe.split_rngs', config['model']['encoder']['moe']['split_rngs'],
-          'must be True or False')
   router = config['model']['encoder']['moe']['router']
   num_experts = config['model']['encoder']['moe']['num_experts']
   group_size = config['model']['encoder']['moe']['group_size']
-  where = 'model.encoder.moe.router'
-  if 'num_selected_experts' in router:
-    _int(config, f'{where}.num_selected_experts', 1)
-    if router['num_selected_experts'] > num_experts:
-      _fail(f'{where}.num_selected_experts', router['num_selected_experts'],
-            f'must be <= config.model.encoder.moe.num_experts={num_experts} (K <= E)')
-  if 'capacity' in router:
-    _int(config, f'{where}.capacity', 1, optional=True)
-    if router['capacity'] is not None and router['capacity'] > group_size:
-      _fail(f'{where}.capacity', router['capacity'],
-            f'must be <= config.model.encoder.moe.group_size={group_size} (C <= S) or None')
-  if 'capacity_factor' in router:
-    _number(config, f'{where}.capacity_factor', low=0, low_open=True)
-  if 'noise_std' in router:
-    _number(config, f'{where}.noise_std', low=0, optional=True)
-  for key in ('importance_loss_weight', 'load_loss_weight'):
-    if key in router:
-      _number(config, f'{where}.{key}', low=0)
+  where = routers.WHERE
+  _owned(routers.check_top_level_options, router)
+  # What no single option can check: K and C against the MoE layer's E and S.
+  if router.get('num_selected_experts', 1) > num_experts:
+    _fail(f'{where}.num_selected_experts', router['num_selected_experts'],
+          f'must be <= config.model.encoder.moe.num_experts={num_experts} (K <= E)')
+  if router.get('capacity') is not None and router['capacity'] > group_size:
+    _fail(f'{where}.capacity', router['capacity'],
+          f'must be <= config.model.encoder.moe.group_size={group_size} (C <= S) or None')
 
 
 def _validate_pp(config) -> None:
