@@ -26,7 +26,7 @@ Differences from the reference recipe: the data is read from one TFDS dataset
 (imagenet2012) under data_dir, and the loss reads the integer labels (the
 reference one-hot encodes them; the same softmax cross-entropy).
 Needs accelerators; on CPU it builds and passes a one-step dry run with shrunken
-sizes (tests/train/test_configs.py).
+sizes (tests/train/test_recipes.py).
 """
 import ml_collections
 

@@ -16,7 +16,7 @@ under data_dir:
   --config=configs/vmoe_b32.py:router=sparse_ot,dataset=imagenet2012,data_dir=/data/tfds
 
 Needs accelerators and the data; on CPU it only builds and passes a one-step dry
-run with shrunken sizes (see tests/train/test_configs.py).
+run with shrunken sizes (see tests/train/test_recipes.py).
 """
 import ml_collections
 

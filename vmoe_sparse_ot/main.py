@@ -14,7 +14,8 @@ line naming it and saying that relaunching all processes resumes from the last
 checkpoint.
 
 Before anything heavy (no model, no compilation) the job checks the config
-(`config.validation`), --workdir and data_dir, and that the datasets exist;
+(`config.validation`), then --workdir, data_dir and that the datasets exist
+(`config.preflight`);
 a mistake there is one line on stderr and exit status 2.
 """
 from __future__ import annotations

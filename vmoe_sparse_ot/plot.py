@@ -407,7 +407,7 @@ def main(argv: Sequence[str] | None = None) -> None:
   quiet_logs.quiet_library_logs()
   try:
     if args.out:
-      from vmoe_sparse_ot.config.validation import check_directory
+      from vmoe_sparse_ot.config.preflight import check_directory
       check_directory(args.out, '--out')
     paths = plot_workdir(args.workdir, args.out, num_images=args.num_images,
                          dataset=args.dataset, split=args.split, data_dir=args.data_dir)

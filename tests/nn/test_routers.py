@@ -220,10 +220,10 @@ def test_options_parsing_errors_name_the_full_key():
                      r"epsilon.*num_iters"):
     routers.parse_router_options({"name": "sbase", "sbase": {"iters": 3}})
   with pytest.raises(ValueError, match=r"model.encoder.moe.router.sparse_ot.num_steps must be "
-                     r">= 1, got 0"):
+                     r"an integer >= 1, got 0"):
     routers.parse_router_options({"name": "sparse_ot", "sparse_ot": {"num_steps": 0}})
   with pytest.raises(ValueError, match=r"model.encoder.moe.router.num_selected_experts must "
-                     r"be int, got 'two'"):
+                     r"be an integer >= 1, got 'two'"):
     routers.parse_router_options({"name": "topk", "num_selected_experts": "two"})
   with pytest.raises(ValueError, match=r"router.capacity_factor must be > 0"):
     routers.parse_router_options({"name": "sbase", "capacity_factor": 0.0})

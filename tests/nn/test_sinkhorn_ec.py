@@ -85,5 +85,5 @@ def test_bad_options_name_the_key():
     _cfg(epsilon=0.0)
   with pytest.raises(ValueError, match=r"router.sinkhorn_ec.first_update must be one of"):
     _cfg(first_update="rows")
-  with pytest.raises(ValueError, match=r"router.sinkhorn_ec.num_iters must be >= 1"):
+  with pytest.raises(ValueError, match=r"router.sinkhorn_ec.num_iters must be an integer >= 1"):
     _cfg(num_iters=0)

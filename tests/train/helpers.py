@@ -70,3 +70,18 @@ def env(num_devices=None):
 def run(cmd, num_devices=None, timeout=240):
   return subprocess.run(cmd, env=env(num_devices), capture_output=True, text=True,
                         timeout=timeout, cwd=ROOT)
+
+
+def unlocked_config(**overrides):
+  """The tiny config with SMALL, unlocked and updated with dotted-key `overrides`, which
+  may add keys (a named evaluation dataset, say)."""
+  config = small_config()
+  config.unlock()
+  config.update_from_flattened_dict(overrides)
+  return config
+
+
+# The tiny MNIST config's pp string, and the same with one-hot 'labels' for
+# sigmoid_xent and mixup.
+PP = 'decode(channels=1)|value_range(-1, 1)'
+ONEHOT = f"{PP}|onehot(10, key='label', key_result='labels')"

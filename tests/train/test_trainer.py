@@ -172,7 +172,7 @@ HUGE_LR = dict(train_steps=30, optimizer__name='sgd', optimizer__momentum=0.0,
                schedule__name='warmup_constant', schedule__warmup_steps=0)
 
 
-# An infinite learning rate is refused by config validation (tests/train/test_configs.py);
+# An infinite learning rate is refused by config validation (tests/config/test_validation.py);
 # 3e38, near float32's largest, overflows to inf in the first update.
 @pytest.mark.parametrize('peak_value', [1e30, 3e38])
 def test_nan_never_reaches_a_checkpoint_and_the_last_good_one_restores(tmp_path, peak_value):

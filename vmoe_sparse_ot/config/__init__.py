@@ -6,8 +6,10 @@ The pieces live in their own modules:
 - `files`: `load_config_file('path.py[:k=v]')`, `parse_arg`, `flatten`,
   `pp_template` (pp strings that follow `image_size`);
 - `validation`: `validate(config)` (types, ranges, divisibility; one line
-  naming the key), `validate_for_devices`, `check_directory`, `check_datasets`,
-  `check_before_training` (all of them, then the model's options), `ConfigError`;
+  naming the key), `validate_for_devices`, `ConfigError`: pure value checks;
+- `preflight`: the checks that read the disk, the datasets or the weights, or
+  trace the model: `check_directory`, `check_datasets`, `check_initialization`,
+  `check_before_training` (all of them, after `validate` and the model's options);
 - `pp_targets`: what a pp string's output must hold for the loss and mixup;
 - `cli`: one-line command-line errors, `explain_override`, `format_config`;
 - `paper`: the paper's V-MoE B/32 and B/16 recipe.
@@ -27,10 +29,10 @@ from vmoe_sparse_ot.config.schema import SAMPLINGS
 from vmoe_sparse_ot.config.schema import SCHEDULES
 from vmoe_sparse_ot.config.schema import base_config
 from vmoe_sparse_ot.config.schema import schedule_record
+from vmoe_sparse_ot.config.preflight import check_before_training
+from vmoe_sparse_ot.config.preflight import check_datasets
+from vmoe_sparse_ot.config.preflight import check_directory
 from vmoe_sparse_ot.config.validation import ConfigError
-from vmoe_sparse_ot.config.validation import check_before_training
-from vmoe_sparse_ot.config.validation import check_datasets
-from vmoe_sparse_ot.config.validation import check_directory
 from vmoe_sparse_ot.config.validation import validate
 from vmoe_sparse_ot.config.validation import validate_for_devices
 from vmoe_sparse_ot.config.paper import PAPER_BATCH_SIZE

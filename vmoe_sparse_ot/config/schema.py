@@ -2,7 +2,7 @@
 
 Config files in `configs/` start from `base_config()` and return it locked, so a
 typo'd key fails instead of being silently ignored. The allowed values of each
-key are checked in `config_validation.py`.
+key are checked in `config/validation.py`.
 """
 from __future__ import annotations
 

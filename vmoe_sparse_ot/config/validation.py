@@ -1,33 +1,32 @@
-"""Every check of a training config, in one place, run before anything heavy.
+"""The value checks of a training config: pure, nothing read from disk, nothing traced.
 
 `validate(config)` checks key names, types, ranges and divisibility that the
 config alone decides; `validate_for_devices(config, num_devices, num_processes)`
-adds what depends on the machine (batch and mesh divisibility), and
-`check_directory(path, what)` the OS side of --workdir and data_dir. Each failure
-is a `ConfigError` (a ValueError) with a one-line message naming the full key, the
-value and what is allowed, e.g.
+adds what depends on the number of devices and processes (batch and mesh
+divisibility). Each failure is a `ConfigError` (a ValueError) with a one-line
+message naming the full key, the value and what is allowed, e.g.
 
   config.schedule.peak_value=-0.001: must be > 0
 
-Router-specific options are checked by the router itself when the model is built
-(`nn.build_model`), which the command lines call right after these checks.
+The checks that the model and the routers own (the model's name, classifier,
+dtype, remat and split_rngs; `model.variant`; the routers' shared options, each
+by its `check=`) are theirs, in `nn`, called from here and worded as above. A
+router's own section is checked by the router when the model is built
+(`nn.build_model`), which the command lines call right after these checks. What
+needs the disk, the datasets or a traced model is in `config.preflight`.
 """
 from __future__ import annotations
 
 import math
-import os
 import re
 from typing import Any, Mapping
 
-from vmoe_sparse_ot import workdir_layout
 from vmoe_sparse_ot.config_keys import check_keys
-from vmoe_sparse_ot.errors import first_line
 from vmoe_sparse_ot.config import fewshot_section as fewshot_config
-from vmoe_sparse_ot.nn.model_config import MODEL_DTYPES
-from vmoe_sparse_ot.nn.model_config import VIT_SIZES
-from vmoe_sparse_ot.nn.model_config import VMOE_PREFIX
-from vmoe_sparse_ot.nn.model_config import VMOE_SIZES
+from vmoe_sparse_ot.nn import routers
+from vmoe_sparse_ot.nn.model_config import check_model_options
 from vmoe_sparse_ot.nn.model_config import variant_sizes
+from vmoe_sparse_ot.nn.routers.base import OptionError
 from vmoe_sparse_ot.config.schema import AUGMENTATIONS
 from vmoe_sparse_ot.config.schema import EVAL_DATASET_KEYS
 from vmoe_sparse_ot.config.schema import LOSSES
@@ -36,8 +35,6 @@ from vmoe_sparse_ot.config.schema import SAMPLINGS
 from vmoe_sparse_ot.config.schema import SCHEDULES
 from vmoe_sparse_ot.config.schema import base_config
 
-MODELS = ('vit_moe', 'vit')
-CLASSIFIERS = ('token', 'gap')
 # Sections whose keys are checked against `base_config()`; 'model.encoder.moe.router'
 # is left to the router (its options depend on the router).
 _SECTIONS = ('', 'dataset', 'optimizer', 'schedule', 'mesh', 'checkpoint', 'model',
@@ -118,13 +115,7 @@ def model_sizes(model: Mapping[str, Any]) -> tuple[int, int, tuple[int, int]]:
   """(hidden_size, num_heads, patch_size) in effect: `model.variant` overrides the keys."""
   variant = model.get('variant')
   if variant is not None:
-    try:
-      sizes = variant_sizes(variant)
-    except ValueError:
-      _fail('model.variant', variant,
-            f'must be SIZE/PATCH with SIZE in {list(VIT_SIZES)} (e.g. "B/32"), '
-            f'{VMOE_PREFIX}SIZE/PATCH with SIZE in {list(VMOE_SIZES)} (e.g. '
-            f'"{VMOE_PREFIX}S/32") or None')
+    sizes = _owned(variant_sizes, variant)
     return sizes['hidden_size'], sizes['num_heads'], sizes['patch_size']
   patch = model['patch_size']
   patch = (patch, patch) if _is_int(patch) else tuple(patch)
@@ -133,18 +124,22 @@ def model_sizes(model: Mapping[str, Any]) -> tuple[int, int, tuple[int, int]]:
   return model['hidden_size'], model['encoder']['num_heads'], patch
 
 
+def _owned(check, *args):
+  """`check(*args)`, a check that `nn` owns, its `OptionError` worded as ours."""
+  try:
+    return check(*args)
+  except OptionError as e:
+    _fail(e.key, e.value, e.allowed)
+
+
 def _validate_model(config) -> None:
-  _choice(config, 'model.name', MODELS)
-  _choice(config, 'model.classifier', CLASSIFIERS)
+  # The model's choices and flags (name, classifier, dtype, remat, split_rngs)
+  # and the routers' shared options are checked by their owners in `nn`.
+  _owned(check_model_options, config['model'])
   _int(config, 'model.num_classes', 1)
   _int(config, 'model.hidden_size', 1)
   _int(config, 'model.representation_size', 0, optional=True)
   _number(config, 'model.head_bias_init')
-  model = config['model']
-  if model.get('dtype') is not None and model['dtype'] not in MODEL_DTYPES:
-    _fail('model.dtype', model['dtype'], f'must be one of {list(MODEL_DTYPES)} or None')
-  if not isinstance(model.get('remat', False), bool):
-    _fail('model.remat', model['remat'], 'must be True or False')
   _int(config, 'model.encoder.num_layers', 1)
   _int(config, 'model.encoder.num_heads', 1)
   _int(config, 'model.encoder.mlp_dim', 1)
@@ -162,36 +157,24 @@ def _validate_model(config) -> None:
     return
   _int(config, 'model.encoder.moe.num_experts', 1)
   _int(config, 'model.encoder.moe.group_size', 1)
-  if not isinstance(config['model']['encoder']['moe'].get('split_rngs', False), bool):
-    _fail('model.encoder.moe.split_rngs', config['model']['encoder']['moe']['split_rngs'],
-          'must be True or False')
   router = config['model']['encoder']['moe']['router']
   num_experts = config['model']['encoder']['moe']['num_experts']
   group_size = config['model']['encoder']['moe']['group_size']
-  where = 'model.encoder.moe.router'
-  if 'num_selected_experts' in router:
-    _int(config, f'{where}.num_selected_experts', 1)
-    if router['num_selected_experts'] > num_experts:
-      _fail(f'{where}.num_selected_experts', router['num_selected_experts'],
-            f'must be <= config.model.encoder.moe.num_experts={num_experts} (K <= E)')
-  if 'capacity' in router:
-    _int(config, f'{where}.capacity', 1, optional=True)
-    if router['capacity'] is not None and router['capacity'] > group_size:
-      _fail(f'{where}.capacity', router['capacity'],
-            f'must be <= config.model.encoder.moe.group_size={group_size} (C <= S) or None')
-  if 'capacity_factor' in router:
-    _number(config, f'{where}.capacity_factor', low=0, low_open=True)
-  if 'noise_std' in router:
-    _number(config, f'{where}.noise_std', low=0, optional=True)
-  for key in ('importance_loss_weight', 'load_loss_weight'):
-    if key in router:
-      _number(config, f'{where}.{key}', low=0)
+  where = routers.WHERE
+  _owned(routers.check_top_level_options, router)
+  # What no single option can check: K and C against the MoE layer's E and S.
+  if router.get('num_selected_experts', 1) > num_experts:
+    _fail(f'{where}.num_selected_experts', router['num_selected_experts'],
+          f'must be <= config.model.encoder.moe.num_experts={num_experts} (K <= E)')
+  if router.get('capacity') is not None and router['capacity'] > group_size:
+    _fail(f'{where}.capacity', router['capacity'],
+          f'must be <= config.model.encoder.moe.group_size={group_size} (C <= S) or None')
 
 
 def _validate_pp(config) -> None:
   """The pp strings parse, name known ops with valid arguments; eval's is deterministic.
 
-  Pure Python (no TensorFlow): the ops' output is checked in `check_datasets`.
+  Pure Python (no TensorFlow): the ops' output is checked in `preflight.check_datasets`.
   """
   from vmoe_sparse_ot.data import pp as pp_lib  # pylint: disable=g-import-not-at-top
   dataset = config['dataset']
@@ -270,33 +253,6 @@ def _validate_initialization(config) -> None:
     initialization.parse_rules(init['rules'])
   except ValueError as e:
     raise ConfigError(f'config.{e}') from None
-
-
-def check_initialization(config: Mapping[str, Any], workdir: str, model) -> None:
-  """`config.initialization`'s source fits the model, for a run that starts afresh.
-
-  Reads the source (kept for the trainer) and maps it onto the model's parameter
-  shapes; a workdir that has checkpoints resumes instead and is not checked.
-  """
-  path = config['initialization']['path']
-  if path is None or workdir_layout.has_checkpoint(workdir):
-    return
-  import jax  # pylint: disable=g-import-not-at-top
-  import numpy as np  # pylint: disable=g-import-not-at-top
-  from vmoe_sparse_ot import initialization  # pylint: disable=g-import-not-at-top
-  ds = config['dataset']
-  image = jax.ShapeDtypeStruct((1, ds['image_size'], ds['image_size'], ds['channels']),
-                               np.float32)
-  abstract = jax.eval_shape(
-      lambda x: model.init({'params': jax.random.key(0)}, x, train=False)['params'], image)
-  shapes = {k: v.shape for k, v in initialization.flatten_tree(abstract).items()}
-  try:
-    initialization.plan(shapes, config['initialization'],
-                        num_prefix_tokens=int(config['model']['classifier'] == 'token'))
-  except ValueError as e:  # Messages name 'initialization.<key>' or the parameters.
-    message = str(e)
-    prefix = 'config.' if message.startswith('initialization') else 'config.initialization: '
-    raise ConfigError(prefix + message) from None
 
 
 def _weight_decay(value: Any) -> None:
@@ -437,140 +393,3 @@ def validate_for_devices(config: Mapping[str, Any], num_devices: int,
   if data > 0 and expert > 0 and data * expert != num_devices:
     raise ConfigError(f'config.mesh.data x config.mesh.expert = {data} x {expert} must equal '
                       f'the number of devices ({num_devices}); use data=-1 for "the rest"')
-
-
-def check_directory(path: str, what: str) -> None:
-  """Raises ConfigError when directory `path` cannot be created or written.
-
-  `what` names the setting (e.g. '--workdir' or 'config.dataset.data_dir'). Catches
-  a path under a regular file, or an existing file in its place, before any work.
-  """
-  path = os.path.abspath(os.path.expanduser(path))
-  if os.path.exists(path) and not os.path.isdir(path):
-    raise ConfigError(f'{what}={path!r}: exists and is not a directory')
-  parent = path
-  while not os.path.exists(parent):
-    parent = os.path.dirname(parent)
-  if not os.path.isdir(parent):
-    raise ConfigError(f'{what}={path!r}: {parent!r} is a file, not a directory')
-  if not os.access(parent, os.W_OK | os.X_OK):
-    raise ConfigError(f'{what}={path!r}: {parent!r} is not writable')
-
-
-def check_datasets(config: Mapping[str, Any], *, training: bool = True,
-                   fewshot: bool | None = None) -> None:
-  """Checks that the config's datasets exist with their splits; cheap, before any model.
-
-  `training`: the training and evaluation dataset (`config.dataset`) and every
-  `config.evaluate.datasets` entry, that their pp strings give the model's input
-  and the targets the loss and mixup read (traced, no data read: see
-  `config.pp_targets`) and that their labels fit `config.model.num_classes`.
-  `fewshot`: every `config.fewshot.datasets` entry (default: when periodic
-  few-shot is on). Raises FileNotFoundError (not
-  prepared: names the dataset, the data_dir and how to prepare it) or ValueError
-  (unknown name or split, too few classes), each one line.
-  """
-  from vmoe_sparse_ot import data  # pylint: disable=g-import-not-at-top  (TensorFlow)
-  ds = config['dataset']
-  data_dir = ds['data_dir']
-  if training:
-    try:
-      num_classes = data.check_dataset(ds['name'], [ds['train_split'], ds['eval_split']],
-                                       data_dir)
-    except (OSError, ValueError) as e:
-      raise _same_kind(e, f'config.dataset: {first_line(e)}') from None
-    for key, is_training in (('pp_train', True), ('pp_eval', False)):
-      _check_pp_output(config, f'dataset.{key}', ds[key], training=is_training,
-                       stored_shape=data.image_shape(ds['name'], data_dir))
-    model_classes = config['model']['num_classes']
-    if num_classes > model_classes:
-      raise ConfigError(
-          f'config.model.num_classes={model_classes}: must be >= {num_classes}, the '
-          f"number of classes of config.dataset.name={ds['name']!r} (labels 0..{num_classes - 1})")
-    _check_eval_datasets(config)
-  if fewshot is None:
-    fewshot = config['fewshot']['every_steps'] > 0
-  if fewshot:
-    for key, spec in config['fewshot']['datasets'].items():
-      try:
-        data.check_dataset(spec['name'], [spec['train_split'], spec['test_split']], data_dir)
-      except (OSError, ValueError) as e:
-        raise _same_kind(e, f'config.fewshot.datasets.{key}: {first_line(e)}') from None
-
-
-def _check_pp_output(config, pp_key: str, pp: str | None, *, training: bool,
-                     label_shape: tuple = (), stored_shape: tuple | None = None) -> None:
-  """The pp output is the model's input with targets the loss (and mixup) can read.
-
-  `stored_shape`: (H, W, C) of the dataset's stored images, which the pp output
-  must bring to the model's size (see `data.trace_pp`).
-  """
-  from vmoe_sparse_ot import data  # pylint: disable=g-import-not-at-top  (TensorFlow)
-  from vmoe_sparse_ot.config import pp_targets  # pylint: disable=g-import-not-at-top
-  ds = config['dataset']
-  size = ds['image_size']
-  if pp is None:  # The `augment` modes give the image and keep the label.
-    entries = {'image': ((size, size, ds['channels']), 'float32'),
-               'label': (label_shape, 'int32')}
-  else:
-    try:
-      specs = data.trace_pp(pp, training=training, image_size=size, channels=ds['channels'],
-                            label_shape=label_shape, stored_shape=stored_shape)
-    except ValueError as e:
-      raise ConfigError(f'config.{pp_key}: {first_line(e)}') from None
-    entries = {k: (tuple(v.shape.as_list()) if v.shape.rank is not None else (None,),
-                   v.dtype.name) for k, v in specs.items()}
-  message = pp_targets.problem(
-      entries, pp_key=pp_key, pp=pp, num_classes=config['model']['num_classes'],
-      loss=config['loss']['name'], mixup_p=config['mixup']['p'], training=training)
-  if message:
-    raise ConfigError(message)
-
-
-def _check_eval_datasets(config) -> None:
-  """Each `config.evaluate.datasets` entry: its data, label feature and pp output."""
-  from vmoe_sparse_ot import data  # pylint: disable=g-import-not-at-top  (TensorFlow)
-  ds = config['dataset']
-  for name, entry in config['evaluate']['datasets'].items():
-    entry = {**EVAL_DATASET_KEYS, **dict(entry)}
-    dataset = entry['dataset'] or ds['name']
-    where = f'config.evaluate.datasets.{name}'
-    try:
-      classes = data.check_dataset(dataset, [entry['split']], ds['data_dir'],
-                                   label_key=entry['label_key'])
-      label_shape = data.label_shape(dataset, entry['label_key'], ds['data_dir'])
-    except (OSError, ValueError) as e:
-      raise _same_kind(e, f'{where}: {first_line(e)}') from None
-    if classes > config['model']['num_classes']:
-      raise ConfigError(f"{where}: {entry['label_key']!r} of dataset {dataset!r} has "
-                        f'{classes} classes; config.model.num_classes='
-                        f"{config['model']['num_classes']} is too few")
-    pp_key = (f'evaluate.datasets.{name}.pp' if entry['pp'] is not None
-              else 'dataset.pp_eval')
-    pp = entry['pp'] if entry['pp'] is not None else ds['pp_eval']
-    _check_pp_output(config, pp_key, pp, training=False, label_shape=label_shape,
-                     stored_shape=data.image_shape(dataset, ds['data_dir']))
-
-
-def _same_kind(e: BaseException, message: str) -> Exception:
-  return FileNotFoundError(message) if isinstance(e, OSError) else ValueError(message)
-
-
-def check_before_training(config: Mapping[str, Any], workdir: str) -> None:
-  """All the training job's checks that need no model, then the model's own options.
-
-  In order: `validate` (keys, types, ranges), --workdir and data_dir on disk,
-  `check_datasets` (the training and evaluation data, and the few-shot data when
-  periodic few-shot is on), `nn.build_model`, which checks the router's options
-  and only creates a module object (no parameters), and, for a fresh run with
-  `config.initialization.path`, that the source fits the model. Raises ValueError
-  or OSError with a one-line message.
-  """
-  validate(config)
-  check_directory(workdir, '--workdir')
-  if config['dataset']['data_dir']:
-    check_directory(config['dataset']['data_dir'], 'config.dataset.data_dir')
-  check_datasets(config)
-  from vmoe_sparse_ot import nn  # pylint: disable=g-import-not-at-top
-  model = nn.build_model(config['model'])
-  check_initialization(config, workdir, model)

@@ -35,13 +35,13 @@ def main(argv=None) -> None:
   args = _parse(sys.argv[1:] if argv is None else argv)
   from vmoe_sparse_ot import quiet_logs  # pylint: disable=g-import-not-at-top
   quiet_logs.setup_environment()
-  from vmoe_sparse_ot.config import validation  # pylint: disable=g-import-not-at-top
+  from vmoe_sparse_ot.config import preflight  # pylint: disable=g-import-not-at-top
   from vmoe_sparse_ot.data import embedded  # pylint: disable=g-import-not-at-top
   quiet_logs.quiet_library_logs()
   data_dir = args.data_dir or embedded.default_data_dir()
   prog = 'python -m vmoe_sparse_ot.data'
   try:
-    validation.check_directory(data_dir, '--data_dir')
+    preflight.check_directory(data_dir, '--data_dir')
     for name in args.names:
       start = time.time()
       builder = embedded.builder(name, data_dir)

@@ -17,13 +17,14 @@ import flax.linen as nn
 import jax.numpy as jnp
 
 from vmoe_sparse_ot.nn import router_state
-from vmoe_sparse_ot.nn.model_config import COMPUTE_KEYS, MODEL_DTYPES, variant_sizes
+from vmoe_sparse_ot.nn.model_config import COMPUTE_KEYS, MODEL_DTYPES, MODELS
+from vmoe_sparse_ot.nn.model_config import check_model_options, variant_sizes
 from vmoe_sparse_ot.nn.dispatch import DISPATCHERS, DTYPES
 from vmoe_sparse_ot.nn.routers import ROUTERS, RouterConfig, check_keys, parse_router_options
+from vmoe_sparse_ot.nn.routers.base import OptionError
 from vmoe_sparse_ot.nn.vit import VisionTransformer, parse_moe_layers
 
 EXPERT_PARAMS_REGEX = r"^(.*/)?moe/experts/[^/]+$"
-MODELS = ("vit_moe", "vit")
 
 _MODEL_KEYS = ("name", "variant", "num_classes", "patch_size", "hidden_size", "classifier",
                "representation_size", "head_bias_init", "dtype", "remat", "encoder")
@@ -31,7 +32,6 @@ _ENCODER_KEYS = ("num_layers", "num_heads", "mlp_dim", "dropout_rate",
                  "attention_dropout_rate", "moe")
 _MOE_KEYS = ("layers", "num_experts", "group_size", "dispatcher", "routed_tokens_dtype",
              "split_rngs", "router")
-_CLASSIFIERS = ("token", "gap")
 
 
 def _pair(x) -> tuple:
@@ -45,15 +45,11 @@ def build_model(model_config: Mapping[str, Any]) -> nn.Module:
   """
   cfg = model_config
   check_keys(cfg, _MODEL_KEYS, "model")
-  name = cfg.get("name", "vit_moe")
-  if name not in MODELS:
-    raise ValueError(f"model.name must be one of {list(MODELS)}, got {name!r}")
   enc = cfg["encoder"]
   check_keys(enc, _ENCODER_KEYS, "model.encoder")
+  check_model_options(cfg)
+  name = cfg.get("name", "vit_moe")
   classifier = cfg.get("classifier", "token")
-  if classifier not in _CLASSIFIERS:
-    raise ValueError(f"model.classifier must be one of {list(_CLASSIFIERS)}, "
-                     f"got {classifier!r}")
   num_layers, num_heads = int(enc["num_layers"]), int(enc["num_heads"])
   hidden_size, mlp_dim = int(cfg["hidden_size"]), int(enc["mlp_dim"])
   patch_size = _pair(cfg["patch_size"])
@@ -68,11 +64,7 @@ def build_model(model_config: Mapping[str, Any]) -> nn.Module:
     raise ValueError(f"model.representation_size must be >= 1, 0 (no pre-logits layer) or "
                      f"None, got {rep}")
   dtype = cfg.get("dtype")
-  if dtype is not None and dtype not in MODEL_DTYPES:
-    raise ValueError(f"model.dtype must be None or one of {list(MODEL_DTYPES)}, got {dtype!r}")
   remat = cfg.get("remat", False)
-  if not isinstance(remat, bool):
-    raise ValueError(f"model.remat must be True or False, got {remat!r}")
   moe_layers, moe = (), None
   if name == "vit_moe":
     moe_cfg = enc["moe"]
@@ -91,8 +83,6 @@ def build_model(model_config: Mapping[str, Any]) -> nn.Module:
                        f"{num_experts} and {group_size}")
     moe_layers = parse_moe_layers(moe_cfg.get("layers", "every_2"), num_layers)
     split_rngs = moe_cfg.get("split_rngs", False)
-    if not isinstance(split_rngs, bool):
-      raise ValueError(f"model.encoder.moe.split_rngs must be True or False, got {split_rngs!r}")
     moe = dict(num_experts=num_experts, group_size=group_size, dispatcher=dispatcher,
                routed_tokens_dtype=routed_dtype, split_rngs=split_rngs,
                router=parse_router_options(moe_cfg["router"]))
@@ -115,5 +105,5 @@ def build_model(model_config: Mapping[str, Any]) -> nn.Module:
   )
 
 
-__all__ = ["build_model", "COMPUTE_KEYS", "EXPERT_PARAMS_REGEX", "MODEL_DTYPES", "MODELS", "ROUTERS", "RouterConfig",
+__all__ = ["build_model", "check_model_options", "COMPUTE_KEYS", "EXPERT_PARAMS_REGEX", "MODEL_DTYPES", "MODELS", "OptionError", "ROUTERS", "RouterConfig",
            "config", "parse_router_options", "router_state", "VisionTransformer"]

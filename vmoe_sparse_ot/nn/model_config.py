@@ -3,6 +3,8 @@
 Configs in `configs/` start from `default_model_config()` and override what they
 need, so a locked ConfigDict rejects typos while every router option stays
 reachable from the command line (`--config.model.encoder.moe.router.name=sbase`).
+The model's own option checks (`check_model_options`, `variant_sizes`) live here
+too: `nn.build_model` and config validation both call them.
 """
 import dataclasses
 import typing
@@ -10,6 +12,11 @@ import typing
 import ml_collections
 
 from vmoe_sparse_ot.nn import routers
+from vmoe_sparse_ot.nn.routers.base import OptionError
+
+MODELS = ('vit_moe', 'vit')
+# 'token' (class token) or 'gap' (global average pooling).
+CLASSIFIERS = ('token', 'gap')
 
 
 def _config_value(value, annotation):
@@ -81,21 +88,49 @@ def variant_sizes(variant: str) -> dict:
   Returns {hidden_size, num_layers, num_heads, mlp_dim, patch_size: (P, P),
   representation_size}: representation_size is D for V-MoE variants (the
   reference V-MoE configs' pre-logits layer), None for ViT ones. Raises
-  ValueError naming `model.variant` and the accepted forms.
+  `OptionError` naming `model.variant` and the accepted forms.
   """
   text = str(variant)
   vmoe = text.startswith(VMOE_PREFIX)
   sizes = VMOE_SIZES if vmoe else VIT_SIZES
   size, _, patch = text[len(VMOE_PREFIX) if vmoe else 0:].partition('/')
   if size not in sizes or not patch.isdigit() or int(patch) < 1:
-    raise ValueError(
-        f'model.variant must be SIZE/PATCH with SIZE in {list(VIT_SIZES)} (ViT, e.g. '
-        f'"B/32") or {VMOE_PREFIX}SIZE/PATCH with SIZE in {list(VMOE_SIZES)} (V-MoE, e.g. '
-        f'"{VMOE_PREFIX}S/32"), got {variant!r}')
+    raise OptionError(
+        'model.variant', variant,
+        f'must be SIZE/PATCH with SIZE in {list(VIT_SIZES)} (e.g. "B/32"), '
+        f'{VMOE_PREFIX}SIZE/PATCH with SIZE in {list(VMOE_SIZES)} (e.g. '
+        f'"{VMOE_PREFIX}S/32") or None')
   hidden, layers, heads, mlp = sizes[size]
   return {'hidden_size': hidden, 'num_layers': layers, 'num_heads': heads, 'mlp_dim': mlp,
           'patch_size': (int(patch), int(patch)),
           'representation_size': hidden if vmoe else None}
+
+
+def _flag(key: str, value) -> None:
+  if not isinstance(value, bool):
+    raise OptionError(key, value, 'must be True or False')
+
+
+def check_model_options(model_config) -> None:
+  """The model's choices and flags: name, classifier, dtype, remat, encoder.moe.split_rngs.
+
+  `model_config` is a dict like `default_model_config()`'s (missing keys take its
+  defaults). Raises `OptionError` naming the first bad key. Sizes and the router
+  are checked where they are read (`nn.build_model`, the routers' options).
+  """
+  name = model_config.get('name', 'vit_moe')
+  if name not in MODELS:
+    raise OptionError('model.name', name, f'must be one of {list(MODELS)}')
+  classifier = model_config.get('classifier', 'token')
+  if classifier not in CLASSIFIERS:
+    raise OptionError('model.classifier', classifier, f'must be one of {list(CLASSIFIERS)}')
+  dtype = model_config.get('dtype')
+  if dtype is not None and dtype not in MODEL_DTYPES:
+    raise OptionError('model.dtype', dtype, f'must be one of {list(MODEL_DTYPES)} or None')
+  _flag('model.remat', model_config.get('remat', False))
+  if name == 'vit_moe':
+    _flag('model.encoder.moe.split_rngs',
+          model_config['encoder']['moe'].get('split_rngs', False))
 
 
 def default_model_config() -> ml_collections.ConfigDict:
@@ -112,7 +147,7 @@ def default_model_config() -> ml_collections.ConfigDict:
       'num_classes': 10,
       'patch_size': (4, 4),
       'hidden_size': 64,
-      # 'token' (class token) or 'gap' (global average pooling).
+      # One of CLASSIFIERS.
       'classifier': 'token',
       # Size of the tanh pre-logits layer; None: none (a V-MoE variant: D);
       # 0: none, whatever the variant.

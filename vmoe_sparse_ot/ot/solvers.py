@@ -214,9 +214,9 @@ def solve(a, b, C, regularizer: Regularizer, formulation: str = "semi_dual",
        rtol * |objective| left to gain (status "objective_tol"). This is the rule
        that ends sparsity-constrained problems whose k binds: their optimum sits
        on a kink, where the gradient need not vanish. Default rtol 1e-9 in
-       float64 (measured: objective within 1e-6 relative of the optimum on the
-       benchmark problems but the kink-bound ones, which the interior point
-       finishes: see "Kinks"), 1e-7 in float32 (its rounding level) -- but off
+       float64 (the kink-bound problems are finished by the interior point: see
+       "Kinks"; how close it ends: benchmarks/RESULTS.md, "OT solvers"), 1e-7 in
+       float32 (its rounding level) -- but off
        (rtol = 0) when `tol` is given and `rtol` is not: an explicit tol asks
        for the marginals to that tolerance.
   The run also ends after max_iter iterations ("max_iter") or when L-BFGS's line
@@ -269,9 +269,8 @@ def solve(a, b, C, regularizer: Regularizer, formulation: str = "semi_dual",
       optimum of the convex relaxation P_Psi and its plan leaves rows short.
 
   Kinks: where k binds, the semi-dual's optimum sits on a kink and L-BFGS may
-  stop short of it (by any rule but the marginal one), rows left without their
-  mass: 5e-5 to 10% short on the benchmark's kink-bound problems, up to 1% on
-  small random ones. When the plan's rows miss more than 0.1% of the mass
+  stop short of it (by any rule but the marginal one), rows left without part of
+  their mass. When the plan's rows miss more than 0.1% of the mass
   (sum |a - T 1| / sum(a)) -- the mark of such a stop -- `solve` continues
   with the barrier method on the primal (`solve_interior_point`, exact to
   ~1e-9) and returns its result (status "interior_point"; num_iter and
@@ -284,9 +283,9 @@ def solve(a, b, C, regularizer: Regularizer, formulation: str = "semi_dual",
   joined). The barrier runs on every entry when m n^2 <= 2e6, or <= 2e7 with
   n^3 > 2e7 (one (2n - 1)-square Newton system per step, O(m n^2)), else on
   a candidate support grown from L-BFGS's potentials until its bounds agree
-  (`interior_point.solve_on_candidates`; 10,000 x 100 with k = 100: 0.5 s
-  against 10 s on every entry; 50,000 x 10 with k = 5750: 1.2 s against
-  3.9 s), when n^3 <= 2e7 (with interior_point=True at any size), falling
+  (`interior_point.solve_on_candidates`, faster than every entry where both
+  apply: benchmarks/RESULTS.md), when n^3 <= 2e7 (with interior_point=True at
+  any size), falling
   back to every entry (if m n^2 <= 2e7) when the support's bounds stay
   apart. Only where it applies and pays: SparsityConstrained with k < m, the
   semi-dual with L-BFGS, float64, a and b positive everywhere, those sizes
@@ -308,9 +307,8 @@ def solve(a, b, C, regularizer: Regularizer, formulation: str = "semi_dual",
   Extreme costs: where the costs' typical gap (the median over rows of the
   difference between a row's two smallest costs) lies outside [2^-20, 2^20],
   L-BFGS solves C and gamma divided by a power of two near it (the same plan;
-  potentials and values scaled back): with C and gamma both 1e30 times a
-  problem's, L-BFGS stopped at its first iteration 30% short, now it solves
-  it as the unscaled one. Sentinel costs (1e30 on forbidden pairs among O(1)
+  potentials and values scaled back), so a problem with C and gamma both
+  scaled by a power of two is solved as the unscaled one. Sentinel costs (1e30 on forbidden pairs among O(1)
   ones) leave the gap O(1) and are solved as before. Scaling cannot help a
   gamma tiny against the costs (costs 1e30 with gamma 0.1: gamma / C ~ 1e-31
   at any scale, an unregularized problem on which L-BFGS stalls at C ~ 1
@@ -322,14 +320,9 @@ def solve(a, b, C, regularizer: Regularizer, formulation: str = "semi_dual",
     float16 and bfloat16 inputs are solved in float32). Known limit: float32
     stops at its rounding floor (status "stalled"), where neither the objective
     (a sum of m terms) nor its slope along the step resolves the remaining
-    gain. Measured on the benchmark problems (benchmarks/ot_solvers.py
-    --float32): 1e-6 to 1e-4 below the float64 solution on every problem
-    (most end on kinks, where the stopping point is path-dependent). On
-    marginals of large total mass with O(1) entries (a = 1 per row,
-    m = 10,000) rows were left up to 0.05 off with SquaredL2 and up to 1.0
-    off with a binding k = 100 (10,000 x 100, the supply-demand experiment).
-    Solve in float64 (jax_enable_x64) when the objective or the marginals must
-    be tighter.
+    gain; how far that is from the float64 solution: benchmarks/RESULTS.md,
+    "OT solvers". Solve in float64 (jax_enable_x64) when the objective or the
+    marginals must be tighter.
 
   Raises:
     ValueError naming the argument, before compiling: shape mismatch, negative or

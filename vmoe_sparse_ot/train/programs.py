@@ -3,10 +3,9 @@
 Each run builds its functions anew (closures over its model, optimizer and
 keys), and `jax.jit` caches traced and compiled programs per function object:
 a second `train_and_evaluate` in the same process traced and compiled them all
-again, even with nothing changed. On the tiny test model that was 20 of a
-25-second run (4 programs, 14 s to compile and 6 s to trace, measured under
-load on this project's 2-core machine); a sweep, a retry or a test suite
-paid it on every run.
+again, even with nothing changed: most of a tiny run's time
+(benchmarks/RESULTS.md, "Training throughput"), paid by a sweep, a retry or a
+test suite on every run.
 
 Here they are kept under a key of everything they are built from: the
 resolved config (model, optimizer, schedule, loss, seed, batch sizes...), the

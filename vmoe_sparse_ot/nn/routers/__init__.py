@@ -102,6 +102,21 @@ def parse_router_options(cfg: Mapping[str, Any], where: str = WHERE) -> RouterCo
   return RouterConfig(name, options)
 
 
+def check_top_level_options(cfg: Mapping[str, Any], where: str = WHERE) -> None:
+  """Checks the router config's top-level options whatever router `name` picks.
+
+  Each top-level key (K, C, capacity_factor, noise_std, the loss weights, ...) is
+  checked by the first registered router that declares it (`base.check_option`;
+  `register` keeps their defaults in agreement). Unknown keys and the chosen
+  router's section are left to `parse_router_options`. Raises `base.OptionError`.
+  """
+  for key, value in cfg.items():
+    owner = next((r.options for r in ROUTERS.values()
+                  if key in base.top_level_fields(r.options)), None)
+    if owner is not None:
+      base.check_option(owner, key, value, f"{where}.{key}")
+
+
 def route(logits: Array, token_mask: Array, cfg: RouterConfig, capacity: int, train: bool,
           rng: Optional[Array] = None, state: Optional[Dict[str, Array]] = None):
   """Routes (G, S, E) logits with the router `cfg` names.
@@ -126,4 +141,5 @@ for _module in ROUTER_MODULES:
   register(importlib.import_module(f"{__name__}.{_module}").ROUTER)
 
 __all__ = ["ROUTERS", "ROUTER_MODULES", "Router", "RouterConfig", "RouterState", "check_keys",
+           "check_top_level_options",
            "default_config", "get_router", "parse_router_options", "register", "route"]

@@ -30,7 +30,9 @@ Options live in the config under `model.encoder.moe.router`:
   the router dict itself (`router.num_selected_experts`, `router.noise_std`);
 - every other field from the router's own section (`router.sparse_ot.num_steps`).
 `parse_options` converts and checks each field from its annotation and
-metadata (`choices`, `check`), so errors name the full config key.
+metadata (`choices`, `check`), so errors name the full config key; the one
+implementation of those checks, which config validation calls too
+(`check_option`), raising `OptionError`.
 """
 import dataclasses
 import math
@@ -47,6 +49,19 @@ from vmoe_sparse_ot.nn import routing as rt
 
 Array = jax.Array
 AnyRouting = Union[rt.Routing, rt.SoftRouting]
+
+
+class OptionError(ValueError):
+  """A model or router option's value is not allowed: `{key} {allowed}, got {value!r}`.
+
+  `key` is the full config key without the 'config.' prefix (e.g.
+  'model.encoder.moe.router.capacity'), `allowed` what the value must be ('must
+  be > 0'); config validation words the same three parts its own way.
+  """
+
+  def __init__(self, key: str, value: Any, allowed: str):
+    super().__init__(f"{key} {allowed}, got {value!r}")
+    self.key, self.value, self.allowed = key, value, allowed
 
 
 # Checks for `option(check=...)`: (predicate, what the value must be).
@@ -148,48 +163,65 @@ def section_fields(options: type) -> Tuple[str, ...]:
   return tuple(f.name for f in dataclasses.fields(options) if f.name not in top)
 
 
-def _convert(value: Any, annotation: Any, key: str) -> Any:
-  """Converts a config value to the field's annotated type (None allowed if Optional)."""
+_KINDS = {bool: "True or False", int: "an integer", float: "a finite number", str: "a string"}
+
+
+def _unwrap(annotation: Any) -> Tuple[Any, bool]:
+  """(the type, whether None is allowed) of a field's annotation."""
   args = typing.get_args(annotation)
   if typing.get_origin(annotation) is Union and type(None) in args:
-    if value is None:
-      return None
-    annotation = next(a for a in args if a is not type(None))
-  is_bool = isinstance(value, (bool, numbers.Integral))
+    return next(a for a in args if a is not type(None)), True
+  return annotation, False
+
+
+def check_option(options: type, name: str, value: Any, key: str) -> Any:
+  """`value` of the field `name` of `options`, converted to its type and checked.
+
+  Raises `OptionError` naming `key` when the value has the wrong type (a float
+  must be finite), lies outside the field's `choices` or fails its `check`. The
+  allowed values are worded from the type: 'must be an integer >= 1', 'must be
+  > 0 or None' (a float in range), 'must be a finite number > 0' (not a float).
+  """
+  f = next(f for f in dataclasses.fields(options) if f.name == name)
+  kind, optional = _unwrap(typing.get_type_hints(options)[name])
+  choices, check = f.metadata.get("choices"), f.metadata.get("check")
+  none = " or None" if optional else ""
+  if value is None and optional:
+    return None
   is_real = isinstance(value, numbers.Real) and not isinstance(value, bool)
-  if annotation is bool and is_bool:
-    return bool(value)
-  if annotation is int and is_real and float(value).is_integer():
-    return int(value)
-  if annotation is float and is_real:
-    return float(value)
-  if annotation is str and isinstance(value, str):
-    return value
-  raise ValueError(f"{key} must be {getattr(annotation, '__name__', annotation)}, got {value!r}")
+  if kind is bool and isinstance(value, (bool, numbers.Integral)):
+    converted = bool(value)
+  elif kind is int and is_real and math.isfinite(value) and float(value).is_integer():
+    converted = int(value)
+  elif kind is float and is_real and math.isfinite(value):
+    converted = float(value)
+  elif kind is str and isinstance(value, str):
+    converted = value
+  else:
+    what = _KINDS.get(kind, getattr(kind, "__name__", str(kind)))
+    raise OptionError(key, value, f"must be {what}{' ' + check[1] if check else ''}{none}")
+  if choices is not None and converted not in choices:
+    raise OptionError(key, value, f"must be one of {list(choices)}{none}")
+  if check is not None and not check[0](converted):
+    what = "an integer " if kind is int else ""
+    raise OptionError(key, value, f"must be {what}{check[1]}{none}")
+  return converted
 
 
 def parse_options(options: type, top: Mapping[str, Any], section: Mapping[str, Any],
                   where: str, section_where: str):
   """Builds `options` from config dicts: top-level keys from `top`, the rest from `section`.
 
-  Missing keys take the dataclass defaults. Raises ValueError naming the full
-  key for a wrong type, a value outside `choices`, or a failed `check`.
+  Missing keys take the dataclass defaults. Raises `OptionError` (a ValueError)
+  naming the full key for a wrong type, a value outside `choices`, or a failed
+  `check` (see `check_option`).
   """
-  hints = typing.get_type_hints(options)
   top_names = set(top_level_fields(options))
   kwargs = {}
   for f in dataclasses.fields(options):
     src, prefix = (top, where) if f.name in top_names else (section, section_where)
-    if f.name not in src:
-      continue
-    key = f"{prefix}.{f.name}"
-    value = _convert(src[f.name], hints[f.name], key)
-    choices, check = f.metadata.get("choices"), f.metadata.get("check")
-    if choices is not None and value not in choices:
-      raise ValueError(f"{key} must be one of {list(choices)}, got {value!r}")
-    if check is not None and value is not None and not check[0](value):
-      raise ValueError(f"{key} must be {check[1]}, got {value!r}")
-    kwargs[f.name] = value
+    if f.name in src:
+      kwargs[f.name] = check_option(options, f.name, src[f.name], f"{prefix}.{f.name}")
   return options(**kwargs)
 
 

@@ -39,12 +39,12 @@ class SparseOTOptions(base.CommonOptions):
   learning_rate: float = base.option(1e-2, "Adam step size.", check=base.POSITIVE)
   gamma: float = base.option(1.0, "Squared-L2 regularization strength.", check=base.POSITIVE)
   implementation: str = base.option(
-      "fast", "'fast': the router's batched Adam (same iterates as ot.solve, several "
-      "times faster on CPU); 'candidates': the same Adam steps, each on 2k candidate "
-      "rows per expert with the k-th value found from the previous step's, checked "
-      "against all tokens every step (same plans up to rounding; about 4x faster than "
-      "'fast' at the B/32 router shapes on CPU); 'reference': jax.vmap(ot.solve). "
-      "L-BFGS always uses ot.solve.",
+      "fast", "'fast': the router's batched Adam (same iterates as ot.solve, faster); "
+      "'candidates': the same Adam steps, each on 2k candidate rows per expert with the "
+      "k-th value found from the previous step's, checked against all tokens every step "
+      "(same plans up to rounding; faster than 'fast' at the B/32 router shapes on CPU, "
+      "see benchmarks/RESULTS.md); 'reference': jax.vmap(ot.solve). L-BFGS always uses "
+      "ot.solve.",
       choices=("fast", "candidates", "reference"))
 
 

@@ -1,0 +1,32 @@
+"""config.cli: override typos name the valid keys; a user's error is one line, exit status 2."""
+import pytest
+
+from vmoe_sparse_ot import nn
+from vmoe_sparse_ot import config as config_lib
+from vmoe_sparse_ot.config import cli
+from tests.config.helpers import load
+
+
+def test_override_typo_names_valid_keys():
+  config = load('vmoe_tiny_mnist.py')
+  message = config_lib.explain_override(
+      config, ['--config.model.encoder.moe.router.name=topk',
+               '--config.model.encoder.moe.routr.name=topk'])
+  assert "Unknown config key 'routr'" in message
+  assert 'valid keys under config.model.encoder.moe:' in message
+  for key in ('dispatcher', 'group_size', 'layers', 'num_experts', 'router'):
+    assert key in message
+  assert config_lib.explain_override(config, ['--config.seed=3']) is None
+
+
+def test_negative_topk_bias_update_rate_is_one_line_with_exit_status_2(capsys):
+  config = load('vmoe_tiny_mnist.py', 'router=topk_bias')
+  config.model.encoder.moe.router.topk_bias.update_rate = -1.0
+  with pytest.raises(ValueError) as error:
+    nn.build_model(config.model)   # As the training command line's checks do.
+  with pytest.raises(SystemExit) as info:
+    cli.fail('python -m vmoe_sparse_ot.main', error.value)
+  assert info.value.code == 2
+  assert capsys.readouterr().err == (
+      'python -m vmoe_sparse_ot.main: error: model.encoder.moe.router.topk_bias.update_rate '
+      'must be >= 0, got -1.0\n')
