@@ -18,6 +18,7 @@ from vmoe_sparse_ot.train import optimizer
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 S32 = os.path.join(HERE, 'reference_configs', 's32_ilsvrc2012.py')
+B16_FT = os.path.join(HERE, 'reference_configs', 'b16_ft_cifar10.py')
 # A made-up size of imagenet2012's train[:99%], for train_epochs.
 TRAIN_EXAMPLES = 1_268_355
 
@@ -96,6 +97,58 @@ def test_s32_model_optimizer_and_schedule_by_hand():
   s = ours.schedule
   assert (s.name, s.peak_value, s.end_value, s.warmup_steps, s.decay_steps) == (
       'warmup_linear_decay', 3e-3, 1e-5, 10_000, None)
+
+
+def _param_count(config) -> int:
+  import jax
+  import jax.numpy as jnp
+  from vmoe_sparse_ot import nn as vnn
+  model = vnn.build_model(config.model)
+  size = config.dataset.image_size
+  shapes = jax.eval_shape(lambda k: model.init(
+      {'params': k}, jnp.zeros((1, size, size, config.dataset.channels)), train=False),
+      jax.random.key(0))
+  return sum(int(np.prod(x.shape)) for x in jax.tree.leaves(shapes))
+
+
+def test_translated_models_have_the_reference_parameter_counts():
+  from tests.nn.test_vit import _reference_param_count
+  s32, _ = _translate(_s32())
+  # V-MoE S/32, E=8, 2 MoE blocks, pre-logits 512, 1000 classes, at 224 px.
+  assert _param_count(s32) == _reference_param_count(512, 8, 2048, 32, 224, 1000, 8, 2,
+                                                     512) == 56_999_400
+  b16, _ = _translate(files.load_config_file(B16_FT, translate=False))
+  # V-MoE B/16, E=8, 6 MoE blocks, no pre-logits, 10 classes, at 384 px.
+  assert _param_count(b16) == _reference_param_count(768, 12, 3072, 16, 384, 10, 8, 6, None)
+
+
+def test_b16_fine_tuning_config_by_hand():
+  ours, notes = _translate(files.load_config_file(f'{B16_FT}:variant=fast', translate=False))
+  d = ours.dataset
+  assert (d.name, d.train_split, d.eval_split, d.image_size, d.shuffle_buffer) == (
+      'cifar10', 'train[:98%]', 'test', 384, 25_000)
+  assert list(ours.evaluate.datasets) == ['val']
+  assert (ours.batch_size, ours.eval_batch_size, ours.microsteps, ours.train_steps,
+          ours.seed) == (512, 1024, 2, 1000, 3)
+  # sgd with its momentum dtype; the schedule's decay_steps counted from the warmup's end.
+  assert (ours.optimizer.name, ours.optimizer.momentum, ours.optimizer.mu_dtype,
+          ours.optimizer.gradient_clip_norm) == ('sgd', 0.9, 'float32', 10.0)
+  s = ours.schedule
+  assert (s.name, s.peak_value, s.end_value, s.warmup_steps, s.decay_steps) == (
+      'warmup_cosine_decay', 0.03, 1e-5, 100, 800)
+  r = ours.model.encoder.moe.router
+  assert (r.capacity_factor, r.batch_priority) == (1.5, True)
+  assert ours.model.encoder.moe.layers == '1,3,5,7,9,11'
+  i = ours.initialization
+  assert (i.path, [tuple(r) for r in i.rules], i.raise_if_target_unmatched) == (
+      'gs://my_bucket/vmoe_b16_e8_every2', [('head/.*', '')], False)
+  c = ours.checkpoint
+  assert (c.every_steps, c.keep, c.keep_steps_multiple_of) == (250, 2, 500)
+  assert (ours.eval_every_steps, ours.log_every_steps) == (250, 50)
+  f = ours.fewshot
+  assert (list(f.datasets), f.every_steps, f.batch_size, f.l2_selection) == (
+      ['pets'], 500, 1024, 'reference')
+  assert 'fewshot.process' in ' '.join(notes)
 
 
 def test_the_reference_defaults_apply_where_the_file_is_silent():
