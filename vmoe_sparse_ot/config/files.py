@@ -4,10 +4,12 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
+import types
 from typing import Any
 
 import ml_collections
 
+from vmoe_sparse_ot import filesystem
 from vmoe_sparse_ot.trees import flatten  # noqa: F401  (re-exported: config.flatten)
 
 
@@ -70,17 +72,42 @@ def pp_template(section: ml_collections.ConfigDict, template: str):
 def load_config_file(spec: str) -> ml_collections.ConfigDict:
   """Loads 'path/to/config.py[:arg]' the way `config_flags` does.
 
+  The path may be remote (`gs://...`): its text is read through
+  `vmoe_sparse_ot.filesystem` and run as a module whose `__file__` is the path.
   Raises FileNotFoundError (one line) when the file does not exist.
   """
-  path, _, arg = spec.partition(':')
-  if not os.path.isfile(path):
-    raise FileNotFoundError(f'config file {path!r} not found'
-                            + (' (it is a directory)' if os.path.isdir(path) else ''))
-  module_spec = importlib.util.spec_from_file_location('_vmoe_config', path)
-  if module_spec is None:
-    raise FileNotFoundError(f'config file {path!r} is not a Python file')
-  module = importlib.util.module_from_spec(module_spec)
-  module_spec.loader.exec_module(module)
+  path, _, arg = _split_spec(spec)
+  if filesystem.is_remote(path):
+    module = _remote_module(path)
+  else:
+    if not os.path.isfile(path):
+      raise FileNotFoundError(f'config file {path!r} not found'
+                              + (' (it is a directory)' if os.path.isdir(path) else ''))
+    module_spec = importlib.util.spec_from_file_location('_vmoe_config', path)
+    if module_spec is None:
+      raise FileNotFoundError(f'config file {path!r} is not a Python file')
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
   if not hasattr(module, 'get_config'):
     raise ValueError(f'config file {path!r} defines no get_config()')
   return module.get_config(arg) if arg else module.get_config()
+
+
+def _split_spec(spec: str) -> tuple[str, str, str]:
+  """'path.py:arg' -> (path, ':', arg); the ':' of a remote path's scheme is not the separator."""
+  scheme, sep, rest = spec.partition('://')
+  if sep and '/' not in scheme:
+    path, colon, arg = rest.partition(':')
+    return scheme + sep + path, colon, arg
+  return spec.partition(':')
+
+
+def _remote_module(path: str) -> types.ModuleType:
+  """The config file at remote `path`, its text run as a module (nothing written locally)."""
+  if not filesystem.isfile(path):
+    raise FileNotFoundError(f'config file {path!r} not found'
+                            + (' (it is a directory)' if filesystem.isdir(path) else ''))
+  module = types.ModuleType('_vmoe_config')
+  module.__file__ = path
+  exec(compile(filesystem.read_text(path), path, 'exec'), module.__dict__)  # pylint: disable=exec-used
+  return module
