@@ -18,7 +18,7 @@ PACKAGE = 'vmoe_sparse_ot'
 # package's `__main__` is a command line, in the top layer.
 LAYERS = (
     ('foundations', ('errors', 'trees', 'atomic', 'workdir_layout', 'config_keys',
-                     'quiet_logs')),
+                     'quiet_logs', 'filesystem')),
     ('ot', ('ot',)),
     ('nn, data', ('nn', 'data')),
     ('parallel, checkpoints', ('parallel', 'checkpoints')),

@@ -4,6 +4,8 @@
     m = vmoe_sparse_ot.load('workdirs/tiny')                       # latest step
     m = vmoe_sparse_ot.load('workdirs/tiny', step=300, router='sparse_ot',
                             capacity_factor=0.5, batch_priority=True)
+    m = vmoe_sparse_ot.load(checkpoint='gs://bucket/vmoe_prefix',   # no workdir: a released
+                            config='configs/vmoe_b16.py')           # checkpoint, its model
     logits = m.predict(images)         # (B, num_classes) float32
     feats = m.features(images)         # (B, D') float32, the pre_logits representation
     routes = m.routing(images)         # {layer: {'experts': (B, N, K) int32,
@@ -11,7 +13,9 @@
 
 `images` are what the model sees after eval preprocessing: float32 (B, H, W, C)
 in [-1, 1] (`data.make_dataset(..., training=False)` yields them), with (H, W, C)
-`m.image_shape`. The model is the checkpoint's (its metadata's model config),
+`m.image_shape`. The model is the checkpoint's (its metadata's model config;
+for `checkpoint=` the config's `model`, the weights read by
+`evaluate.released.read_weights`, which must be exactly that model's),
 with the routing overrides of `evaluate.overrides` (the same as the command line
 `python -m vmoe_sparse_ot.evaluate`): `router`, `num_selected_experts`,
 `capacity_factor`, `capacity`, `batch_priority`.
@@ -33,13 +37,16 @@ combine weight, read from the `expert_weights` (G, S, E) the MoE layer sows.
 """
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import jax
 import numpy as np
 
+from vmoe_sparse_ot import config as config_lib
 from vmoe_sparse_ot import nn
 from vmoe_sparse_ot.evaluate import overrides as overrides_lib
+from vmoe_sparse_ot.evaluate import released
 from vmoe_sparse_ot.nn import routing_stats
 from vmoe_sparse_ot import checkpoints
 
@@ -49,7 +56,7 @@ DEFAULT_BATCH_SIZE = 64
 class LoadedModel:
   """A restored checkpoint; see the module docstring. Build it with `load`."""
 
-  def __init__(self, model, params: Any, model_config: dict[str, Any], *, step: int,
+  def __init__(self, model, params: Any, model_config: dict[str, Any], *, step: int | None,
                meta: dict[str, Any], overrides: dict[str, Any], batch_size: int,
                model_state: dict[str, Any] | None = None):
     self.model = model
@@ -120,25 +127,44 @@ class LoadedModel:
             f'{", " + changed if changed else ""}, batch_size {self.batch_size})')
 
 
-def load(workdir: str, step: int | None = None, *, batch_size: int = DEFAULT_BATCH_SIZE,
-         **overrides: Any) -> LoadedModel:
-  """Restores checkpoint `step` (default: the newest that restores) of `workdir`.
+def load(workdir: str | None = None, step: int | None = None, *,
+         checkpoint: str | None = None, config: Any = None,
+         batch_size: int = DEFAULT_BATCH_SIZE, **overrides: Any) -> LoadedModel:
+  """Restores checkpoint `step` (default: the newest that restores) of `workdir`, or
+  the weights at `checkpoint` on the model of `config`.
 
   Args:
     workdir: a training workdir (holding checkpoints/).
-    step: the checkpoint step; None for the latest.
+    step: the checkpoint step; None for the latest (workdir only).
+    checkpoint: instead of `workdir`, a checkpoint without a workdir: the reference
+      V-MoE code's partitioned prefix (PREFIX.index + PREFIX.data-*) or a .npz,
+      local or remote (`gs://...`). Needs `config`.
+    config: with `checkpoint`, the config whose `model` the weights are: a
+      ConfigDict or dict, or a config file 'path.py[:arg]' (local or remote).
     batch_size: images per compiled call.
     **overrides: routing overrides `router`, `num_selected_experts`, `capacity_factor`,
       `capacity`, `batch_priority` (`evaluate.overrides.apply_routing_overrides`).
 
   Raises:
     ValueError: an unknown override (named), a bad value, routing that does not fit
-      the checkpoint, or batch_size < 1.
-    FileNotFoundError: no checkpoint (for `step`) in `workdir`.
+      the checkpoint, batch_size < 1, a bad combination of arguments, or a
+      `checkpoint` that is unreadable or not exactly the config's model (one line).
+    FileNotFoundError: no checkpoint (for `step`) in `workdir`, or no config file.
   """
   if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
     raise ValueError(f'batch_size={batch_size!r}: must be an integer >= 1')
+  if (workdir is None) == (checkpoint is None):
+    raise ValueError('load: give a workdir or checkpoint=..., config=... (exactly one of '
+                     'workdir and checkpoint)')
+  if checkpoint is None and config is not None:
+    raise ValueError('config= applies to checkpoint= only (a workdir holds its model config)')
+  if checkpoint is not None and config is None:
+    raise ValueError(f'checkpoint={checkpoint!r}: needs config= (the model comes from it)')
+  if checkpoint is not None and step is not None:
+    raise ValueError(f'step={step}: applies to a workdir only')
   overrides = overrides_lib.normalize_routing_overrides(overrides)  # Before reading anything.
+  if checkpoint is not None:
+    return _load_checkpoint(checkpoint, config, batch_size, overrides)
   params, meta, found = checkpoints.restore_params_with_meta(workdir, step)
   saved = meta.get('model_config')
   if saved is None:
@@ -153,3 +179,22 @@ def load(workdir: str, step: int | None = None, *, batch_size: int = DEFAULT_BAT
                                           checkpoints.restore_model_state(workdir, found))
   return LoadedModel(model, params, model_config, step=int(found), meta=meta,
                      overrides=overrides, batch_size=batch_size, model_state=model_state)
+
+
+def _load_checkpoint(checkpoint: str, config: Any, batch_size: int,
+                     overrides: dict[str, Any]) -> LoadedModel:
+  """`load(checkpoint=..., config=...)`: step None, meta {'checkpoint', 'model_config',
+  'param_shapes'}; the router state at step 0 (a reference run has none)."""
+  if isinstance(config, str):
+    config = config_lib.load_config_file(config)
+  model = config['model']
+  saved = json.loads(json.dumps(model.to_dict() if hasattr(model, 'to_dict') else dict(model)))
+  weights = released.read_weights(checkpoint, saved, what='checkpoint')
+  model_config = overrides_lib.apply_routing_overrides(saved, **overrides)
+  model = nn.build_model(model_config)
+  overrides_lib.check_param_shapes(model, weights.param_shapes, overrides, weights.image_shape)
+  model_state = nn.router_state.for_model(model, weights.image_shape, None)
+  params = jax.device_put(weights.params, jax.local_devices()[0])
+  meta = {'checkpoint': checkpoint, 'model_config': saved, 'param_shapes': weights.param_shapes}
+  return LoadedModel(model, params, model_config, step=None, meta=meta, overrides=overrides,
+                     batch_size=batch_size, model_state=model_state)

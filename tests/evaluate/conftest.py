@@ -120,3 +120,61 @@ def loaded(workdir):
     return vmoe_sparse_ot.load(str(workdir), batch_size=EVAL_BATCH, **overrides)
 
   return get
+
+
+# This project's names -> the reference V-MoE code's, written out from the table in
+# docs/INITIALIZATION.md (not with `initialization.names`, which the reader uses).
+_TO_REFERENCE = (
+    (r'encoder/pos_embedding', r'Encoder/posembed_input/pos_embedding'),
+    (r'encoder/encoder_norm/(.+)', r'Encoder/encoder_norm/\1'),
+    (r'encoder/(encoderblock_\d+)/norm_att/(.+)', r'Encoder/\1/LayerNorm_0/\2'),
+    (r'encoder/(encoderblock_\d+)/attention/(.+)', r'Encoder/\1/SelfAttention/\2'),
+    (r'encoder/(encoderblock_\d+)/norm_mlp/(.+)', r'Encoder/\1/LayerNorm_1/\2'),
+    (r'encoder/(encoderblock_\d+)/moe/experts/wi_(kernel|bias)', r'Encoder/\1/Moe/Mlp/Dense_0/\2'),
+    (r'encoder/(encoderblock_\d+)/moe/experts/wo_(kernel|bias)', r'Encoder/\1/Moe/Mlp/Dense_1/\2'),
+    (r'encoder/(encoderblock_\d+)/moe/router/kernel', r'Encoder/\1/Moe/Router/dense/kernel'),
+    (r'(embedding|cls|pre_logits|head)(/.+)?', r'\g<0>'),
+)
+# What the config files below give: the model of the trained workdir.
+CONFIG_TEXT = ('from tests.evaluate.conftest import tiny_config\n\n\n'
+               'def get_config():\n  return tiny_config()\n')
+
+
+def reference_name(name: str) -> str:
+  import re  # pylint: disable=g-import-not-at-top
+  for pattern, replacement in _TO_REFERENCE:
+    m = re.fullmatch(pattern, name)
+    if m:
+      return m.expand(replacement)
+  raise AssertionError(f'no reference name for {name}')
+
+
+def write_released(params: dict, prefix: str) -> None:
+  """`params` ({our name: array}) as a reference partitioned checkpoint at `prefix`, with
+  tests/initialization/test_partitioned.py's own writer: two data shards, each
+  expert array cut into one chunk per expert (alternating shards), as saved from a mesh."""
+  from tests.initialization.test_partitioned import build, dump  # pylint: disable=g-import-not-at-top
+  arrays = {reference_name(k): np.asarray(v) for k, v in params.items()}
+  layout = {}
+  for name, a in arrays.items():
+    full = tuple((0, d) for d in a.shape)
+    if '/Moe/Mlp/' in name:
+      layout[name] = [(((e, e + 1),) + full[1:], e % 2) for e in range(a.shape[0])]
+    else:
+      layout[name] = [(full, 0)]
+  index, shards = build(arrays, layout, 2)
+  dump(prefix, index, shards)
+
+
+@pytest.fixture(scope='session')
+def released(workdir, tmp_path_factory):
+  """(prefix, {our name: array}): the workdir's step-4 parameters, written as a reference
+  V-MoE partitioned checkpoint (no workdir, no metadata) in its own folder."""
+  from vmoe_sparse_ot import checkpoints  # pylint: disable=g-import-not-at-top
+  from vmoe_sparse_ot.initialization import flatten_tree  # pylint: disable=g-import-not-at-top
+  params, _, step = checkpoints.restore_params_with_meta(str(workdir))
+  assert step == TRAIN_STEPS
+  flat = {k: np.asarray(jax.device_get(v)) for k, v in flatten_tree(params).items()}
+  prefix = str(tmp_path_factory.mktemp('released') / 'vmoe_tiny')
+  write_released(flat, prefix)
+  return prefix, flat

@@ -152,3 +152,73 @@ def test_settings_come_from_the_run_then_config_then_flags(workdir, tmp_path):
                      r"checkpoint's model config \(model.encoder.moe.router.capacity_factor: "
                      r'config 0.5, checkpoint 1.0\).*--capacity_factor'):
     job.prepare(str(workdir), config=config)
+
+
+def _to_remote(local_prefix, remote_folder):
+  """The checkpoint's files and a config file for its model, copied into the in-memory
+  remote file system; returns (remote prefix, remote config path)."""
+  from tests import memory_fs
+  from tests.evaluate.conftest import CONFIG_TEXT
+  folder, base = os.path.split(local_prefix)
+  for name in os.listdir(folder):
+    memory_fs.put_file(f'{remote_folder}/{name}', os.path.join(folder, name))
+  memory_fs.put(f'{remote_folder}/tiny.py', CONFIG_TEXT.encode())
+  return f'{remote_folder}/{base}', f'{remote_folder}/tiny.py'
+
+
+def test_checkpoint_without_workdir_through_a_remote_file_system(
+    released, eval_data, loaded, capsys, tmp_path, monkeypatch):
+  """A reference partitioned checkpoint and its config file on a remote file system
+  (tests/memory_fs.py): the same accuracy and loss as the workdir's model gives through
+  `load(workdir).predict`, the report on stdout with the results as a JSON line, and
+  nothing written, remote or local."""
+  from tests import memory_fs
+  memory_fs.reset()
+  prefix, config = _to_remote(released[0], 'memtest://released')
+  before = memory_fs.listing('memtest://released')
+  assert before == ['tiny.py', 'vmoe_tiny.data-00000-of-00002', 'vmoe_tiny.data-00001-of-00002',
+                    'vmoe_tiny.index']
+  monkeypatch.chdir(tmp_path)
+  job.main([PROG, f'--checkpoint={prefix}', f'--config={config}', f'--batch_size={EVAL_BATCH}'])
+  captured = capsys.readouterr()
+  assert captured.err.strip() == '', captured.err[-3000:]
+  lines = captured.out.strip().splitlines()
+  assert lines[0] == (f'Evaluated {prefix} on embedded_mnist test[:200] (200 examples, batch '
+                      '64, mesh data=2 x expert=4)')
+  assert lines[1].startswith('Model vit_moe trained with router topk; evaluated with router '
+                             'topk (as trained): K=2, C=16')
+  payload = json.loads(lines[-1])
+  assert (payload['workdir'], payload['step'], payload['checkpoint']) == (None, None, prefix)
+  assert payload['name'] == 'embedded_mnist-test_200'
+  assert payload['dataset']['num_examples'] == 200
+  assert 'checkpoint_entries_ignored' not in payload
+  images, labels = eval_data
+  logits = loaded().predict(images)
+  assert payload['metrics']['accuracy'] == pytest.approx(np.mean(logits.argmax(-1) == labels))
+  log_p = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+  assert payload['metrics']['loss'] == pytest.approx(-log_p[np.arange(200), labels].mean(),
+                                                     rel=1e-5)
+  assert lines[2] == (f"loss (softmax_xent) {payload['metrics']['loss']:.4f}, top-1 accuracy "
+                      f"{100 * payload['metrics']['accuracy']:.2f}%")
+  assert memory_fs.listing('memtest://released') == before   # Nothing beside the checkpoint.
+  assert os.listdir(tmp_path) == []                            # Nor here.
+  memory_fs.reset()
+
+
+def test_checkpoint_bad_input_is_one_line(released, workdir, tmp_path, capsys):
+  from tests.evaluate.conftest import CONFIG_TEXT
+  prefix = released[0]
+  config = tmp_path / 'tiny.py'
+  config.write_text(CONFIG_TEXT)
+  _fails([f'--checkpoint={tmp_path}/nope', f'--config={config}'], capsys,
+         f'--checkpoint: {tmp_path}/nope does not exist')
+  _fails(['--checkpoint=memtest://nowhere/ckpt', f'--config={config}'], capsys,
+         '--checkpoint: memtest://nowhere/ckpt does not exist')
+  _fails([f'--workdir={workdir}', f'--checkpoint={prefix}'], capsys,
+         '--workdir and --checkpoint: give one of them')
+  _fails([f'--checkpoint={prefix}'], capsys, f'--checkpoint={prefix}: needs --config')
+  _fails([f'--checkpoint={prefix}', f'--config={config}', '--step=4'], capsys,
+         '--step=4: applies to --workdir only')
+  _fails([f'--checkpoint={prefix}', f'--config={tmp_path}/nope.py'], capsys,
+         f"--config={tmp_path}/nope.py: config file '{tmp_path}/nope.py' not found")
+  assert sorted(os.listdir(tmp_path)) == ['tiny.py']

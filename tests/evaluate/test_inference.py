@@ -11,6 +11,7 @@ from tests.evaluate.conftest import EVAL_BATCH
 from tests.train.helpers import ROOT
 from vmoe_sparse_ot import nn
 from vmoe_sparse_ot.evaluate import overrides as overrides_lib
+from vmoe_sparse_ot.initialization import flatten_tree
 from vmoe_sparse_ot import checkpoints
 
 
@@ -217,3 +218,36 @@ def test_apply_routing_overrides_sets_the_keys_and_checks_them():
   dense.name = 'vit'
   with pytest.raises(overrides_lib.RoutingOverrideError, match="'vit', which has no MoE layers"):
     overrides_lib.apply_routing_overrides(dense, capacity_factor=0.5)
+
+
+def test_load_checkpoint_without_workdir_equals_the_workdir_model(released, eval_data, loaded,
+                                                                  tmp_path):
+  """`load(checkpoint=, config=)` of the workdir's weights written as a reference
+  partitioned checkpoint: predict, features and routing equal those of `load(workdir)`
+  (two readers, two namings, one model)."""
+  import vmoe_sparse_ot
+  from tests.evaluate.conftest import CONFIG_TEXT, tiny_config
+  prefix = released[0]
+  config = tmp_path / 'tiny.py'
+  config.write_text(CONFIG_TEXT)
+  m = vmoe_sparse_ot.load(checkpoint=prefix, config=str(config), batch_size=EVAL_BATCH,
+                          capacity_factor=0.5)
+  assert (m.step, m.image_shape, m.meta['checkpoint']) == (None, (28, 28, 1), prefix)
+  images = eval_data[0][:EVAL_BATCH + 8]   # Two batches, the last one padded.
+  ours, theirs = m.outputs(images), loaded(capacity_factor=0.5).outputs(images)
+  np.testing.assert_allclose(ours['logits'], theirs['logits'], rtol=1e-6, atol=1e-6)
+  np.testing.assert_allclose(ours['pre_logits'], theirs['pre_logits'], rtol=1e-6, atol=1e-6)
+  assert list(ours['routing']) == list(theirs['routing']) == ['encoderblock_0', 'encoderblock_1']
+  for layer in ours['routing']:
+    np.testing.assert_array_equal(ours['routing'][layer]['experts'],
+                                  theirs['routing'][layer]['experts'])
+  flat = {k: np.asarray(v) for k, v in flatten_tree(m.params).items()}
+  assert sorted(flat) == sorted(released[1])
+  for name, value in released[1].items():
+    np.testing.assert_array_equal(flat[name], value)
+  with pytest.raises(ValueError, match=r"checkpoint=.*: needs config="):
+    vmoe_sparse_ot.load(checkpoint=prefix)
+  with pytest.raises(ValueError, match=r'exactly one of workdir and checkpoint'):
+    vmoe_sparse_ot.load('w', checkpoint=prefix, config=tiny_config())
+  with pytest.raises(ValueError, match=r'checkpoint: .*/nope does not exist'):
+    vmoe_sparse_ot.load(checkpoint=str(tmp_path / 'nope'), config=tiny_config())

@@ -161,6 +161,30 @@ def test_train_state_names_kept(tmp_path):
   assert sorted(out) == sorted(arrays) and out["params/head/bias"].dtype == np.float64
 
 
+def test_remote_prefix_reads_as_the_local_one(ckpt):
+  """The same files on a remote file system (tests/memory_fs.py): the same arrays; a
+  shard missing there is the same one-line refusal."""
+  from tests import memory_fs
+  prefix = ckpt[0]
+  memory_fs.reset()
+  folder = os.path.dirname(prefix)
+  for name in os.listdir(folder):
+    memory_fs.put_file(f"memtest://ckpts/{name}", os.path.join(folder, name))
+  remote = "memtest://ckpts/model.ckpt"
+  assert is_partitioned(remote) and not is_partitioned(remote + "x")
+  local, got = read_partitioned(prefix), read_partitioned(remote)
+  assert list(got) == list(local)
+  for name in local:
+    assert got[name].dtype == local[name].dtype and np.array_equal(got[name], local[name])
+  memory_fs.reset()
+  for name in os.listdir(folder):
+    if not name.endswith(".data-00001-of-00003"):
+      memory_fs.put_file(f"memtest://ckpts/{name}", os.path.join(folder, name))
+  with pytest.raises(PartitionedFormatError, match=r"^model.ckpt.data-00001-of-00003: missing"):
+    read_partitioned(remote)
+  memory_fs.reset()
+
+
 # ------------------------------------------------------------- hostile indexes
 
 

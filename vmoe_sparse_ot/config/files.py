@@ -5,10 +5,12 @@ import importlib.util
 import os
 import re
 import sys
+import types
 from typing import Any
 
 import ml_collections
 
+from vmoe_sparse_ot import filesystem
 from vmoe_sparse_ot.config import reference
 from vmoe_sparse_ot.trees import flatten  # noqa: F401  (re-exported: config.flatten)
 
@@ -74,17 +76,22 @@ def load_config_file(spec: str, *, translate: bool = True) -> ml_collections.Con
   reference V-MoE layout comes back translated (`config.reference.resolve`)
   unless `translate` is False (its own keys, as command-line overrides name them).
 
+  The path may be remote (`gs://...`): its text is read through
+  `vmoe_sparse_ot.filesystem` and run as a module whose `__file__` is the path.
   Raises FileNotFoundError (one line) when the file does not exist.
   """
-  path, _, arg = spec.partition(':')
-  if not os.path.isfile(path):
-    raise FileNotFoundError(f'config file {path!r} not found'
-                            + (' (it is a directory)' if os.path.isdir(path) else ''))
-  module_spec = importlib.util.spec_from_file_location('_vmoe_config', path)
-  if module_spec is None:
-    raise FileNotFoundError(f'config file {path!r} is not a Python file')
-  module = importlib.util.module_from_spec(module_spec)
-  module_spec.loader.exec_module(module)
+  path, _, arg = _split_spec(spec)
+  if filesystem.is_remote(path):
+    module = _remote_module(path)
+  else:
+    if not os.path.isfile(path):
+      raise FileNotFoundError(f'config file {path!r} not found'
+                              + (' (it is a directory)' if os.path.isdir(path) else ''))
+    module_spec = importlib.util.spec_from_file_location('_vmoe_config', path)
+    if module_spec is None:
+      raise FileNotFoundError(f'config file {path!r} is not a Python file')
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
   if not hasattr(module, 'get_config'):
     raise ValueError(f'config file {path!r} defines no get_config()')
   config = module.get_config(arg) if arg else module.get_config()
@@ -92,3 +99,23 @@ def load_config_file(spec: str, *, translate: bool = True) -> ml_collections.Con
     return config
   # A reference V-MoE config file becomes this project's config (config.reference).
   return reference.resolve(config, log=lambda line: print(line, file=sys.stderr))
+
+
+def _split_spec(spec: str) -> tuple[str, str, str]:
+  """'path.py:arg' -> (path, ':', arg); the ':' of a remote path's scheme is not the separator."""
+  scheme, sep, rest = spec.partition('://')
+  if sep and '/' not in scheme:
+    path, colon, arg = rest.partition(':')
+    return scheme + sep + path, colon, arg
+  return spec.partition(':')
+
+
+def _remote_module(path: str) -> types.ModuleType:
+  """The config file at remote `path`, its text run as a module (nothing written locally)."""
+  if not filesystem.isfile(path):
+    raise FileNotFoundError(f'config file {path!r} not found'
+                            + (' (it is a directory)' if filesystem.isdir(path) else ''))
+  module = types.ModuleType('_vmoe_config')
+  module.__file__ = path
+  exec(compile(filesystem.read_text(path), path, 'exec'), module.__dict__)  # pylint: disable=exec-used
+  return module

@@ -5,6 +5,8 @@ r"""Standalone evaluation of a checkpoint, optionally with other routing than it
         [--router=NAME] [--num_selected_experts=K] [--capacity_factor=F | --capacity=C]
         [--batch_priority | --nobatch_priority]
         [--config=path.py[:arg] [--config.dataset.KEY=VALUE ...]]
+    python -m vmoe_sparse_ot.evaluate --checkpoint=PREFIX_OR_NPZ --config=path.py[:arg]
+        [the same data and routing flags]
 
 Restores checkpoint N of W/checkpoints (default: the latest), builds the model from
 the checkpoint's metadata (the model config it was trained with: no --config is
@@ -25,6 +27,16 @@ Routing is changed with flags only (`evaluate.overrides`, shared with
                             gate claim buffer slots first
 --config names the data side only (dataset, eval_batch_size); its `model` must be
 the checkpoint's (a differing key is refused with both values, as few-shot does).
+
+--checkpoint evaluates weights that have no workdir of this project (a released
+checkpoint: the reference V-MoE code's partitioned prefix PREFIX.index +
+PREFIX.data-*, or a .npz), read by `evaluate.released.read_weights`: the model
+comes from --config (required; its `model`, and the data settings as above), the
+weights from the checkpoint, which must be exactly that model's (names mapped by
+`initialization.names`; a missing, extra or reshaped parameter is refused). The
+report is the same; the results go to stdout as one JSON line after it, and
+nothing is written anywhere. Checkpoint, config and data_dir may be remote paths
+(`gs://...`, read through `vmoe_sparse_ot.filesystem`).
 
 Where the other settings come from, first match wins: the flags; --config; the
 run's W/config.json (written by the trainer); the checkpoint (dataset name). So
@@ -52,9 +64,11 @@ batch is split over every device. One process.
 
 Bad input (a missing workdir or checkpoint step, an unknown router or dataset, a
 capacity factor <= 0, routing that does not fit the checkpoint, a batch size the
-devices do not divide) is one line on stderr and exit status 2, found before any
-array is read; nothing is written. A checkpoint that fails to restore is exit
-status 1.
+devices do not divide; both or neither of --workdir and --checkpoint, --checkpoint
+without --config, a --checkpoint that is missing or does not fit the config's
+model) is one line on stderr and exit status 2, found before anything compiles
+(a workdir's arrays are not read by then; a --checkpoint's are, once); nothing is
+written. A workdir checkpoint that fails to restore is exit status 1.
 """
 from __future__ import annotations
 
@@ -76,13 +90,16 @@ from vmoe_sparse_ot import workdir_layout
 from vmoe_sparse_ot import atomic
 from vmoe_sparse_ot import checkpoints
 from vmoe_sparse_ot import config as config_lib
+from vmoe_sparse_ot import filesystem
 from vmoe_sparse_ot import nn
 from vmoe_sparse_ot import parallel
 from vmoe_sparse_ot import quiet_logs
 from vmoe_sparse_ot.config import cli
+from vmoe_sparse_ot.config import reference
 from vmoe_sparse_ot.errors import CheckpointRestoreError
 from vmoe_sparse_ot.errors import first_line
 from vmoe_sparse_ot.evaluate import overrides as overrides_lib
+from vmoe_sparse_ot.evaluate import released
 from vmoe_sparse_ot.evaluate.checkpoint_config import describe_model, model_config_differences
 from vmoe_sparse_ot.nn import routing_stats
 from vmoe_sparse_ot.train import periodic_eval
@@ -99,9 +116,13 @@ class UsageError(ValueError):
 
 @dataclasses.dataclass(frozen=True)
 class Request:
-  """A checked evaluation: what `run` evaluates and where it writes."""
-  workdir: str
-  step: int
+  """A checked evaluation: what `run` evaluates and where it writes.
+
+  Either `workdir` and `step` (a workdir of this project), or `checkpoint` and its
+  `weights` (`released.Weights`, read by `prepare`; `workdir` and `step` None).
+  """
+  workdir: str | None
+  step: int | None
   meta: dict[str, Any]
   model_config: dict[str, Any]      # the checkpoint's, with the routing overrides
   overrides: dict[str, Any]
@@ -114,9 +135,14 @@ class Request:
   name: str
   pp: str | None = None             # the run's pp_eval, for the run's dataset
   loss: str = 'softmax_xent'        # the run's config.loss.name
+  checkpoint: str | None = None     # --checkpoint, as given (a local or remote path)
+  weights: Any = None               # its released.Weights
 
   @property
-  def path(self) -> str:
+  def path(self) -> str | None:
+    """W/eval/NAME.json; None for a --checkpoint (nothing is written)."""
+    if self.workdir is None:
+      return None
     return os.path.join(self.workdir, EVAL_DIR, f'{self.name}.json')
 
 
@@ -145,27 +171,54 @@ def default_name(dataset: str, split: str, overrides: dict[str, Any],
   return name + (f'-step{step}' if step is not None else '')
 
 
-def prepare(workdir: str, step: int | None = None, *, dataset: str | None = None,
+def prepare(workdir: str | None = None, step: int | None = None, *,
+            checkpoint: str | None = None, dataset: str | None = None,
             split: str | None = None, data_dir: str | None = None,
             batch_size: int | None = None, name: str | None = None,
             config: ml_collections.ConfigDict | None = None, num_devices: int | None = None,
             **overrides: Any) -> Request:
-  """Every check that needs no array, in the order a user would fix them.
+  """Every check before anything compiles, in the order a user would fix them.
 
-  Reads only the checkpoint's metadata and the dataset's. `overrides` are the
-  routing overrides (`evaluate.overrides.ROUTING_OVERRIDES`); `num_devices`
-  (default: all) must divide the batch size. Raises UsageError or
-  `overrides.RoutingOverrideError` (both ValueErrors, one line naming the flag).
+  From a `workdir`, reads only the checkpoint's metadata and the dataset's. From
+  a `checkpoint` (with `config`, whose model it must be), reads its arrays once
+  (they travel in the Request). `overrides` are the routing overrides
+  (`evaluate.overrides.ROUTING_OVERRIDES`); `num_devices` (default: all) must
+  divide the batch size. Raises UsageError or `overrides.RoutingOverrideError`
+  (both ValueErrors, one line naming the flag).
   """
-  from vmoe_sparse_ot import data  # pylint: disable=g-import-not-at-top  (TensorFlow)
-  if not workdir or not os.path.isdir(workdir):
+  if (workdir is None) == (checkpoint is None):
+    raise UsageError('--workdir, --checkpoint: give exactly one (a workdir of this project, '
+                     'or a checkpoint with --config)')
+  if checkpoint is not None:
+    if config is None:
+      raise UsageError(f'--checkpoint={checkpoint}: needs --config (the model comes from '
+                       'the config file)')
+    if step is not None:
+      raise UsageError(f'--step={step}: applies to --workdir only (a --checkpoint is one step)')
+  elif not workdir or not os.path.isdir(workdir):
     raise UsageError(f'--workdir={workdir!r}: not a directory')
+  _check_flags(name, batch_size)
   overrides = overrides_lib.normalize_routing_overrides(overrides)
+  if checkpoint is not None:
+    return _prepare_checkpoint(checkpoint, config, overrides, dataset=dataset, split=split,
+                               data_dir=data_dir, batch_size=batch_size, name=name,
+                               num_devices=num_devices)
+  return _prepare_workdir(workdir, step, overrides, dataset=dataset, split=split,
+                          data_dir=data_dir, batch_size=batch_size, name=name, config=config,
+                          num_devices=num_devices)
+
+
+def _check_flags(name: str | None, batch_size: int | None) -> None:
   if name is not None and not _NAME_OK.match(name):
     raise UsageError(f"--name={name!r}: must be a file name of letters, digits and '._=+-', "
                      'not starting with a punctuation mark')
   if batch_size is not None and batch_size < 1:
     raise UsageError(f'--batch_size={batch_size}: must be >= 1')
+
+
+def _prepare_workdir(workdir: str, step: int | None, overrides: dict[str, Any], *,
+                     dataset, split, data_dir, batch_size, name, config,
+                     num_devices) -> Request:
   try:
     meta, found = checkpoints.read_meta(workdir, step)
   except CheckpointRestoreError as e:
@@ -190,16 +243,65 @@ def prepare(workdir: str, step: int | None = None, *, dataset: str | None = None
     image_shape = overrides_lib.image_shape(meta['param_shapes'], model_config['classifier'])
   except (KeyError, ValueError) as e:
     raise UsageError(f'--workdir={workdir}: checkpoint step {found}: {e}') from None
+  settings = _data_settings(run_config, model_config, meta.get('data', {}).get('name'),
+                            dataset=dataset, split=split, data_dir=data_dir,
+                            batch_size=batch_size, num_devices=num_devices,
+                            where='--config' if config is not None else
+                            "the run's config.json" if run_config else 'the default')
+  # Last: it traces the model's init (shapes only).
+  overrides_lib.check_param_shapes(nn.build_model(model_config), meta['param_shapes'],
+                                   overrides, image_shape)
+  return Request(
+      workdir=os.path.abspath(workdir), step=int(found), meta=meta, model_config=model_config,
+      overrides=overrides, image_shape=image_shape,
+      name=name or default_name(settings['dataset'], settings['split'], overrides, step),
+      **settings)
 
+
+def _prepare_checkpoint(checkpoint: str, config: ml_collections.ConfigDict,
+                        overrides: dict[str, Any], *, dataset, split, data_dir, batch_size,
+                        name, num_devices) -> Request:
+  try:
+    config_lib.validate(config)
+  except ValueError as e:
+    raise UsageError(f'--config: {first_line(e)}') from None
+  model_config = json.loads(json.dumps(config.model.to_dict()))
+  evaluated = overrides_lib.apply_routing_overrides(model_config, **overrides)
+  settings = _data_settings(config.to_dict(), evaluated, None, dataset=dataset, split=split,
+                            data_dir=data_dir, batch_size=batch_size, num_devices=num_devices,
+                            where='--config')
+  try:  # After the cheap checks: this reads every array of the checkpoint.
+    weights = released.read_weights(checkpoint, model_config)
+  except ValueError as e:
+    raise UsageError(first_line(e)) from None
+  # Routing overrides that change parameters (another router's layer) are refused here.
+  overrides_lib.check_param_shapes(nn.build_model(evaluated), weights.param_shapes, overrides,
+                                   weights.image_shape)
+  meta = {'model_config': model_config, 'param_shapes': weights.param_shapes}
+  return Request(
+      workdir=None, step=None, meta=meta, model_config=evaluated, overrides=overrides,
+      image_shape=weights.image_shape,
+      name=name or default_name(settings['dataset'], settings['split'], overrides, None),
+      checkpoint=checkpoint, weights=weights, **settings)
+
+
+def _data_settings(run_config: dict[str, Any], model_config: dict[str, Any],
+                   checkpoint_dataset: str | None, *, dataset, split, data_dir, batch_size,
+                   num_devices, where: str) -> dict[str, Any]:
+  """The Request's data fields: the flags, else the run's (or --config's) settings.
+
+  `where` names the source of the config's batch size in its error message.
+  """
+  from vmoe_sparse_ot import data  # pylint: disable=g-import-not-at-top  (TensorFlow)
   run_data = run_config.get('dataset', {})
-  dataset = dataset or run_data.get('name') or meta.get('data', {}).get('name')
+  dataset = dataset or run_data.get('name') or checkpoint_dataset
   if not dataset:
     raise UsageError('--dataset: required (the workdir has no config.json and the checkpoint '
                      'names no dataset)')
   same = dataset == run_data.get('name')
   split = split or (run_data.get('eval_split') if same else None) or 'test'
   data_dir = data_dir or run_data.get('data_dir')
-  if data_dir:
+  if data_dir and not filesystem.is_remote(data_dir):  # TFDS reads gs:// data_dirs itself.
     config_lib.check_directory(data_dir, '--data_dir')
   try:
     data.check_dataset(dataset, [], data_dir)
@@ -220,26 +322,19 @@ def prepare(workdir: str, step: int | None = None, *, dataset: str | None = None
   if batch_size is None:
     batch_size = int(run_config.get('eval_batch_size') or DEFAULT_BATCH_SIZE)
     if batch_size % num_devices:
-      where = ('--config' if config is not None else 'the run\'s config.json' if run_config
-               else 'the default')
       raise UsageError(f'--batch_size: the batch size {batch_size} from {where} is not a '
                        f'multiple of the number of devices ({num_devices}); pass --batch_size')
-  # Last: it traces the model's init (shapes only).
-  overrides_lib.check_param_shapes(nn.build_model(model_config), meta['param_shapes'],
-                                   overrides, image_shape)
-  return Request(
-      workdir=os.path.abspath(workdir), step=int(found), meta=meta, model_config=model_config,
-      overrides=overrides, dataset=dataset, split=split, data_dir=data_dir,
-      augment=run_data.get('augment') if same else None, image_shape=image_shape,
-      batch_size=batch_size, name=name or default_name(dataset, split, overrides, step),
-      pp=run_data.get('pp_eval') if same else None,
-      loss=run_config.get('loss', {}).get('name') or 'softmax_xent')
+  return dict(dataset=dataset, split=split, data_dir=data_dir,
+              augment=run_data.get('augment') if same else None, batch_size=batch_size,
+              pp=run_data.get('pp_eval') if same else None,
+              loss=run_config.get('loss', {}).get('name') or 'softmax_xent')
 
 
 def run(request: Request, *, devices: Sequence[Any] | None = None) -> dict[str, Any]:
   """Evaluates `request` on `devices` (default: all), writes its JSON, returns the payload.
 
-  Raises CheckpointRestoreError (a FileNotFoundError) when the arrays do not restore.
+  A --checkpoint request (`request.path` None) writes nothing. Raises
+  CheckpointRestoreError (a FileNotFoundError) when a workdir's arrays do not restore.
   """
   from vmoe_sparse_ot import data  # pylint: disable=g-import-not-at-top  (TensorFlow)
   model_config = request.model_config
@@ -251,14 +346,13 @@ def run(request: Request, *, devices: Sequence[Any] | None = None) -> dict[str, 
   if request.batch_size % (mesh.size * jax.process_count()):
     raise UsageError(f'--batch_size={request.batch_size}: must be a multiple of the number of '
                      f'devices ({mesh.size}) and processes ({jax.process_count()})')
-  params, _, step = checkpoints.restore_params_with_meta(request.workdir, request.step)
+  params, step, saved_state = _restore(request)
   params_sharding = parallel.param_shardings(
       mesh, params, [(nn.EXPERT_PARAMS_REGEX, PartitionSpec('expert'))])
   params = jax.device_put(params, params_sharding)
   # The router state the checkpoint routes with (topk_bias's bias), replicated.
   model_state = jax.device_put(
-      nn.router_state.for_model(model, request.image_shape,
-                                checkpoints.restore_model_state(request.workdir, step)),
+      nn.router_state.for_model(model, request.image_shape, saved_state),
       parallel.replicated(mesh))
   batch_sharding = parallel.batch_sharding(mesh)
   num_tokens = int(request.meta['param_shapes']['encoder/pos_embedding'][1])
@@ -282,7 +376,8 @@ def run(request: Request, *, devices: Sequence[Any] | None = None) -> dict[str, 
   count = int(totals['count'])
   payload = {
       'workdir': request.workdir,
-      'step': int(step),
+      'step': step,
+      **({'checkpoint': request.checkpoint} if request.checkpoint is not None else {}),
       'name': request.name,
       'dataset': {'name': request.dataset, 'split': request.split, 'data_dir': request.data_dir,
                   'num_examples': count, 'batch_size': request.batch_size,
@@ -298,9 +393,19 @@ def run(request: Request, *, devices: Sequence[Any] | None = None) -> dict[str, 
                   for layer, sums in totals['routing'].items()},
       'mesh': {k: int(v) for k, v in mesh.shape.items()},
   }
-  if jax.process_index() == 0:
+  if request.weights is not None and request.weights.ignored:
+    payload['checkpoint_entries_ignored'] = request.weights.ignored
+  if jax.process_index() == 0 and request.path is not None:
     atomic.write_json(request.path, payload)
   return payload
+
+
+def _restore(request: Request) -> tuple[Any, int | None, Any]:
+  """(params tree, step or None, the saved router state or None) of `request`."""
+  if request.weights is not None:   # A --checkpoint: a reference run has no router state.
+    return request.weights.params, None, None
+  params, _, step = checkpoints.restore_params_with_meta(request.workdir, request.step)
+  return params, int(step), checkpoints.restore_model_state(request.workdir, step)
 
 
 def _routing_config(model_config: dict[str, Any]) -> dict[str, Any] | None:
@@ -319,7 +424,9 @@ def _routing_config(model_config: dict[str, Any]) -> dict[str, Any] | None:
 def format_report(payload: dict[str, Any]) -> str:
   """What the job prints: the setting, loss and top-1, and one routing line per MoE layer."""
   ds, metrics, model = payload['dataset'], payload['metrics'], payload['model']
-  lines = [(f"Evaluated {payload['workdir']} at step {payload['step']} on {ds['name']} "
+  source = (f"{payload['workdir']} at step {payload['step']}" if payload['workdir'] is not None
+            else payload['checkpoint'])
+  lines = [(f"Evaluated {source} on {ds['name']} "
            f"{ds['split']} ({ds['num_examples']} examples, batch {ds['batch_size']}, "
            f"mesh data={payload['mesh']['data']} x expert={payload['mesh']['expert']})")]
   routing = payload.get('routing_config')
@@ -350,6 +457,11 @@ def _define_flags(fv: flags.FlagValues) -> dict[str, Any]:
   holders = {
       'workdir': flags.DEFINE_string('workdir', None, 'Training workdir holding checkpoints/.',
                                      flag_values=fv),
+      'checkpoint': flags.DEFINE_string(
+          'checkpoint', None, 'Instead of --workdir: a checkpoint without a workdir (a '
+          'partitioned PREFIX of the reference V-MoE code, or a .npz; may be gs://), with '
+          '--config giving its model. Results go to stdout; nothing is written.',
+          flag_values=fv),
       'step': flags.DEFINE_integer('step', None, 'Checkpoint step (default: the latest).',
                                    flag_values=fv),
       'dataset': flags.DEFINE_string('dataset', None, "Dataset (default: the run's).",
@@ -376,15 +488,38 @@ def _define_flags(fv: flags.FlagValues) -> dict[str, Any]:
       'batch_priority': flags.DEFINE_bool('batch_priority', None, 'Batch-prioritized routing '
                                           '(--nobatch_priority: in token order).', flag_values=fv),
       'config': config_flags.DEFINE_config_file(
-          'config', None, 'Optional config file naming the data (dataset, eval_batch_size); '
-          "its model must be the checkpoint's.", flag_values=fv, lock_config=True),
+          'config', None, 'Config file naming the data (dataset, eval_batch_size); with '
+          "--workdir optional, its model must be the checkpoint's; with --checkpoint "
+          'required, it gives the model.', flag_values=fv, lock_config=True),
   }
+  fv['config'].parser = _ConfigFileParser('config')
   return holders
 
 
+class _ConfigFileParser(flags.ArgumentParser):
+  """The --config file's parser: `config.load_config_file` (remote paths too), locked.
+
+  Replaces `config_flags`' own loader (local files only); `config_flags` still
+  applies the `--config.KEY=VALUE` overrides to what this returns.
+  """
+
+  def __init__(self, name: str):
+    self.name = name
+
+  def parse(self, argument):
+    # Untranslated: `--config.KEY=VALUE` overrides name the file's own keys.
+    config = config_lib.load_config_file(argument, translate=False)
+    config.lock()
+    return config
+
+  def flag_type(self):
+    return 'config object'
+
+
 def _usage(fv: flags.FlagValues) -> str:
-  doc = __doc__.strip().split('\n\n')  # Title, usage, what it does, the routing flags.
-  return '\n\n'.join(doc[:4]) + '\n\nFlags:\n' + fv.get_help(include_special_flags=False)
+  # Title, usage, what it does, the routing flags, --checkpoint.
+  doc = __doc__.strip().split('\n\n')
+  return '\n\n'.join(doc[:5]) + '\n\nFlags:\n' + fv.get_help(include_special_flags=False)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -399,16 +534,25 @@ def main(argv: Sequence[str] | None = None) -> None:
   if len(rest) > 1:
     cli.fail(PROG, f'unexpected arguments {rest[1:]}')
   quiet_logs.quiet_library_logs()
-  if not values['workdir'].value:
-    cli.fail(PROG, 'flag --workdir is required')
+  workdir, checkpoint = values['workdir'].value, values['checkpoint'].value
+  if workdir and checkpoint:
+    cli.fail(PROG, '--workdir and --checkpoint: give one of them (a workdir of this project, '
+             'or a checkpoint with --config)')
+  if not workdir and not checkpoint:
+    cli.fail(PROG, 'flag --workdir is required (or --checkpoint with --config)')
   overrides = {key: values[key].value for key in overrides_lib.ROUTING_OVERRIDES
                if values[key].value is not None}
   try:
+    # A reference V-MoE config file, its overrides applied in its own key names.
+    config = values['config'].value
+    if config is not None:
+      config = reference.resolve(config, log=lambda line: print(line, file=sys.stderr))
     request = prepare(
-        values['workdir'].value, values['step'].value, dataset=values['dataset'].value,
+        workdir or None, values['step'].value, checkpoint=checkpoint or None,
+        dataset=values['dataset'].value,
         split=values['split'].value, data_dir=values['data_dir'].value,
         batch_size=values['batch_size'].value, name=values['name'].value,
-        config=values['config'].value, **overrides)
+        config=config, **overrides)
   except overrides_lib.RoutingOverrideError as e:
     cli.fail(PROG, f'--{e}' if e.key else e)
   except (OSError, ValueError) as e:
@@ -421,7 +565,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     cli.fail(PROG, e, status=1)
   if jax.process_index() == 0:
     print(format_report(payload))
-    print(f'Wrote {request.path}', flush=True)
+    if request.path is None:
+      print(json.dumps(payload, sort_keys=True), flush=True)   # The results, on stdout.
+    else:
+      print(f'Wrote {request.path}', flush=True)
 
 
 def run_cli() -> None:

@@ -7,12 +7,14 @@ and a header cannot declare more data than the entry holds.
 """
 from __future__ import annotations
 
+import os
 import zipfile
-from typing import Mapping
+from typing import IO, Mapping
 
 import numpy as np
 
 from vmoe_sparse_ot import atomic
+from vmoe_sparse_ot import filesystem
 
 
 class WeightsFileError(ValueError):
@@ -53,18 +55,39 @@ def read_npz(path: str) -> dict[str, np.ndarray]:
 
   Each entry's header is checked before its data is read: a numeric dtype (an
   object array is refused, never unpickled) and no more bytes declared than the
-  entry holds (a forged shape cannot make us allocate).
+  entry holds (a forged shape cannot make us allocate). `path` may be remote
+  (`gs://...`, read through `vmoe_sparse_ot.filesystem`).
   """
-  if not zipfile.is_zipfile(path):
+  if not filesystem.is_remote(path):
+    return _read_archive(path, path)
+  try:
+    f = filesystem.open_binary(path)
+  except OSError as e:
+    raise WeightsFileError(f'{path}: cannot be read ({e.strerror or e})') from None
+  with f:
+    return _read_archive(path, f)
+
+
+def _npy_magic(file: str | os.PathLike | IO[bytes]) -> bool:
+  """True when `file` (a path or a seekable file object) starts as a single .npy array."""
+  if isinstance(file, (str, os.PathLike)):
+    with open(file, 'rb') as f:
+      return f.read(6) == b'\x93NUMPY'
+  file.seek(0)
+  return file.read(6) == b'\x93NUMPY'
+
+
+def _read_archive(path: str, file: str | IO[bytes]) -> dict[str, np.ndarray]:
+  """`read_npz` of `file`, the local `path` itself or the remote file opened."""
+  if not zipfile.is_zipfile(file):
     try:
-      with open(path, 'rb') as f:
-        npy = f.read(6) == b'\x93NUMPY'
+      npy = _npy_magic(file)
     except OSError as e:
-      raise WeightsFileError(f'{path}: cannot be read ({e.strerror})') from None
+      raise WeightsFileError(f'{path}: cannot be read ({e.strerror or e})') from None
     raise WeightsFileError(f'{path}: ' + ('a single .npy array, not an .npz of named arrays'
                                           if npy else 'not a readable .npz file (not a zip)'))
   try:
-    with zipfile.ZipFile(path) as archive:
+    with zipfile.ZipFile(file) as archive:
       return {_entry_name(info): _read_entry(path, archive, info)
               for info in archive.infolist()}
   except WeightsFileError:

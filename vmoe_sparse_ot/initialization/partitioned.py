@@ -35,6 +35,9 @@ reader puts them back together and returns full arrays keyed by the '/'-joined
 tree path, exactly as stored (a train state keeps its 'params/...' or
 'optimizer/target/...' prefixes; mapping names is the caller's job).
 
+The prefix may be remote (`gs://...`): every file is opened through
+`vmoe_sparse_ot.filesystem`, local paths with `os` and `open` as before.
+
 The files are untrusted: nothing is unpickled or evaluated, only the ext types
 above are accepted, shard files are named from the prefix and validated shard
 numbers only, and the index is checked (dtypes, slices inside the shape, chunks
@@ -48,12 +51,13 @@ import dataclasses
 import math
 import os
 import re
-import stat
 import sys
 from typing import Any
 
 import msgpack
 import numpy as np
+
+from vmoe_sparse_ot import filesystem
 
 try:
   import ml_dtypes
@@ -125,8 +129,11 @@ class _Array:
 
 
 def is_partitioned(path: str) -> bool:
-  """True when `path` is the prefix of a partitioned checkpoint (`path + '.index'` exists)."""
-  return os.path.isfile(path + ".index")
+  """True when `path` is the prefix of a partitioned checkpoint (`path + '.index'` exists).
+
+  `path` may be remote (`gs://...`): the files are read through `vmoe_sparse_ot.filesystem`.
+  """
+  return filesystem.isfile(path + ".index")
 
 
 def _shard_path(prefix: str, shard: int, shard_count: int) -> str:
@@ -210,7 +217,7 @@ def _read_index(path: str, max_bytes: int) -> tuple[int, list[_Array]]:
   if size > MAX_INDEX_BYTES:
     raise PartitionedFormatError(f"{name}: {size} bytes, more than an index ({MAX_INDEX_BYTES})")
   try:
-    with open(path, "rb") as f:
+    with filesystem.open_binary(path) as f:
       data = f.read(MAX_INDEX_BYTES + 1)
   except OSError as e:
     raise PartitionedFormatError(f"{name}: unreadable ({_short(e)})") from None
@@ -378,7 +385,7 @@ def _read_shard(path: str, size: int, expected_bytes: int, arrays: list[_Array],
   where = "its header"
   limit = min(2**32 - 1, max(size, 1))
   try:
-    with open(path, "rb") as f:
+    with filesystem.open_binary(path) as f:
       unpacker = msgpack.Unpacker(
           f, raw=False, strict_map_key=True, ext_hook=_shard_ext_hook,
           read_size=min(2**20, limit), max_buffer_size=limit,
@@ -518,12 +525,12 @@ def _no_ext(code: int, data: bytes) -> Any:
 def _regular_file_size(path: str, why_needed: str) -> int:
   # A FIFO or device would block or never end; only plain files are read.
   try:
-    st = os.stat(path)
+    st = filesystem.stat(path)
   except OSError:
     raise PartitionedFormatError(f"{_base(path)}: missing {why_needed}") from None
-  if not stat.S_ISREG(st.st_mode):
+  if not st.is_regular:
     raise PartitionedFormatError(f"{_base(path)}: not a regular file")
-  return st.st_size
+  return st.size
 
 
 def _is_int(x: Any) -> bool:

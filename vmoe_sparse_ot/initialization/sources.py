@@ -7,7 +7,8 @@
 - a checkpoint prefix in the reference V-MoE code's partitioned format
   (`PREFIX.index` + `PREFIX.data-XXXXX-of-YYYYY`), its own naming.
 Names come back converted to this project's (`names.to_ours`); names the table
-does not know are kept as stored.
+does not know are kept as stored. The `.npz` file and the partitioned prefix
+may be remote (`gs://...`): they are read through `vmoe_sparse_ot.filesystem`.
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from vmoe_sparse_ot import filesystem
 from vmoe_sparse_ot import workdir_layout
 from vmoe_sparse_ot import trees
 from vmoe_sparse_ot.initialization import names as names_lib
@@ -59,21 +61,47 @@ def _is_workdir(path: str) -> bool:
   return os.path.isdir(os.path.join(path, workdir_layout.CHECKPOINTS))
 
 
-def kind_of(path: str) -> str:
-  """'workdir', 'npz' or 'partitioned'; InitializationError naming the key otherwise."""
+def kind_of(path: str, what: str = 'initialization.path') -> str:
+  """'workdir', 'npz' or 'partitioned'; InitializationError naming the key `what` otherwise.
+
+  A remote path (`gs://...`, `filesystem.is_remote`) is a `.npz` file or a
+  partitioned prefix; workdirs are read from local disk only.
+  """
+  if filesystem.is_remote(path):
+    return _remote_kind(path, what)
   if partitioned.is_partitioned(path):
     return 'partitioned'
   if not os.path.exists(path):
-    raise InitializationError(f'initialization.path: {path} does not exist')
+    raise InitializationError(f'{what}: {path} does not exist')
   if os.path.isdir(path):
     if _is_workdir(path):
       return 'workdir'
-    raise InitializationError(f'initialization.path: {path} is a directory without '
+    raise InitializationError(f'{what}: {path} is a directory without '
                               'checkpoints/ (not a workdir of this project)')
   if zipfile.is_zipfile(path):
     return 'npz'
-  raise InitializationError(f'initialization.path: {path} is neither an .npz file, a workdir '
+  raise InitializationError(f'{what}: {path} is neither an .npz file, a workdir '
                             'nor a partitioned checkpoint prefix (PREFIX.index)')
+
+
+def _remote_kind(path: str, what: str) -> str:
+  try:
+    if partitioned.is_partitioned(path):
+      return 'partitioned'
+    if not filesystem.exists(path):
+      raise InitializationError(f'{what}: {path} does not exist (nor {path}.index)')
+    if filesystem.isdir(path):
+      raise InitializationError(f'{what}: {path} is a remote directory; from a remote file '
+                                'system only a .npz file or a partitioned checkpoint prefix '
+                                '(PREFIX.index) is read')
+    with filesystem.open_binary(path) as f:
+      is_zip = zipfile.is_zipfile(f)
+  except OSError as e:
+    raise InitializationError(f'{what}: {e}') from None
+  if is_zip:
+    return 'npz'
+  raise InitializationError(f'{what}: {path} is neither an .npz file nor a partitioned '
+                            'checkpoint prefix (PREFIX.index)')
 
 
 def _read_workdir(path: str, step: int | None):
@@ -96,27 +124,33 @@ _LAST: list = []   # [((path, step, mtime), Source)]: the last source read.
 
 def _stamp(path: str) -> float:
   for candidate in (path + '.index', path):
-    if os.path.exists(candidate):
-      return os.stat(candidate).st_mtime_ns
+    try:
+      return filesystem.stat(candidate).mtime_ns
+    except OSError:
+      continue
   return -1
 
 
-def read_source(path: str, step: int | None = None) -> Source:
+def read_source(path: str, step: int | None = None, *,
+                what: str = 'initialization.path') -> Source:
   """The arrays at `path` under this project's names; see the module docstring.
 
-  The last source read is kept, so a check before training and the
-  initialization itself read the files once.
+  `path` may be remote (`gs://...`) for a `.npz` file or a partitioned prefix.
+  Errors are InitializationError (or the readers' PartitionedFormatError and
+  WeightsFileError, all ValueErrors) in one line; `what` names the setting
+  that gave `path` (e.g. '--checkpoint'). The last source read is kept, so a
+  check before training and the initialization itself read the files once.
   """
-  key = (os.path.abspath(path), step, _stamp(path))
+  key = (path if filesystem.is_remote(path) else os.path.abspath(path), step, _stamp(path))
   if _LAST and _LAST[0][0] == key:
     return _LAST[0][1]
-  source = _read_source(path, step)
+  source = _read_source(path, step, what)
   _LAST[:] = [(key, source)]
   return source
 
 
-def _read_source(path: str, step: int | None) -> Source:
-  kind = kind_of(path)
+def _read_source(path: str, step: int | None, what: str) -> Source:
+  kind = kind_of(path, what)
   if step is not None and kind != 'workdir':
     raise InitializationError(f'initialization.step applies to workdirs only; {path} is '
                               f'a {kind} source')
@@ -132,6 +166,6 @@ def _read_source(path: str, step: int | None) -> Source:
   try:
     arrays, origin = names_lib.rename(raw, lambda n: names_lib.to_ours(n, naming))
   except ValueError as e:
-    raise InitializationError(f'initialization.path: {path}: {e}') from None
+    raise InitializationError(f'{what}: {path}: {e}') from None
   return Source(arrays=arrays, raw_names=origin, naming=naming,
                 description=f'{description}, {_NAMING_TEXT[naming]}', model_config=model_config)
