@@ -175,7 +175,11 @@ BAD = [
     ({'loss.name': 'xent'},
      "config.loss.name='xent': must be one of ['softmax_xent', 'sigmoid_xent']"),
     ({'mixup.p': -0.1}, 'config.mixup.p=-0.1: must be >= 0'),
-    ({'mixup.alpha': 0.2}, "unknown key(s) ['alpha'] in config.mixup; valid keys: ['p']"),
+    ({'mixup.alpha': 0.2}, "unknown key(s) ['alpha'] in config.mixup; valid keys: "
+     "['granularity', 'p', 'size']"),
+    ({'mixup.granularity': 'host'},
+     "config.mixup.granularity='host': must be one of ['batch', 'device', 'example']"),
+    ({'mixup.size': 1}, 'config.mixup.size=1: must be an integer >= 2'),
     ({'loss.name': 'sigmoid_xent', 'label_smoothing': 0.1},
      "config.label_smoothing=0.1: applies to config.loss.name='softmax_xent' only, not "
      "'sigmoid_xent' (smooth the targets in the pp string: onehot(..., on=, off=))"),

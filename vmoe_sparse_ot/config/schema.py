@@ -36,6 +36,7 @@ def schedule_record(schedule) -> dict:
   keys = SCHEDULE_KEYS + SCHEDULE_EXTRA_KEYS.get(schedule['name'], ())
   return {k: schedule[k] for k in keys}
 LOSSES = ('softmax_xent', 'sigmoid_xent')  # train/losses.py
+MIXUP_GRANULARITIES = ('batch', 'device', 'example')  # train/mixup.py
 # Keys of one config.evaluate.datasets entry and their defaults (None: from
 # config.dataset; 'split' must be given).
 EVAL_DATASET_KEYS = {'dataset': None, 'split': None, 'pp': None, 'label_key': 'label'}
@@ -123,8 +124,18 @@ def base_config() -> ml_collections.ConfigDict:
           # Mixup of each training batch with itself rolled by one, with one ratio
           # per step from Beta(p, p) folded into [1/2, 1], on the images and the
           # one-hot 'labels' (pp_train must make them). 0: off. The reference's
-          # ImageNet recipes use 0.2 (light) or 0.5 (strong).
+          # ImageNet recipes use 0.2 (light) or 0.5 (strong); p is its
+          # `concentration`. See vmoe_sparse_ot/train/mixup.py.
           'p': 0.0,
+          # Who shares one set of mixing weights: 'batch' (one per step, the whole
+          # global batch rolled as one), 'device' (one per device shard of the
+          # batch, each shard rolled on its own; the reference's recipes) or
+          # 'example' (one per example, rolled per device shard).
+          'granularity': 'batch',
+          # How many examples each mixed example combines (itself and the size - 1
+          # before it); > 2 draws the weights from a Dirichlet(p, ..., p), sorted so
+          # the largest is the example's own.
+          'size': 2,
       },
       'evaluate': {
           # Datasets evaluated beside dataset.eval_split, at the same steps:

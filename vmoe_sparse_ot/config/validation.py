@@ -30,6 +30,7 @@ from vmoe_sparse_ot.nn.routers.base import OptionError
 from vmoe_sparse_ot.config.schema import AUGMENTATIONS
 from vmoe_sparse_ot.config.schema import EVAL_DATASET_KEYS
 from vmoe_sparse_ot.config.schema import LOSSES
+from vmoe_sparse_ot.config.schema import MIXUP_GRANULARITIES
 from vmoe_sparse_ot.config.schema import OPTIMIZERS
 from vmoe_sparse_ot.config.schema import SAMPLINGS
 from vmoe_sparse_ot.config.schema import SCHEDULES
@@ -198,6 +199,8 @@ def _validate_pp(config) -> None:
 def _validate_loss_and_mixup(config) -> None:
   _choice(config, 'loss.name', LOSSES)
   _number(config, 'mixup.p', low=0)
+  _choice(config, 'mixup.granularity', MIXUP_GRANULARITIES)
+  _int(config, 'mixup.size', 2)
   if config['loss']['name'] != 'softmax_xent' and config['label_smoothing']:
     raise ConfigError(f"config.label_smoothing={config['label_smoothing']!r}: applies to "
                       f"config.loss.name='softmax_xent' only, not {config['loss']['name']!r} "

@@ -119,12 +119,14 @@ def _flatten_routing(routing: dict[str, dict[str, Any]]) -> dict[str, Any]:
 
 
 def make_step(model, tx: optax.GradientTransformation, label_smoothing: float = 0.0,
-              microsteps: int = 1, loss: str = 'softmax_xent', mixup_p: float = 0.0):
+              microsteps: int = 1, loss: str = 'softmax_xent', mixup_p: float = 0.0,
+              mixup_granularity: str = 'batch', mixup_size: int = 2):
   """(TrainState, batch) -> (TrainState one step later, {metric name: scalar}).
 
   `loss` names a `train.losses` loss ('cross_entropy' is its value); with
   `mixup_p` > 0 the batch is mixed first (`train.mixup`, a key split off the
-  step's). With `microsteps` > 1 the gradient is accumulated over that many
+  step's; 'device' and 'example' granularity mix within the batch's shards over
+  the mesh the step is traced under). With `microsteps` > 1 the gradient is accumulated over that many
   microbatches (`vmoe_sparse_ot.train.microsteps`); the metrics are their means.
   A stateful router's state (`state.model_state`, `nn.router_state`) is updated
   once per step from its statistics summed over the microbatches.
@@ -156,7 +158,8 @@ def make_step(model, tx: optax.GradientTransformation, label_smoothing: float = 
     key = jax.random.fold_in(state.key, step)
     if mixup_p:
       mixup_key, key = jax.random.split(key)
-      batch = mixup_lib.mixup(mixup_key, batch, mixup_p)
+      batch = mixup_lib.mixup(mixup_key, batch, mixup_p, granularity=mixup_granularity,
+                              size=mixup_size, num_shards=mixup_lib.mesh_shards(parallel.AXES))
     grads, values, statistics = microsteps_lib.accumulate(
         lambda p, b, k: grads_and_values(p, state.model_state, b, k), state.params, batch,
         key, microsteps)
@@ -391,7 +394,8 @@ def _train_loop(config, workdir, model, mesh, tx, schedule, ckpt, state, start_s
       # trace of it (nested in the train step, XLA inlines it).
       step_fn = jax.jit(make_step(model, tx, float(config.label_smoothing),
                                   int(config.microsteps), config.loss.name,
-                                  float(config.mixup.p)))
+                                  float(config.mixup.p), config.mixup.granularity,
+                                  int(config.mixup.size)))
       names = programs.get(run_key, 'metric_names', lambda: sorted(
           jax.eval_shape(step_fn, state, first_batch)[1]))
       empty_metrics = programs.get(run_key, 'empty_metrics', lambda: jax.jit(
