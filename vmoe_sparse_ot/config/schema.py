@@ -137,6 +137,19 @@ def base_config() -> ml_collections.ConfigDict:
           # the largest is the example's own.
           'size': 2,
       },
+      # A TensorBoard profile (jax.profiler) of some training steps, written to
+      # WORKDIR/plugins/profile/ beside the run's events (train/profiling.py).
+      'profile': {
+          # The first profiled step; None or 0: no profile.
+          'first_profile': ml_collections.FieldReference(None, field_type=int),
+          # How many steps each profile covers.
+          'num_profile_steps': 5,
+          # Profile again once this many seconds passed since the last one
+          # started; None: once.
+          'every_secs': ml_collections.FieldReference(None, field_type=float),
+          # Profile on every process; False: process 0 only.
+          'all_processes': False,
+      },
       'evaluate': {
           # Datasets evaluated beside dataset.eval_split, at the same steps:
           # {NAME: {'dataset': ..., 'split': ..., 'pp': ..., 'label_key': ...}},

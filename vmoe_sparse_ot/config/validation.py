@@ -40,7 +40,7 @@ from vmoe_sparse_ot.config.schema import base_config
 # is left to the router (its options depend on the router).
 _SECTIONS = ('', 'dataset', 'optimizer', 'schedule', 'mesh', 'checkpoint', 'model',
              'model.encoder', 'model.encoder.moe', 'initialization', 'loss', 'mixup',
-             'evaluate')
+             'evaluate', 'profile')
 # A config.evaluate.datasets name becomes part of metric names (eval/NAME/loss).
 _EVAL_NAME = re.compile(r'[A-Za-z0-9_.-]+')
 
@@ -207,6 +207,13 @@ def _validate_loss_and_mixup(config) -> None:
                       "(smooth the targets in the pp string: onehot(..., on=, off=))")
 
 
+def _validate_profile(config) -> None:
+  _int(config, 'profile.first_profile', 0, optional=True)
+  _int(config, 'profile.num_profile_steps', 1)
+  _number(config, 'profile.every_secs', low=0, low_open=True, optional=True)
+  _choice(config, 'profile.all_processes', (True, False))
+
+
 def _validate_eval_datasets(config) -> None:
   """Names, keys and values of `config.evaluate.datasets`; pp strings parsed (no TF)."""
   from vmoe_sparse_ot.data import pp as pp_lib  # pylint: disable=g-import-not-at-top
@@ -333,6 +340,7 @@ def validate(config: Mapping[str, Any]) -> None:
       _fail('optimizer.freeze', regex, f'must be a regular expression or None ({e})')
   _number(config, 'label_smoothing', low=0, high=1, high_open=True)
   _validate_loss_and_mixup(config)
+  _validate_profile(config)
   _validate_eval_datasets(config)
   _validate_initialization(config)
   _choice(config, 'schedule.name', SCHEDULES)

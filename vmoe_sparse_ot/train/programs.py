@@ -42,7 +42,7 @@ from vmoe_sparse_ot.train import optimizer as optimizer_lib
 MAX_KEYS = 16
 # Config entries no kept function is built from (the trainer's loop reads them;
 # few-shot evaluators are built per run, outside this cache).
-LOOP_ONLY = ('train_steps', 'checkpoint', 'eval_every_steps', 'fewshot')
+LOOP_ONLY = ('train_steps', 'checkpoint', 'eval_every_steps', 'fewshot', 'profile')
 # What the initializing programs (params, model state, optimizer state) and
 # the abstract shapes are built from: dotted config paths. Not the schedule:
 # the optimizer state starts from a step count, whatever the learning rates

@@ -51,6 +51,7 @@ from vmoe_sparse_ot.train import microsteps as microsteps_lib
 from vmoe_sparse_ot.train import mixup as mixup_lib
 from vmoe_sparse_ot.train import optimizer as optimizer_lib
 from vmoe_sparse_ot import parallel
+from vmoe_sparse_ot.train import profiling
 from vmoe_sparse_ot.train import programs
 from vmoe_sparse_ot.train import progress as progress_lib
 from vmoe_sparse_ot.train import state as state_lib
@@ -386,6 +387,7 @@ def _train_loop(config, workdir, model, mesh, tx, schedule, ckpt, state, start_s
 
   summary: dict[str, Any] = {'step': start_step}
   eval_results: list[dict[str, float]] = []
+  profiler = profiling.StepProfiler(config.profile, workdir)
   try:
     if start_step < train_steps:
       first_batch = next(batches)
@@ -415,6 +417,7 @@ def _train_loop(config, workdir, model, mesh, tx, schedule, ckpt, state, start_s
                                   periodic_fewshot, replicated, keys['mesh'])
       metrics = empty_metrics()
       for step in range(start_step + 1, train_steps + 1):
+        profiler(step, state.step)
         with jax.profiler.StepTraceAnnotation('train', step_num=step):
           state, metrics = train_step(state, next(batches), metrics)
         if progress.should_log(step):
@@ -429,6 +432,7 @@ def _train_loop(config, workdir, model, mesh, tx, schedule, ckpt, state, start_s
       eval_results.append(run_eval(state))
       periodic_eval.log_results(summary['step'], eval_results[-1], eval_sets, writer)
   finally:
+    profiler.close()
     writer.close()
 
   summary['eval'] = eval_results[-1][periodic_eval.DEFAULT_NAME]
