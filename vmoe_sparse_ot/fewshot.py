@@ -140,10 +140,15 @@ def format_table(payload: dict) -> str:
   lines.insert(1, '  '.join('-' * w for w in widths))
   model = payload.get('model') or {}
   router = f", router {model['router']}" if model.get('router') else ''
+  selection = payload['protocol']['l2_selection']
+  if selection == 'reference':
+    chosen = ("L2 chosen by 'reference', the reference V-MoE code's rule: on the test "
+              'split, one per shot for every dataset and seed')
+  else:
+    chosen = f'L2 chosen by {selection} on the few-shot examples'
   title = (f"Few-shot linear transfer of {payload['workdir']} at step {payload['step']} "
            f"({model.get('name', 'model')}{router}; "
-           f"top-1 on the test split, mean ± std over {num_seeds} seed(s); L2 chosen "
-           f"by {payload['protocol']['l2_selection']} on the few-shot examples)")
+           f'top-1 on the test split, mean ± std over {num_seeds} seed(s); {chosen})')
   return '\n'.join([title] + lines)
 
 

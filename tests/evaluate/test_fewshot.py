@@ -267,3 +267,82 @@ def test_periodic_action_writes_to_a_clu_summary_writer(tmp_path):
 def test_evaluator_rejects_bad_protocol():
   with pytest.raises(ValueError, match='l2_selection'):
     _evaluator(l2_selection='test')
+
+
+class _Identity(flax_nn.Module):
+  """Pre-logit features = the flattened image."""
+
+  @flax_nn.compact
+  def __call__(self, images, train):
+    del train
+    x = images.reshape(images.shape[0], -1)
+    return flax_nn.Dense(3, name='head')(x), {'pre_logits': x}
+
+
+def _brute_force_reference(data, shots, seeds, l2_regs):
+  """The reference's rule written out with scikit-learn's ridge: every L2 fitted on the
+  few-shot draw (standardised features, a ones column, targets in {-1, 1}, every
+  weight penalised) and scored on the test split; per shot, each dataset and seed
+  ranks the L2s by accuracy (0: worst; ties in grid order), and the L2 of best mean
+  rank (the first of ties) is reported for all. -> ({shot: L2}, {(key, shot, seed):
+  accuracy per L2})."""
+  from sklearn.linear_model import Ridge  # pylint: disable=import-outside-toplevel
+  grids, chosen = {}, {}
+  for shot in shots:
+    rank_rows = []
+    for key, (tr_x, tr_y, te_x, te_y) in data.items():
+      for seed in seeds:
+        idx = transfer.sample_few_shot(tr_y, shot, seed, 3)
+        x, y = tr_x[idx].astype(np.float64), tr_y[idx]
+        mean, std = x.mean(0), x.std(0)
+        std[std == 0] = 1
+        design = lambda f, mean=mean, std=std: np.hstack([(f - mean) / std,
+                                                          np.ones((len(f), 1))])
+        targets = np.where(y[:, None] == np.arange(3), 1.0, -1.0)
+        accs = []
+        for lam in l2_regs:
+          model = Ridge(alpha=lam, fit_intercept=False, solver='svd').fit(design(x), targets)
+          accs.append(np.mean(np.argmax(model.predict(design(te_x)), 1) == te_y))
+        grids[key, shot, seed] = accs
+        rank_rows.append([sum(a < accs[j] for a in accs) + sum(a == accs[j] for a in accs[:j])
+                          for j in range(len(accs))])
+    mean_rank = np.mean(rank_rows, axis=0)
+    chosen[shot] = l2_regs[int(np.flatnonzero(mean_rank == mean_rank.max())[0])]
+  return chosen, grids
+
+
+def test_reference_l2_selection_matches_a_brute_force_re_implementation():
+  """Two datasets that alone pick different L2s: 'reference' reports one per shot."""
+  l2_regs = (1e-3, 0.1, 1.0, 10.0, 100.0, 1e4)
+  shots, seeds = (1, 3), (0, 1)
+  data, datasets = {}, {}
+  for key, (seed, noise) in {'clean': (5, 0.6), 'noisy': (6, 2.5)}.items():
+    patterns = np.random.default_rng(99).normal(size=(3, 2, 2, 2))
+    rng = np.random.default_rng(seed)
+    tr_y, te_y = np.repeat(np.arange(3), 8), rng.integers(0, 3, size=40)
+    tr_x = (patterns[tr_y] + noise * rng.normal(size=(24, 2, 2, 2))).astype(np.float32)
+    te_x = (patterns[te_y] + noise * rng.normal(size=(40, 2, 2, 2))).astype(np.float32)
+    data[key] = (tr_x.reshape(24, -1), tr_y, te_x.reshape(40, -1), te_y)
+    datasets[key] = transfer.FewShotDataset(key, 'train', 'test', 3, _batches(tr_x, tr_y, 8),
+                                            _batches(te_x, te_y, 8))
+  model = _Identity()
+  params = model.init(jax.random.key(0), data['clean'][0][:1].reshape(1, 2, 2, 2),
+                      False)['params']
+  evaluator = transfer.FewShotEvaluator(model, datasets, shots=shots, seeds=seeds,
+                                        l2_regs=l2_regs, l2_selection='reference')
+  results = evaluator.run(params)
+  chosen, grids = _brute_force_reference(data, shots, seeds, l2_regs)
+  for key in data:
+    for shot in shots:
+      r = results[key]['shots'][shot]
+      assert r['l2_reg'] == [chosen[shot]] * 2
+      np.testing.assert_allclose(r['accuracy_per_l2'], [grids[key, shot, s] for s in seeds])
+      want = [grids[key, shot, s][l2_regs.index(chosen[shot])] for s in seeds]
+      np.testing.assert_allclose(r['accuracy'], want)
+      assert r['accuracy_mean'] == pytest.approx(np.mean(want))
+  # Each dataset alone picks another L2 for some shot: the choice is shared.
+  alone = {key: transfer.evaluate_features(*data[key], num_classes=3, shots=shots,
+                                           seeds=seeds, l2_regs=l2_regs,
+                                           l2_selection='reference') for key in data}
+  assert any(alone['clean'][s]['l2_reg'] != alone['noisy'][s]['l2_reg'] for s in shots)
+  assert evaluator.protocol['l2_selection'] == 'reference'

@@ -101,3 +101,21 @@ def test_bad_arguments_raise(kwargs, match):
   args = {'num_classes': 3, 'l2_regs': L2_REGS, **kwargs}
   with pytest.raises(ValueError, match=match):
     ridge.fit(np.zeros((3, 2)), np.array([0, 1, 2]), **args)
+
+
+def test_reference_l2_index_by_hand():
+  # Ranks (0: worst; equal accuracies in grid order): [0, 2, 3, 1] and [3, 1, 2, 0];
+  # mean [1.5, 1.5, 2.5, 0.5]: index 2.
+  assert ridge.reference_l2_index([[0.5, 0.7, 0.7, 0.6], [0.9, 0.8, 0.8, 0.1]]) == 2
+  # Equal mean ranks: the first.
+  assert ridge.reference_l2_index([[0.1, 0.9], [0.9, 0.1]]) == 0
+  assert ridge.reference_l2_index([[0.3, 0.3, 0.3]]) == 2
+
+
+def test_fit_each_is_fit_at_each_strength():
+  x, y = clusters(3, num_classes=3, per_class=4, dim=5, noise=1.0)
+  l2_regs = (0.01, 1.0, 100.0)
+  for lam, each in zip(l2_regs, ridge.fit_each(x, y, num_classes=3, l2_regs=l2_regs)):
+    alone = ridge.fit(x, y, num_classes=3, l2_regs=(lam,))
+    assert each.l2_reg == lam
+    np.testing.assert_allclose(each.weights, alone.weights, rtol=1e-9, atol=1e-12)

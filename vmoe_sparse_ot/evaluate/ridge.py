@@ -39,6 +39,10 @@ Choosing the L2 strength without the test split (`fit(..., selection=...)`):
   the ridge classifier approaches the prototype rule argmax_c <x, x_c> on
   standardised features, a sound 1-shot classifier.
 
+- 'reference' is not a choice made here: `fit_each` fits every strength on all the
+  few-shot examples and `reference_l2_index` applies the reference V-MoE code's
+  rule to their test accuracies (evaluate/transfer.py).
+
 Everything runs in float64 numpy on the host: the eigenproblem is
 min(n, features + 1)-dimensional, and double precision keeps small L2 strengths
 exact. Cost per fit: one eigendecomposition plus O(n r c) per strength.
@@ -49,7 +53,9 @@ import numpy as np
 
 from vmoe_sparse_ot.config.fewshot_section import L2_SELECTIONS
 
-SELECTION_MODES = L2_SELECTIONS  # the config key's values (config.fewshot.l2_selection)
+# What `fit` chooses by, on the few-shot examples: the values of
+# config.fewshot.l2_selection but 'reference' (which uses `fit_each`).
+SELECTION_MODES = tuple(s for s in L2_SELECTIONS if s != 'reference')
 
 
 class Spectrum(NamedTuple):
@@ -248,3 +254,37 @@ def fit(features: np.ndarray, labels: np.ndarray, *, num_classes: int,
       weights=weights, mean=mean, scale=scale,
       l2_reg=float(l2_regs[best]), l2_regs=l2_regs, selection_accuracy=accuracy,
       selection_mse=mse)
+
+
+def fit_each(features: np.ndarray, labels: np.ndarray, *, num_classes: int,
+             l2_regs: Sequence[float]) -> list[RidgeFit]:
+  """One `RidgeFit` per strength of `l2_regs`, each on all n examples (one decomposition).
+
+  For a choice made elsewhere (`reference_l2_index`); no selection scores.
+  """
+  features, labels, l2_regs = _check_inputs(features, labels, num_classes, l2_regs)
+  y = one_hot_pm1(labels, num_classes)
+  mean, scale = standardization(features)
+  spec = spectrum(design_matrix(features, mean, scale))
+  none = np.full(l2_regs.shape, np.nan)
+  return [RidgeFit(weights=w, mean=mean, scale=scale, l2_reg=float(lam), l2_regs=l2_regs,
+                   selection_accuracy=none, selection_mse=none)
+          for lam, w in zip(l2_regs, ridge_weights(spec, y, l2_regs))]
+
+
+def reference_l2_index(accuracies: np.ndarray) -> int:
+  """The strength the reference V-MoE few-shot evaluator reports, from test accuracies.
+
+  accuracies: (T, L), the test accuracy of each of T fits (every dataset and seed
+  of one shot count) at each of the L strengths. Within each fit the strengths are
+  ranked by accuracy (0 the worst, L - 1 the best; equal accuracies ranked in grid
+  order); the index of the best mean rank over the T fits is returned (the first
+  of equal means).
+  """
+  accuracies = np.asarray(accuracies, np.float64)
+  if accuracies.ndim != 2 or not accuracies.size:
+    raise ValueError(f'accuracies must be (fits, strengths); got shape {accuracies.shape}')
+  order = np.argsort(accuracies, axis=1, kind='stable')
+  ranks = np.empty_like(order)
+  np.put_along_axis(ranks, order, np.arange(accuracies.shape[1])[None, :], axis=1)
+  return int(np.argmax(ranks.mean(axis=0)))
