@@ -187,6 +187,11 @@ def base_config() -> ml_collections.ConfigDict:
           'every_steps': 500,
           'keep': 2,
           'async_save': True,
+          # Checkpoints at steps that are multiples of this are kept forever
+          # beside the last `keep` ones (e.g. cooldown snapshots), as the reference's
+          # save_checkpoint.keep_steps_multiple_of; only steps that are saved
+          # (multiples of every_steps) can be kept. 0: off.
+          'keep_steps_multiple_of': 0,
       },
       'log_every_steps': 50,
       # 0 disables periodic evaluation; the final step is always evaluated.

@@ -295,8 +295,9 @@ def _train_and_evaluate(config, workdir, model, devices, allow_schedule_change, 
   params_sharding = state_sharding.params
 
   meta = run_meta(config, abstract_params)
-  ckpt = checkpoints.Checkpointer(workdir, keep=config.checkpoint.keep,
-                                  async_save=config.checkpoint.async_save)
+  ckpt = checkpoints.Checkpointer(
+      workdir, keep=config.checkpoint.keep, async_save=config.checkpoint.async_save,
+      keep_steps_multiple_of=int(config.checkpoint.get('keep_steps_multiple_of', 0)))
   changes = []
 
   def check_meta(saved):
