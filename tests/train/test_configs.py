@@ -423,3 +423,14 @@ def test_finetune_config_one_step_dry_run_from_a_reference_checkpoint(tmp_path, 
   assert 'position embedding resized from a 2x2 to a 4x4 patch grid' in caplog.text
   assert 'head re-initialized' in caplog.text
   assert f'Initialized {len(ref) - 2} of {len(ref)} parameters' in caplog.text
+
+
+def test_model_overrides_that_change_parameters_are_refused_before_training():
+  """check_before_training's check of config.evaluate.model_overrides (`nn.overrides`)."""
+  from vmoe_sparse_ot.config.validation import check_model_overrides
+  config = load('vmoe_tiny_mnist.py')
+  check_model_overrides(config)               # {}: nothing to check, nothing traced
+  config.evaluate.model_overrides = {'encoder': {'mlp_dim': 64}}
+  with pytest.raises(config_lib.ConfigError, match=r"^config.evaluate.model_overrides."
+                     r"encoder.mlp_dim=64 changes the model's parameters \("):
+    check_model_overrides(config)

@@ -133,6 +133,13 @@ def base_config() -> ml_collections.ConfigDict:
           # config.dataset's name and pp_eval, label_key (the feature read as
           # 'label') to 'label'. See vmoe_sparse_ot/train/periodic_eval.py.
           'datasets': {},
+          # Model keys replaced for every evaluation during training and the
+          # final one, as a nested dict over config.model, e.g. {'encoder': {'moe':
+          # {'router': {'capacity_factor': 4.0}}}} (the reference's
+          # evaluate.model_overrides): another capacity factor, router or K over
+          # the same parameters; a key that changes a parameter's shape is
+          # refused. {}: the training model.
+          'model_overrides': {},
       },
       # Parameters taken from other weights before the first step of a fresh run
       # (never the optimizer state or the step; a resumed run ignores this).
