@@ -68,3 +68,14 @@ def test_pp_output_that_the_loss_cannot_read_is_one_line_before_training(overrid
   with pytest.raises(ValueError) as info:
     config_lib.check_datasets(config)
   assert str(info.value).startswith(message) and '\n' not in str(info.value)
+
+
+def test_model_overrides_that_change_parameters_are_refused_before_training():
+  """check_before_training's check of config.evaluate.model_overrides (`nn.overrides`)."""
+  from vmoe_sparse_ot.config.preflight import check_model_overrides
+  config = load('vmoe_tiny_mnist.py')
+  check_model_overrides(config)               # {}: nothing to check, nothing traced
+  config.evaluate.model_overrides = {'encoder': {'mlp_dim': 64}}
+  with pytest.raises(config_lib.ConfigError, match=r"^config.evaluate.model_overrides."
+                     r"encoder.mlp_dim=64 changes the model's parameters \("):
+    check_model_overrides(config)

@@ -92,6 +92,8 @@ BAD_CONFIGS = [
     ('batch_size', -8, 'config.batch_size=-8: must be an integer >= 1'),
     ('checkpoint.keep', 0, 'config.checkpoint.keep=0: must be an integer >= 1'),
     ('checkpoint.every_steps', 0, 'config.checkpoint.every_steps=0: must be an integer >= 1'),
+    ('checkpoint.keep_steps_multiple_of', -2,
+     'config.checkpoint.keep_steps_multiple_of=-2: must be an integer >= 0'),
     ('dataset.shuffle_buffer', 0, 'config.dataset.shuffle_buffer=0: must be an integer >= 1'),
     ('dataset.channels', 2, 'config.dataset.channels=2: must be one of [1, 3]'),
     ('dataset.sampling', 'grain', "config.dataset.sampling='grain': must be one of "

@@ -468,3 +468,19 @@ def test_expert_weights_of_a_sparse_routing():
                  np.array([[[0.25, 0.5], [0.75, 0.0]]], np.float32), np.zeros((), np.float32), {})
   np.testing.assert_array_equal(_expert_weights(r, 3),
                                 [[[0.5, 0.0], [0.0, 0.0], [0.25, 0.75]]])
+
+
+@pytest.mark.parametrize("name, counts_k", [
+    ("topk", True), ("sbase", True), ("topk_bias", True), ("sparse_ot", True),
+    ("expert_choice", False), ("sinkhorn_ec", False)])
+def test_every_capacity_factor_router_reads_ceil_or_round_and_multiple_of(name, counts_k):
+  """S 50, E 8, f 1: S*K*f/E = 12.5 (K 2) or 6.25 (per expert); the reference's rule."""
+  s, e, k = 50, 8, 2
+  tokens = s * k if counts_k else s
+  for how, mult in (("ceil", 4), ("round", 4), ("ceil", 1), ("round", 1)):
+    x = tokens * 1.0 / e
+    want = math.ceil(x) if how == "ceil" else round(x)
+    want += (-want) % mult
+    options = cfg(name, capacity_factor=1.0, num_selected_experts=k,
+                  capacity_ceil_or_round=how, capacity_multiple_of=mult).options
+    assert routers.ROUTERS[name].capacity(options, s, e) == want, (how, mult)

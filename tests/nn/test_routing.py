@@ -1,4 +1,6 @@
 """Slot assignment and capacity, checked against naive Python loops."""
+import math
+
 import numpy as np
 import pytest
 import jax
@@ -16,6 +18,42 @@ from vmoe_sparse_ot.nn import routing as rt
 ])
 def test_compute_capacity(s, e, k, cf, expected):
   assert rt.compute_capacity(s, e, k, cf) == expected
+
+
+def reference_capacity(num_tokens, num_experts, capacity_factor, ceil_or_round, multiple_of):
+  """The reference V-MoE's `compute_capacity` (vmoe/moe.py), written out from its definition."""
+  x = num_tokens * capacity_factor / num_experts
+  c = math.ceil(x) if ceil_or_round == "ceil" else round(x)   # round: halves to even
+  assert c >= 1
+  if multiple_of:
+    c += (-c) % multiple_of
+  return c
+
+
+@pytest.mark.parametrize("s,e,k,cf,how,mult,expected", [
+    (50, 8, 2, 1.0, "ceil", 4, 16),     # 12.5: ceil 13 -> 16
+    (50, 8, 2, 1.0, "round", 4, 12),    # 12.5: round to even 12, already a multiple of 4
+    (50, 8, 2, 1.0, "ceil", 1, 13),
+    (50, 8, 2, 1.0, "round", 1, 12),
+    (50, 8, 2, 1.0, "round", 0, 12),    # 0: no rounding up, as the reference's None / 0
+    (54, 8, 2, 1.0, "round", 1, 14),    # 13.5: halves to even 14
+    (64, 8, 1, 1.05, "ceil", 1, 9),     # 8.4 -> 9
+    (64, 8, 1, 1.05, "round", 1, 8),    # 8.4 -> 8
+    (64, 8, 1, 1.05, "round", 3, 9),
+    (400, 32, 2, 1.05, "round", 4, 28),  # 26.25 -> 26 -> 28; ceil: 27 -> 28
+    (10, 2, 2, 1.0, "round", 1, 10),    # 10, capped at S
+    (10, 2, 2, 2.0, "ceil", 1, 10),     # 20, capped at S (the reference leaves 20)
+])
+def test_compute_capacity_ceil_or_round_and_multiple_of(s, e, k, cf, how, mult, expected):
+  got = rt.compute_capacity(s, e, k, cf, ceil_or_round=how, multiple_of=mult)
+  assert got == min(s, reference_capacity(s * k, e, cf, how, mult)) == expected
+
+
+def test_compute_capacity_round_to_zero_is_an_error():
+  # 16 * 1 * 0.1 / 8 = 0.2: round gives 0 slots (the reference raises too); ceil gives 1.
+  with pytest.raises(ValueError, match=r"capacity_factor=0.1 gives C = round\(16 \* 0.1 / 8\) = 0"):
+    rt.compute_capacity(16, 8, 1, 0.1, ceil_or_round="round", multiple_of=1)
+  assert rt.compute_capacity(16, 8, 1, 0.1, multiple_of=1) == 1
 
 
 def test_compute_capacity_explicit_and_errors():

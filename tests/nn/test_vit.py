@@ -270,3 +270,63 @@ def test_vmoe_variants_have_the_reference_sizes_and_parameter_counts():
   assert vnn.build_model(cfg).representation_size is None
   cfg.representation_size = 256
   assert vnn.build_model(cfg).representation_size == 256
+
+
+def _expert_dropout_rates(cfg):
+  """{module path: dropout_rate} of every Experts and dense MLP module the model calls."""
+  from vmoe_sparse_ot.nn.moe import Experts
+  from vmoe_sparse_ot.nn.vit import MlpBlock
+  seen = {}
+
+  def record(next_fun, args, kwargs, context):
+    if isinstance(context.module, (Experts, MlpBlock)) and context.method_name == "__call__":
+      seen["/".join(context.module.scope.path)] = context.module.dropout_rate
+    return next_fun(*args, **kwargs)
+
+  with flax.linen.intercept_methods(record):
+    jax.eval_shape(lambda: vnn.build_model(cfg).init(
+        {"params": jax.random.key(0)}, jnp.zeros((1, 8, 8, 3)), train=False))
+  return seen
+
+
+def test_moe_dropout_rate_sets_the_experts_dropout_only():
+  """model.encoder.moe.dropout_rate: the experts' MLP dropout (the reference's MlpMoeBlock
+  `dropout_rate`); None: encoder.dropout_rate, as before it existed."""
+  cfg = tiny_config()
+  cfg.encoder.dropout_rate = 0.1
+  assert _expert_dropout_rates(cfg) == {"encoder/encoderblock_0/mlp": 0.1,
+                                        "encoder/encoderblock_1/moe/experts": 0.1}
+  cfg.encoder.moe.dropout_rate = 0.2
+  assert _expert_dropout_rates(cfg) == {"encoder/encoderblock_0/mlp": 0.1,
+                                        "encoder/encoderblock_1/moe/experts": 0.2}
+  for bad in (1.0, -0.1, "0.2"):
+    as_dict = cfg.to_dict()
+    as_dict["encoder"]["moe"]["dropout_rate"] = bad
+    with pytest.raises(ValueError, match=r"^model.encoder.moe.dropout_rate must be None .* "
+                       r"or in \[0, 1\), got"):
+      vnn.build_model(as_dict)
+
+
+@pytest.mark.parametrize("key, value, message", [
+    ("capacity_ceil_or_round", "floor", r"router.capacity_ceil_or_round must be one of "
+     r"\['ceil', 'round'\], got 'floor'"),
+    ("capacity_multiple_of", -1, r"router.capacity_multiple_of must be >= 0, got -1"),
+])
+def test_capacity_options_bad_values_name_the_key(key, value, message):
+  cfg = tiny_config()
+  with cfg.unlocked():
+    cfg.encoder.moe.router[key] = value
+  with pytest.raises(ValueError, match="^model.encoder.moe." + message):
+    vnn.build_model(cfg)
+
+
+def test_capacity_rounding_to_zero_slots_fails_when_the_model_is_built():
+  # S = 8, E = 4, K = 1, f = 0.2: round(0.4) = 0 slots (ceil: 1).
+  cfg = tiny_config("topk", capacity_factor=0.2, capacity_ceil_or_round="round",
+                    num_selected_experts=1)
+  with pytest.raises(ValueError, match=r"^model.encoder.moe.router.capacity_factor=0.2 gives "
+                     r"C = round\(8 \* 0.2 / 4\) = 0"):
+    vnn.build_model(cfg)
+  with pytest.raises(ValueError, match=r"^model.encoder.moe.router.capacity_multiple_of=1 does "
+                     "not apply to soft_moe"):
+    vnn.build_model(tiny_config("soft_moe", capacity_multiple_of=1))

@@ -247,3 +247,26 @@ def test_checkpoints_from_before_dataset_sampling_resume_with_stream():
                      match=r"dataset.sampling: checkpoint '<absent>', config 'index'.*"
                      r"config.dataset.sampling='stream': set it to resume"):
     checkpoints.check_resume(old, {'data': index}, 'DIR')
+
+
+def test_evaluation_with_model_overrides_drops_fewer_tokens(tmp_path, topk_six_steps):
+  """config.evaluate.model_overrides: the evaluations during training (here the final
+  one) run the model with capacity factor 4.0, the training keeps its own. The run
+  is `topk_six_steps` (capacity factor 1.0: C = ceil(32 * 2 * 1.0 / 4) = 16 of S = 32
+  tokens) but for the override, so it trains the same steps and only its
+  evaluation differs: at 4.0, C = 64 capped at S = 32, so no token is dropped."""
+  from tests.train import helpers
+  _, plain = topk_six_steps
+  config = helpers.small_config('router=topk', **helpers.SIX_STEPS)
+  assert config.model.encoder.moe.router.capacity_factor == 1.0
+  config.evaluate.model_overrides = {'encoder': {'moe': {'router': {'capacity_factor': 4.0}}}}
+  summary = trainer.train_and_evaluate(config, str(tmp_path), devices=jax.devices()[:1])
+  assert summary['losses'] == plain['losses']                    # the same training
+  with open(os.path.join(tmp_path, 'metrics.jsonl')) as f:
+    records = [json.loads(line) for line in f]
+  assert plain['eval']['dropped_fraction'] > 0.05                # its evaluation drops
+  assert summary['eval']['dropped_fraction'] == 0.0              # at 4.0, none
+  assert summary['eval']['num_examples'] == plain['eval']['num_examples'] == 300
+  assert records[-1]['split'] == 'eval' and records[-1]['dropped_fraction'] == 0.0
+  # The accuracy changed only through routing (same parameters).
+  assert summary['eval']['loss'] != plain['eval']['loss']

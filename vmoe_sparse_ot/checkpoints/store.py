@@ -173,15 +173,19 @@ class Checkpointer:
   """Periodic async saves of a TrainState and fault-tolerant resume.
 
   Rotation keeps the last `keep` steps and the newest verified-good one (see
-  `_NewestVerified`), which `last_good` names, and resumes from, after a divergence.
+  `_NewestVerified`), which `last_good` names, and resumes from, after a divergence;
+  with `keep_steps_multiple_of` > 0 also every step that is a multiple of it, forever.
   """
 
-  def __init__(self, workdir: str, *, keep: int = 2, async_save: bool = True):
+  def __init__(self, workdir: str, *, keep: int = 2, async_save: bool = True,
+               keep_steps_multiple_of: int = 0):
     self.directory = layout.checkpoint_dir(workdir)
     # The newest `keep` steps, and the newest verified-good one even when older.
-    policy = ocp.checkpoint_managers.AnyPreservationPolicy([
-        ocp.checkpoint_managers.LatestN(keep),
-        _NewestVerified(lambda: self._finite_through)])
+    policies = [ocp.checkpoint_managers.LatestN(keep),
+                _NewestVerified(lambda: self._finite_through)]
+    if keep_steps_multiple_of > 0:  # Orbax's: steps with step % N == 0.
+      policies.append(ocp.checkpoint_managers.EveryNSteps(keep_steps_multiple_of))
+    policy = ocp.checkpoint_managers.AnyPreservationPolicy(policies)
     self._options = dict(preservation_policy=policy, async_save=async_save)
     self._workdir = workdir
     if jax.process_index() == 0 and os.path.isdir(self.directory):

@@ -164,6 +164,22 @@ def _same_kind(e: BaseException, message: str) -> Exception:
   return FileNotFoundError(message) if isinstance(e, OSError) else ValueError(message)
 
 
+def check_model_overrides(config: Mapping[str, Any]) -> None:
+  """config.evaluate.model_overrides: model keys over config.model that keep its
+  parameters (`nn.overrides`, which traces shapes); ConfigError naming the key otherwise."""
+  overrides = config['evaluate'].get('model_overrides') or {}
+  if not overrides:
+    return
+  from vmoe_sparse_ot.nn import overrides as nn_overrides  # pylint: disable=g-import-not-at-top
+  ds = config['dataset']
+  try:
+    nn_overrides.same_variables_model_config(
+        config['model'], overrides, (ds['image_size'], ds['image_size'], ds['channels']),
+        'config.evaluate.model_overrides')
+  except ValueError as e:
+    raise ConfigError(str(e)) from None
+
+
 def check_before_training(config: Mapping[str, Any], workdir: str) -> None:
   """All the training job's checks that need no model, then the model's own options.
 
@@ -181,4 +197,5 @@ def check_before_training(config: Mapping[str, Any], workdir: str) -> None:
   check_datasets(config)
   from vmoe_sparse_ot import nn  # pylint: disable=g-import-not-at-top
   model = nn.build_model(config['model'])
+  check_model_overrides(config)
   check_initialization(config, workdir, model)

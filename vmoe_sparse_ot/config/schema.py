@@ -157,6 +157,13 @@ def base_config() -> ml_collections.ConfigDict:
           # config.dataset's name and pp_eval, label_key (the feature read as
           # 'label') to 'label'. See vmoe_sparse_ot/train/periodic_eval.py.
           'datasets': {},
+          # Model keys replaced for every evaluation during training and the
+          # final one, as a nested dict over config.model, e.g. {'encoder': {'moe':
+          # {'router': {'capacity_factor': 4.0}}}} (the reference's
+          # evaluate.model_overrides): another capacity factor, router or K over
+          # the same parameters; a key that changes a parameter's shape is
+          # refused. {}: the training model.
+          'model_overrides': {},
       },
       # Parameters taken from other weights before the first step of a fresh run
       # (never the optimizer state or the step; a resumed run ignores this).
@@ -211,6 +218,11 @@ def base_config() -> ml_collections.ConfigDict:
           'every_steps': 500,
           'keep': 2,
           'async_save': True,
+          # Checkpoints at steps that are multiples of this are kept forever
+          # beside the last `keep` ones (e.g. cooldown snapshots), as the reference's
+          # save_checkpoint.keep_steps_multiple_of; only steps that are saved
+          # (multiples of every_steps) can be kept. 0: off.
+          'keep_steps_multiple_of': 0,
       },
       'log_every_steps': 50,
       # 0 disables periodic evaluation; the final step is always evaluated.

@@ -318,6 +318,7 @@ def validate(config: Mapping[str, Any]) -> None:
   _int(config, 'seed')
   _int(config, 'checkpoint.every_steps', 1)
   _int(config, 'checkpoint.keep', 1)
+  _int(config, 'checkpoint.keep_steps_multiple_of', 0)
   _choice(config, 'checkpoint.async_save', (True, False))
   # Optimizer and schedule.
   _choice(config, 'optimizer.name', OPTIMIZERS)

@@ -200,12 +200,10 @@ def check_param_shapes(model, param_shapes: Mapping[str, list[int]],
   `param_shapes` {'a/b/kernel': shape} from checkpoint metadata (or the restored
   arrays); only shapes are traced, no array is made.
   """
-  import jax  # pylint: disable=g-import-not-at-top
-
-  from vmoe_sparse_ot import checkpoints  # pylint: disable=g-import-not-at-top
-  image = jax.ShapeDtypeStruct((1, *input_shape), np.float32)
-  expected = checkpoints.param_shapes(jax.eval_shape(
-      lambda x: model.init({'params': jax.random.key(0)}, x, train=False)['params'], image))
+  from vmoe_sparse_ot.nn import overrides as nn_overrides  # pylint: disable=g-import-not-at-top
+  expected = {name.removeprefix('params/'): shape for name, shape in
+              nn_overrides.variable_shapes(model, input_shape).items()
+              if name.startswith('params/')}
   have = {k: list(v) for k, v in param_shapes.items()}
   diffs = [f'{k}: checkpoint {have.get(k, "<absent>")}, model {expected.get(k, "<absent>")}'
            for k in sorted(set(expected) | set(have)) if expected.get(k) != have.get(k)]

@@ -31,7 +31,7 @@ _MODEL_KEYS = ("name", "variant", "num_classes", "patch_size", "hidden_size", "c
 _ENCODER_KEYS = ("num_layers", "num_heads", "mlp_dim", "dropout_rate",
                  "attention_dropout_rate", "moe")
 _MOE_KEYS = ("layers", "num_experts", "group_size", "dispatcher", "routed_tokens_dtype",
-             "split_rngs", "router")
+             "split_rngs", "dropout_rate", "router")
 
 
 def _pair(x) -> tuple:
@@ -83,9 +83,23 @@ def build_model(model_config: Mapping[str, Any]) -> nn.Module:
                        f"{num_experts} and {group_size}")
     moe_layers = parse_moe_layers(moe_cfg.get("layers", "every_2"), num_layers)
     split_rngs = moe_cfg.get("split_rngs", False)
+    moe_dropout = moe_cfg.get("dropout_rate")
+    if moe_dropout is not None and not (
+        isinstance(moe_dropout, (int, float)) and not isinstance(moe_dropout, bool)
+        and 0 <= moe_dropout < 1):
+      raise ValueError("model.encoder.moe.dropout_rate must be None (the experts use "
+                       f"model.encoder.dropout_rate) or in [0, 1), got {moe_dropout!r}")
+    router = parse_router_options(moe_cfg["router"])
+    try:  # C from S, E and the router's options, checked before anything is traced.
+      ROUTERS[router.name].capacity(router.options, group_size, num_experts)
+    except ValueError as e:
+      text = str(e)
+      raise ValueError(text if text.startswith("model.") else
+                       f"model.encoder.moe.router.{text}") from None
     moe = dict(num_experts=num_experts, group_size=group_size, dispatcher=dispatcher,
-               routed_tokens_dtype=routed_dtype, split_rngs=split_rngs,
-               router=parse_router_options(moe_cfg["router"]))
+               routed_tokens_dtype=routed_dtype, split_rngs=split_rngs, router=router)
+    if moe_dropout is not None:  # Else the experts use encoder.dropout_rate.
+      moe["dropout_rate"] = float(moe_dropout)
   return VisionTransformer(
       num_classes=int(cfg["num_classes"]),
       patch_size=patch_size,

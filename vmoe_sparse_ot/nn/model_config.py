@@ -6,6 +6,7 @@ reachable from the command line (`--config.model.encoder.moe.router.name=sbase`)
 The model's own option checks (`check_model_options`, `variant_sizes`) live here
 too: `nn.build_model` and config validation both call them.
 """
+import copy
 import dataclasses
 import typing
 
@@ -75,11 +76,34 @@ COMPUTE_KEYS = ('dtype', 'remat')
 COMPUTE_DEFAULTS = {'dtype': None, 'remat': False}
 
 
+# Keys added after checkpoints recorded model configs, with their defaults: a
+# record leaves them out at these values, and a record without them means these
+# values, so workdirs written before they existed still resume and evaluate.
+LATER_DEFAULTS = {
+    ('encoder', 'moe', 'dropout_rate'): None,
+    ('encoder', 'moe', 'router', 'capacity_ceil_or_round'): 'ceil',
+    ('encoder', 'moe', 'router', 'capacity_multiple_of'): 4,
+}
+
+
+def _without_later_defaults(model_config: dict) -> dict:
+  out = copy.deepcopy(model_config)
+  for path, default in LATER_DEFAULTS.items():
+    node = out
+    for key in path[:-1]:
+      node = node.get(key) if isinstance(node, dict) else None
+    if isinstance(node, dict) and path[-1] in node and node[path[-1]] == default:
+      del node[path[-1]]
+  return out
+
+
 def without_compute_keys(model_config, *, only_defaults: bool = False) -> dict:
   """A copy of a model config dict without `COMPUTE_KEYS` (with `only_defaults`,
-  only those at their defaults, so a record looks as it did before they existed)."""
-  return {k: v for k, v in dict(model_config).items()
-          if k not in COMPUTE_KEYS or (only_defaults and v != COMPUTE_DEFAULTS[k])}
+  only those at their defaults, so a record looks as it did before they existed),
+  and without the `LATER_DEFAULTS` keys at their defaults."""
+  return _without_later_defaults(
+      {k: v for k, v in dict(model_config).items()
+       if k not in COMPUTE_KEYS or (only_defaults and v != COMPUTE_DEFAULTS[k])})
 
 
 def variant_sizes(variant: str) -> dict:
@@ -186,6 +210,10 @@ def default_model_config() -> ml_collections.ConfigDict:
               # alike (one draw, repeated) and shares dropout masks across experts;
               # True draws each expert's parameters and dropout independently.
               'split_rngs': False,
+              # Dropout inside the experts' MLPs (after the GELU and after the
+              # output projection, as the reference V-MoE's MlpMoeBlock
+              # `dropout_rate`); None: encoder.dropout_rate, as the dense MLPs.
+              'dropout_rate': ml_collections.FieldReference(None, field_type=float),
               'router': default_router_config(),
           },
       },

@@ -82,11 +82,21 @@ def expert_weights(routing, group_size: int) -> Array:
   return jax.vmap(scatter)(routing.token_index, w)
 
 
-def compute_capacity(group_size: int, num_experts: int, num_selected_experts: int,
-                     capacity_factor: float, capacity: Optional[int] = None) -> int:
-  """C = ceil(S*K*capacity_factor/E) rounded up to a multiple of 4, capped at S.
+CEIL_OR_ROUND = ("ceil", "round")
 
-  An explicit `capacity` is used as is (also capped at S).
+
+def compute_capacity(group_size: int, num_experts: int, num_selected_experts: int,
+                     capacity_factor: float, capacity: Optional[int] = None, *,
+                     ceil_or_round: str = "ceil", multiple_of: int = 4) -> int:
+  """C from the capacity factor, as the reference V-MoE's `compute_capacity`, capped at S.
+
+  With T = S*K tokens to spread over E experts (the reference's `num_tokens`):
+  C = ceil(T*capacity_factor/E) (`ceil_or_round='ceil'`, the default) or Python's
+  round(T*capacity_factor/E) ('round': halves go to the even integer, as there),
+  then raised to the next multiple of `multiple_of` (0 or 1: left as is), and
+  capped at S (the reference leaves it above S). An explicit `capacity` is used
+  as is (also capped at S). Raises ValueError when C would be below 1, as the
+  reference does ('round' of a value under 0.5).
   """
   if capacity is not None:
     if capacity < 1:
@@ -94,9 +104,20 @@ def compute_capacity(group_size: int, num_experts: int, num_selected_experts: in
     return min(int(capacity), group_size)
   if capacity_factor <= 0:
     raise ValueError(f"capacity_factor must be > 0, got {capacity_factor}")
-  c = math.ceil(group_size * num_selected_experts * capacity_factor / num_experts)
-  c = 4 * math.ceil(c / 4)
-  return max(1, min(c, group_size))
+  if ceil_or_round not in CEIL_OR_ROUND:
+    raise ValueError(f"capacity_ceil_or_round must be one of {list(CEIL_OR_ROUND)}, "
+                     f"got {ceil_or_round!r}")
+  if multiple_of < 0:
+    raise ValueError(f"capacity_multiple_of must be >= 0, got {multiple_of}")
+  target = group_size * num_selected_experts * capacity_factor / num_experts
+  c = int(math.ceil(target) if ceil_or_round == "ceil" else round(target))
+  if c < 1:
+    raise ValueError(f"capacity_factor={capacity_factor} gives C = {ceil_or_round}"
+                     f"({group_size * num_selected_experts} * {capacity_factor} / {num_experts})"
+                     f" = {c} slots per expert; C must be >= 1")
+  if multiple_of > 0:
+    c += (-c) % multiple_of
+  return min(c, group_size)
 
 
 def assign_token_choice(expert_index: Array, token_mask: Array, num_experts: int,

@@ -21,8 +21,8 @@ checkpoints more often, reuses the programs.
 Some functions are built from less than the whole config, and are kept under
 a key of only that (`run_key(..., only=...)`): the initializing programs and
 abstract shapes (`INIT_FROM`: the model, its input shape, the optimizer and
-the seed), the evaluation step (`EVAL_FROM`: the model and the
-loss) and the finiteness check of the state (`only=()`: the mesh alone). A
+the seed), the evaluation step (`EVAL_FROM`: the model, its evaluation
+overrides, the image size (it counts tokens per image) and the loss) and the finiteness check of the state (`only=()`: the mesh alone). A
 run that differs elsewhere -- another learning rate, batch size, loss or
 logging interval (each its own train step) -- reuses them: in a sweep over
 learning rates in one process, each run compiles its train step only. At
@@ -50,7 +50,7 @@ LOOP_ONLY = ('train_steps', 'checkpoint', 'eval_every_steps', 'fewshot', 'profil
 INIT_FROM = ('model', 'dataset.image_size', 'dataset.channels', 'optimizer', 'seed')
 # What the evaluation step is built from (the eval batch's shape is the
 # input's: jit compiles per shape).
-EVAL_FROM = ('model', 'loss')
+EVAL_FROM = ('model', 'loss', 'evaluate.model_overrides', 'dataset.image_size')
 _runs: collections.OrderedDict[Hashable, dict[str, Any]] = collections.OrderedDict()
 
 

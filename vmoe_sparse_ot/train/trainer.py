@@ -40,6 +40,7 @@ from vmoe_sparse_ot import workdir_layout
 from vmoe_sparse_ot import data as data_lib
 from vmoe_sparse_ot import initialization
 from vmoe_sparse_ot import nn
+from vmoe_sparse_ot.nn import overrides as model_overrides_lib
 from vmoe_sparse_ot import atomic
 from vmoe_sparse_ot import checkpoints
 from vmoe_sparse_ot import config as config_lib
@@ -187,7 +188,9 @@ def with_metrics(step_fn):
 
 
 def evaluate(eval_step, params, dataset, sharding, model_state=None) -> dict[str, float]:
-  """Loss and top-1 accuracy over every real (mask=True) example of `dataset`.
+  """Loss and top-1 accuracy over every real (mask=True) example of `dataset`, and,
+  for an eval step that reports routing (a V-MoE), `dropped_fraction`: the real
+  tokens no expert processed, over all MoE layers.
 
   `model_state`: the TrainState's (the current router state; {} or None: none).
   """
@@ -196,11 +199,40 @@ def evaluate(eval_step, params, dataset, sharding, model_state=None) -> dict[str
     # Summed on device; fetched once at the end.
     out = eval_step(params, batch, model_state or {})
     totals = out if totals is None else jax.tree.map(jnp.add, totals, out)
-  totals = {k: float(v) for k, v in jax.device_get(totals).items()} if totals else {}
+  totals = jax.device_get(totals) if totals else {}
+  routing = totals.pop('routing', None)
+  totals = {k: float(v) for k, v in totals.items()}
   count = max(totals.get('count', 0.0), 1.0)
-  return {'loss': totals.get('loss_sum', 0.0) / count,
-          'accuracy': totals.get('correct', 0.0) / count,
-          'num_examples': int(totals.get('count', 0.0))}
+  result = {'loss': totals.get('loss_sum', 0.0) / count,
+            'accuracy': totals.get('correct', 0.0) / count,
+            'num_examples': int(totals.get('count', 0.0))}
+  if routing:
+    tokens = sum(int(r['tokens']) for r in routing.values())
+    result['dropped_fraction'] = sum(int(r['dropped']) for r in routing.values()) / max(
+        tokens, 1)
+  return result
+
+
+def eval_model(config: ml_collections.ConfigDict, model):
+  """The model of the evaluations during training: `model`, or the one of
+  `config.evaluate.model_overrides` over config.model (the same parameters)."""
+  overrides = config.evaluate.get('model_overrides') or {}
+  if not overrides:
+    return model
+  overrides = overrides.to_dict() if hasattr(overrides, 'to_dict') else dict(overrides)
+  model_config = model_overrides_lib.apply_overrides(config.model, overrides,
+                                                     'config.evaluate.model_overrides')
+  changed = ', '.join(f'{k}={v!r}' for k, v in model_overrides_lib.leaves(overrides).items())
+  logging.info('Evaluating with config.evaluate.model_overrides: %s', changed)
+  return nn.build_model(model_config)
+
+
+def _tokens_per_image(model, image_size: int) -> int | None:
+  """N, the tokens of one image in the encoder (None for a dense model)."""
+  if not model.moe_layers:
+    return None
+  ph, pw = model.patch_size
+  return (image_size // ph) * (image_size // pw) + int(model.classifier == 'token')
 
 
 def _write_config(config: ml_collections.ConfigDict, workdir: str) -> None:
@@ -299,8 +331,9 @@ def _train_and_evaluate(config, workdir, model, devices, allow_schedule_change, 
   params_sharding = state_sharding.params
 
   meta = run_meta(config, abstract_params)
-  ckpt = checkpoints.Checkpointer(workdir, keep=config.checkpoint.keep,
-                                  async_save=config.checkpoint.async_save)
+  ckpt = checkpoints.Checkpointer(
+      workdir, keep=config.checkpoint.keep, async_save=config.checkpoint.async_save,
+      keep_steps_multiple_of=int(config.checkpoint.get('keep_steps_multiple_of', 0)))
   changes = []
 
   def check_meta(saved):
@@ -369,8 +402,13 @@ def _train_loop(config, workdir, model, mesh, tx, schedule, ckpt, state, start_s
   if start_step == 0:
     writer.write_hparams({k: v for k, v in config_lib.flatten(config.to_dict()).items()
                           if isinstance(v, (int, float, str, bool))})
+  # The model of config.evaluate.model_overrides (e.g. another capacity factor),
+  # for the periodic and the final evaluations.
+  evaluated = eval_model(config, model)
   eval_step = programs.get(keys['eval'], 'eval_step', lambda: jax.jit(
-      periodic_eval.make_eval_step(model, config.loss.name),
+      periodic_eval.make_eval_step(
+          evaluated, config.loss.name,
+          num_tokens=_tokens_per_image(evaluated, int(ds_cfg.image_size))),
       in_shardings=(state_sharding.params, batch_sharding, state_sharding.model_state),
       out_shardings=replicated))
   eval_sets = periodic_eval.eval_sets(config)

@@ -85,9 +85,17 @@ class CommonOptions:
       2, "K: experts per token (also sets C below).", check=AT_LEAST_ONE)
   capacity_factor: float = option(
       1.0, "C = ceil(S * K * capacity_factor / E), rounded up to a multiple of 4 "
-      "(the reference V-MoE's rule for token choice); routers that count tokens per "
+      "(the reference V-MoE's rule for token choice; `capacity_ceil_or_round` and "
+      "`capacity_multiple_of` change both steps); routers that count tokens per "
       "expert (expert_choice) use S instead of S * K. Unused when `capacity` is set.",
       check=POSITIVE)
+  capacity_ceil_or_round: str = option(
+      "ceil", "How C is made whole from S * K * capacity_factor / E: 'ceil' (default) "
+      "or 'round' (Python's round: halves to even), as the reference V-MoE's "
+      "dispatcher option of this name.", choices=rt.CEIL_OR_ROUND)
+  capacity_multiple_of: int = option(
+      4, "C is then raised to the next multiple of this (0 or 1: left as is), as the "
+      "reference V-MoE's dispatcher option of this name.", check=NON_NEGATIVE)
   capacity: Optional[int] = option(
       None, "C, used as is when set (capped at S).", check=AT_LEAST_ONE)
   batch_priority: bool = option(
@@ -98,7 +106,9 @@ class CommonOptions:
 def default_capacity(opts: CommonOptions, group_size: int, num_experts: int) -> int:
   """C for the router's expert buffers (V-MoE's rule, see `routing.compute_capacity`)."""
   return rt.compute_capacity(group_size, num_experts, opts.num_selected_experts,
-                             opts.capacity_factor, opts.capacity)
+                             opts.capacity_factor, opts.capacity,
+                             ceil_or_round=opts.capacity_ceil_or_round,
+                             multiple_of=opts.capacity_multiple_of)
 
 
 def gate_noise_std(noise_std: Optional[float], num_experts: int) -> float:

@@ -30,8 +30,11 @@ class ExpertChoiceOptions(base.CommonOptions):
 
 
 def capacity(opts: ExpertChoiceOptions, group_size: int, num_experts: int) -> int:
-  """C = ceil(S * capacity_factor / E) rounded up to a multiple of 4 (at most S)."""
-  return rt.compute_capacity(group_size, num_experts, 1, opts.capacity_factor, opts.capacity)
+  """C = ceil(S * capacity_factor / E) rounded up to a multiple of 4 (at most S), or as
+  `capacity_ceil_or_round` and `capacity_multiple_of` say."""
+  return rt.compute_capacity(group_size, num_experts, 1, opts.capacity_factor, opts.capacity,
+                             ceil_or_round=opts.capacity_ceil_or_round,
+                             multiple_of=opts.capacity_multiple_of)
 
 
 def route(logits: Array, token_mask: Array, opts: ExpertChoiceOptions, capacity: int,

@@ -35,6 +35,11 @@ class SoftMoEOptions(base.CommonOptions):
 
 def capacity(opts: SoftMoEOptions, group_size: int, num_experts: int) -> int:
   """Slots per expert."""
+  for key, default in (("capacity_ceil_or_round", "ceil"), ("capacity_multiple_of", 4)):
+    if getattr(opts, key) != default:  # The reference's Soft MoE has no such option.
+      raise ValueError(f"model.encoder.moe.router.{key}={getattr(opts, key)!r} does not "
+                       "apply to soft_moe, whose slots are round(S * capacity_factor / E) "
+                       f"as the reference's Soft MoE has them; leave it at {default!r}")
   if opts.capacity is not None:
     return opts.capacity
   return max(1, base.round_half_up(group_size * opts.capacity_factor / num_experts))
