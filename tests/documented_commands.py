@@ -139,7 +139,15 @@ COMMANDS = {
     # A config file of the reference code, translated: its keys, overrides, refusals.
     'python -m vmoe_sparse_ot.main --config=FILE[:ARG] --workdir=W': Covered(
         'tests/config/test_reference.py::'
-        'test_command_line_overrides_use_the_files_key_names_and_bad_keys_exit_2'),
+        'test_a_key_with_no_mapping_exits_2_in_one_line_and_writes_nothing'),
+    'PYTHONPATH=/path/to/vmoe .venv/bin/python -m vmoe_sparse_ot.main --config=/path/to/vmoe/'
+    'vmoe/configs/vmoe_paper/vmoe_s32_last2_ilsvrc2012_randaug_light1.py --workdir=W '
+    '--config.dataset.train.batch_size=1024': Covered(
+        'tests/config/test_reference.py::'
+        'test_the_shrunk_reference_run_script_resolves_its_overrides'),
+    'bash scripts/reference_s32_embedded.sh /path/to/vmoe': Covered(
+        'tests/config/test_reference.py::'
+        'test_the_shrunk_reference_run_script_resolves_its_overrides'),
     'python -m vmoe_sparse_ot.main': Usage('vmoe_sparse_ot.main', (
         '--config', '--workdir', '--print_config', '--coordinator_address')),
     # --- jobs on the workdirs above ---
@@ -231,7 +239,9 @@ def extract(text: str) -> list[str]:
     elif fenced:
       stripped = line.strip()
       # `python -m X: error: ...` is a console line the docs quote, not a command.
-      if stripped.startswith(_PREFIXES) and not re.match(r'python -m [\w.]+: ', stripped):
+      # Leading environment assignments (`PYTHONPATH=... python -m ...`) belong to it.
+      command = re.sub(r'^(?:[A-Z_][A-Z0-9_]*=\S+\s+)+', '', stripped)
+      if command.startswith(_PREFIXES) and not re.match(r'python -m [\w.]+: ', command):
         parts = [stripped]
         while parts[-1].endswith('\\') and i + 1 < len(lines):
           parts[-1] = parts[-1][:-1]

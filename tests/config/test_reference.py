@@ -3,9 +3,12 @@
 The config files under tests/config/reference_configs/ are written for these tests
 from the reference layout's documentation; expectations are written out by hand.
 """
+import json
 import math
 import os
 import re
+import shutil
+import subprocess
 
 import ml_collections
 import numpy as np
@@ -17,6 +20,7 @@ from vmoe_sparse_ot.config import reference
 from vmoe_sparse_ot.train import optimizer
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
 S32 = os.path.join(HERE, 'reference_configs', 's32_ilsvrc2012.py')
 B16_FT = os.path.join(HERE, 'reference_configs', 'b16_ft_cifar10.py')
 # A made-up size of imagenet2012's train[:99%], for train_epochs.
@@ -53,7 +57,8 @@ def test_s32_data_evaluation_and_checkpoints_by_hand():
   extra = ours.evaluate.datasets.to_dict()
   assert extra == {
       'val': {'dataset': 'imagenet2012', 'split': 'train[99%:]', 'pp': d.pp_eval},
-      'real': {'dataset': 'imagenet2012_real', 'split': 'validation',
+      'imagenet_v2': {'dataset': 'imagenet_v2', 'split': 'test', 'pp': d.pp_eval},
+      'imagenet_real': {'dataset': 'imagenet2012_real', 'split': 'validation',
                'pp': 'decode|resize_small(256)|central_crop(224)|value_range(-1,1)|onehot('
                      '1000, inkey="real_label", outkey="labels")|keep("image", "labels")'}}
   assert ours.evaluate.model_overrides.to_dict() == {
@@ -287,25 +292,36 @@ def test_the_docs_show_the_mapping_table():
       'docs/REFERENCE.md: paste reference.markdown_table() between its markers')
 
 
-def test_command_line_overrides_use_the_files_key_names_and_bad_keys_exit_2(tmp_path):
-  """--print_config of the file with overrides in its own names, then an unknown key:
-  one line, exit status 2, no workdir."""
+def test_the_shrunk_reference_run_script_resolves_its_overrides(tmp_path):
+  """scripts/reference_s32_embedded.sh on a stand-in checkout of the reference code
+  (this test's S/32 file at the reference file's path): every override names the
+  file's own keys, and the translated config is the embedded-data run."""
+  checkout = tmp_path / 'vmoe'
+  target = checkout / 'vmoe' / 'configs' / 'vmoe_paper'
+  target.mkdir(parents=True)
+  shutil.copy(S32, target / 'vmoe_s32_last2_ilsvrc2012_randaug_light1.py')
+  proc = subprocess.run(['bash', 'scripts/reference_s32_embedded.sh', str(checkout),
+                         '--print_config'], cwd=ROOT, capture_output=True, text=True,
+                        timeout=300)
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  config = json.loads(proc.stdout[proc.stdout.index('{'):])
+  assert config['train_steps'] == 4096 // 128
+  assert (config['dataset']['name'], config['dataset']['eval_split'],
+          config['dataset']['image_size']) == ('embedded_mnist', 'test[:1024]', 32)
+  assert config['evaluate']['datasets']['imagenet_v2']['dataset'] == 'sklearn_digits'
+  assert config['model']['encoder']['moe']['dropout_rate'] == 0.2
+  assert config['evaluate']['model_overrides'] == {
+      'encoder': {'moe': {'router': {'capacity_factor': 4.0}}}}
+  assert 'read a config in the reference V-MoE layout' in proc.stderr
+
+
+def test_a_key_with_no_mapping_exits_2_in_one_line_and_writes_nothing(tmp_path):
   bad = tmp_path / 'bad.py'
   with open(S32) as f:
     bad.write_text(f.read().replace('  config.seed = 0', '  config.seed = 0\n  config.warmup = 3'))
   workdir = tmp_path / 'run'
-  printed, refused = main_cases.run_main_cases([
-      [f'--config={S32}', '--config.dataset.train.batch_size=256',
-       '--config.dataset.train.name=embedded_mnist', '--config.dataset.train.split=train',
-       '--config.dataset.test.name=embedded_mnist', '--config.dataset.val.name=embedded_mnist',
-       '--config.train_epochs=1', '--print_config'],
-      [f'--config={bad}', f'--workdir={workdir}']], dict(os.environ))
-  assert printed.returncode == 0, printed.stderr[-2000:]
-  import json
-  config = json.loads(printed.stdout)
-  assert config['batch_size'] == 256
-  assert config["train_steps"] == math.ceil(50_000 / 256)  # the embedded train split: 50,000
-  assert 'read a config in the reference V-MoE layout' in printed.stderr
+  refused, = main_cases.run_main_cases([[f'--config={bad}', f'--workdir={workdir}']],
+                                       dict(os.environ))
   assert refused.returncode == 2
   assert refused.stderr.strip().count('\n') == 0 and 'warmup' in refused.stderr, refused.stderr
   assert not workdir.exists()

@@ -36,7 +36,8 @@ def get_config():
       shuffle_buffer=50_000, manual_dir=None)
   config.dataset.val = _eval('imagenet2012', 'train[99%:]')
   config.dataset.test = _eval('imagenet2012', 'validation')
-  config.dataset.real = _eval(
+  config.dataset.imagenet_v2 = _eval('imagenet_v2', 'test')
+  config.dataset.imagenet_real = _eval(
       'imagenet2012_real', 'validation',
       f'onehot({NUM_CLASSES}, inkey="real_label", outkey="labels")|keep("image", "labels")')
   config.loss = ml_collections.ConfigDict({'name': 'sigmoid_xent'})
