@@ -48,7 +48,7 @@ USER_ERRORS = [
     ('vmoe_sparse_ot.main', [f'--config={TINY}', '--workdir={tmp}/w',
                              '--config.model.encoder.moe.routr.name=topk'],
      "Unknown config key 'routr' in --config.model.encoder.moe.routr.name; valid keys under "
-     "config.model.encoder.moe: dispatcher, group_size"),
+     "config.model.encoder.moe: dispatcher, dropout_rate, group_size"),
     ('vmoe_sparse_ot.main', [f'--config={TINY}:router=bogus', '--workdir={tmp}/w'],
      "model.encoder.moe.router.name must be one of ['expert_choice', 'sbase', 'sinkhorn_ec', "
      "'soft_moe', 'sparse_ot', 'topk', 'topk_bias'], got 'bogus'"),

@@ -56,6 +56,8 @@ PROG = 'python -m vmoe_sparse_ot.fewshot'
 
 _CONFIG = config_flags.DEFINE_config_file(
     'config', None, 'Config file of the training run (ml_collections).', lock_config=True)
+# Local or remote (gs://) files, this project's or the reference code's layout.
+flags.FLAGS['config'].parser = cli.ConfigFileParser('config')
 _WORKDIR = flags.DEFINE_string('workdir', None, 'Training workdir holding checkpoints/.')
 _STEP = flags.DEFINE_integer('step', None, 'Checkpoint step to evaluate (default: latest).')
 _USE_CHECKPOINT_CONFIG = flags.DEFINE_bool(

@@ -49,6 +49,8 @@ _LOST_PEER_HINTS = ('Connection reset by peer', 'Connection closed by peer', 'Br
 _CONFIG = config_flags.DEFINE_config_file(
     'config', None, 'Config file, optionally with an argument: path.py[:key=value,...].',
     lock_config=True)
+# Local or remote (gs://) files, this project's or the reference code's layout.
+flags.FLAGS['config'].parser = cli.ConfigFileParser('config')
 _WORKDIR = flags.DEFINE_string('workdir', None, 'Directory for checkpoints and metrics.')
 _PRINT_CONFIG = flags.DEFINE_bool(
     'print_config', False, 'Print the resolved config (after overrides) as JSON and exit.')

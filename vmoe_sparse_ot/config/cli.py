@@ -13,6 +13,8 @@ import os
 import sys
 from typing import Any, Mapping, NoReturn, Sequence
 
+from absl import flags as absl_flags
+
 from vmoe_sparse_ot.errors import first_line
 from vmoe_sparse_ot.config.files import load_config_file
 
@@ -106,3 +108,25 @@ def print_stdout(text: str) -> None:
 def format_config(config: Any) -> str:
   """The resolved config as indented JSON (what --print_config shows)."""
   return json.dumps(config.to_dict(), indent=2, sort_keys=True, default=repr)
+
+
+class ConfigFileParser(absl_flags.ArgumentParser):
+  """Every job's --config parser: `load_config_file` (remote paths too), untranslated, locked.
+
+  Set on a `config_flags.DEFINE_config_file` flag (`FLAGS['config'].parser = ...`):
+  it replaces config_flags' own loader (local files only), which still applies the
+  `--config.KEY=VALUE` overrides to what this returns; those name the file's own
+  keys, so a reference config file is translated after them
+  (`config.reference.resolve`).
+  """
+
+  def __init__(self, name: str):
+    self.name = name
+
+  def parse(self, argument):
+    config = load_config_file(argument, translate=False)
+    config.lock()
+    return config
+
+  def flag_type(self):
+    return 'config object'

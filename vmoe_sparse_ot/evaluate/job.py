@@ -492,28 +492,8 @@ def _define_flags(fv: flags.FlagValues) -> dict[str, Any]:
           "--workdir optional, its model must be the checkpoint's; with --checkpoint "
           'required, it gives the model.', flag_values=fv, lock_config=True),
   }
-  fv['config'].parser = _ConfigFileParser('config')
+  fv['config'].parser = cli.ConfigFileParser('config')
   return holders
-
-
-class _ConfigFileParser(flags.ArgumentParser):
-  """The --config file's parser: `config.load_config_file` (remote paths too), locked.
-
-  Replaces `config_flags`' own loader (local files only); `config_flags` still
-  applies the `--config.KEY=VALUE` overrides to what this returns.
-  """
-
-  def __init__(self, name: str):
-    self.name = name
-
-  def parse(self, argument):
-    # Untranslated: `--config.KEY=VALUE` overrides name the file's own keys.
-    config = config_lib.load_config_file(argument, translate=False)
-    config.lock()
-    return config
-
-  def flag_type(self):
-    return 'config object'
 
 
 def _usage(fv: flags.FlagValues) -> str:
