@@ -40,29 +40,3 @@ def test_small_replicated_arrays_are_saved_whole_and_large_ones_in_slices(tmp_pa
   slice_elems = checkpoints.MIN_REPLICA_SLICE_BYTES // 4
   large = {'kernel': jnp.asarray(rng.standard_normal((8, slice_elems)), jnp.float32)}
   assert _save_and_restore(large, str(tmp_path / 'large')) >= 8
-
-
-def test_keep_steps_multiple_of_keeps_those_steps_beside_the_last_ones(tmp_path, topk_six_steps):
-  """checkpoint.keep_steps_multiple_of=2, keep=1, saves every step: the multiples of 2
-  stay forever beside the newest step (and the newest verified-good one, the step
-  before it), and a resumed run goes on from the newest."""
-  import os
-
-  from vmoe_sparse_ot.train import trainer
-  from tests.train import helpers
-
-  def saved():
-    return sorted(int(d) for d in os.listdir(tmp_path / 'checkpoints') if d.isdigit())
-
-  run = dict(checkpoint__every_steps=1, checkpoint__keep=1,
-             checkpoint__keep_steps_multiple_of=2)
-  trainer.train_and_evaluate(helpers.small_config(train_steps=5, **run), str(tmp_path),
-                             devices=jax.devices()[:1])
-  # 5: the newest (keep=1); 4: the newest verified one (step 5's loss was finite);
-  # 2 and 4: multiples of 2. Without the option: [4, 5].
-  assert saved() == [2, 4, 5]
-  summary = trainer.train_and_evaluate(helpers.small_config(train_steps=7, **run),
-                                       str(tmp_path), devices=jax.devices()[:1],
-                                       allow_schedule_change=True)
-  assert summary['step'] == 7 and len(summary['losses']) == 2   # steps 6 and 7 only
-  assert saved() == [2, 4, 6, 7]

@@ -310,7 +310,7 @@ def test_moe_dropout_rate_sets_the_experts_dropout_only():
 @pytest.mark.parametrize("key, value, message", [
     ("capacity_ceil_or_round", "floor", r"router.capacity_ceil_or_round must be one of "
      r"\['ceil', 'round'\], got 'floor'"),
-    ("capacity_multiple_of", -1, r"router.capacity_multiple_of must be >= 0, got -1"),
+    ("capacity_multiple_of", -1, r"router.capacity_multiple_of must be an integer >= 0, got -1"),
 ])
 def test_capacity_options_bad_values_name_the_key(key, value, message):
   cfg = tiny_config()

@@ -103,7 +103,7 @@ def test_checkpoints_resume_and_evaluate_across_compute_keys():
   config = config_lib.load_config_file('configs/vmoe_tiny_mnist.py')
   # A record written before the keys existed, and one of the default config.
   now = config.model.to_dict()
-  old = {k: v for k, v in now.items() if k not in ('dtype', 'remat')}
+  old = nn.model_config.without_compute_keys(now)
   assert trainer.run_meta(config, {})['model_config'] == trainer._json(old)
   config.model.remat, config.model.dtype = True, 'bfloat16'
   assert checkpoint_config.model_config_differences(old, config.model) == []

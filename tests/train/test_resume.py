@@ -91,3 +91,24 @@ def test_kill_and_resume_matches_uninterrupted_run(tmp_path, caplog):
   assert got_step == want_step == STEPS
   for (path, a), b in zip(jax.tree_util.tree_flatten_with_path(got)[0], jax.tree.leaves(want)):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b), err_msg=str(path))
+
+
+def test_keep_steps_multiple_of_keeps_those_steps_beside_the_last_ones(tmp_path):
+  """checkpoint.keep_steps_multiple_of=2, keep=1, saves every step: the multiples of 2
+  stay forever beside the newest step (and the newest verified-good one, the step
+  before it), and a resumed run goes on from the newest."""
+  def saved():
+    return sorted(int(d) for d in os.listdir(tmp_path / 'checkpoints') if d.isdigit())
+
+  run = dict(checkpoint__every_steps=1, checkpoint__keep=1,
+             checkpoint__keep_steps_multiple_of=2)
+  trainer.train_and_evaluate(helpers.small_config(train_steps=5, **run), str(tmp_path),
+                             devices=jax.devices()[:1])
+  # 5: the newest (keep=1); 4: the newest verified one (step 5's loss was finite);
+  # 2 and 4: multiples of 2. Without the option: [4, 5].
+  assert saved() == [2, 4, 5]
+  summary = trainer.train_and_evaluate(helpers.small_config(train_steps=7, **run),
+                                       str(tmp_path), devices=jax.devices()[:1],
+                                       allow_schedule_change=True)
+  assert summary['step'] == 7 and len(summary['losses']) == 2   # steps 6 and 7 only
+  assert saved() == [2, 4, 6, 7]
