@@ -185,9 +185,9 @@ def image_shape(param_shapes: Mapping[str, list[int]], classifier: str) -> tuple
   """
   ph, pw, channels, _ = param_shapes['embedding/kernel']
   if 'encoder/pos_embedding' not in param_shapes and 'embedding/kernel' in param_shapes:
-    raise ValueError("the model has no learned position embedding (model.encoder."
-                     "position_emb 'sincos2d' or 'none'): its image size cannot be read "
-                     'from its parameters')
+    raise ValueError("no encoder/pos_embedding among the parameters: the image size is "
+                     "read from it (a model with model.encoder.position_emb 'sincos2d' or "
+                     "'none' does not tell its image size)")
   num_tokens = param_shapes['encoder/pos_embedding'][1]
   patches = num_tokens - (1 if classifier == 'token' else 0)
   side = math.isqrt(patches)
