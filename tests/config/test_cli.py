@@ -30,3 +30,26 @@ def test_negative_topk_bias_update_rate_is_one_line_with_exit_status_2(capsys):
   assert capsys.readouterr().err == (
       'python -m vmoe_sparse_ot.main: error: model.encoder.moe.router.topk_bias.update_rate '
       'must be >= 0, got -1.0\n')
+
+
+@pytest.mark.parametrize('edit, check, line', [
+    (lambda c: c.model.encoder.__setattr__('position_emb', 'rope'), 'validate',
+     "config.model.encoder.position_emb='rope': must be one of ['learned', 'sincos2d', "
+     "'none']"),
+    (lambda c: c.model.__setattr__('num_classes', None), 'validate',
+     'config.model.num_classes=None: training needs a head'),
+    (lambda c: c.model.encoder.moe.router.__setattr__('name', 'topk'), 'build_model',
+     'model.encoder.moe.router.soft_moe.num_slots applies to the soft_moe router only'),
+])
+def test_bad_soft_moe_recipe_values_are_one_line_with_exit_status_2(edit, check, line,
+                                                                     capsys):
+  from vmoe_sparse_ot.config.validation import validate  # pylint: disable=g-import-not-at-top
+  config = load('softmoe_tiny_mnist.py')
+  edit(config)
+  with pytest.raises(ValueError) as error:
+    validate(config) if check == 'validate' else nn.build_model(config.model)
+  with pytest.raises(SystemExit) as info:
+    cli.fail('python -m vmoe_sparse_ot.main', error.value)
+  err = capsys.readouterr().err
+  assert info.value.code == 2 and err.count('\n') == 1
+  assert err.startswith('python -m vmoe_sparse_ot.main: error: ' + line), err

@@ -214,13 +214,43 @@ def test_a_float_learning_rate_and_a_float_weight_decay():
   assert (ours.optimizer.weight_decay, ours.optimizer.weight_decay_regex) == (0.1, '.*')
 
 
+def test_the_soft_moe_recipe_keys_translate():
+  """The Soft MoE recipe's model keys (its common.get_vmoe_soft_router_config) on the
+  S/32 file: qk-norm, sincos2d, MAP head, a head drawn at random, the SoftRouter."""
+  config = _s32()
+  with config.unlocked() if hasattr(config, 'unlocked') else _nothing():
+    m = config.model
+    m.classifier, m.head_kernel_zero_init = 'map', False
+    m.encoder.attention_qk_norm = True
+    m.encoder.position_emb = {'name': 'sincos2d'}
+    m.encoder.moe.router = {'name': 'SoftRouter', 'capacity_factor': None, 'num_slots': 2,
+                            'partition_spec': (('expert', 'replica'),),
+                            'compute_similarity_metrics': False}
+    m.encoder.moe.router.noise_std = 0.5
+  ours, notes = _translate(config)
+  m = ours.model
+  assert (m.classifier, m.head_kernel_zero_init, m.encoder.attention_qk_norm,
+          m.encoder.position_emb) == ('map', False, True, 'sincos2d')
+  r = m.encoder.moe.router
+  assert (r.name, r.soft_moe.num_slots, r.soft_moe.noise_std,
+          r.soft_moe.compute_similarity_metrics) == ('soft_moe', 2, 0.5, False)
+  assert m.encoder.moe.routed_tokens_dtype == 'bfloat16'   # its Bfloat16Dispatcher
+  assert any(n.startswith('model.encoder.moe.router.partition_spec') for n in notes)
+  # Left out, the SoftRouter computes its similarity metrics, as there.
+  del config.model.encoder.moe.router['compute_similarity_metrics']
+  assert _translate(config)[0].model.encoder.moe.router.soft_moe.compute_similarity_metrics
+
+
 @pytest.mark.parametrize('edit, key', [
     (lambda c: setattr(c, 'not_a_key', 1), 'not_a_key'),
-    (lambda c: c.model.encoder.__setattr__('attention_qk_norm', True),
-     'model.encoder.attention_qk_norm'),
+    (lambda c: c.model.encoder.__setattr__('position_emb', {'name': 'sincos2d',
+                                                           'temperature': 100.0}),
+     'model.encoder.position_emb.temperature'),
+    (lambda c: c.model.encoder.moe.router.__setattr__('num_slots', 1),
+     'model.encoder.moe.router.num_slots'),
     (lambda c: c.model.encoder.moe.router.__setattr__('gshard_loss_weight', 0.5),
      'model.encoder.moe.router.gshard_loss_weight'),
-    (lambda c: c.model.__setattr__('classifier', 'map'), 'model.classifier'),
+    (lambda c: c.model.__setattr__('classifier', 'mean'), 'model.classifier'),
     (lambda c: c.optimizer.learning_rate.__setattr__('decay_steps', 5_000),
      'optimizer.learning_rate.decay_steps'),
     (lambda c: c.dataset.train.__setattr__('process', 'decode|flip_lr'),

@@ -31,6 +31,20 @@ TABLE = [
     ('encoder/encoder_norm/scale', 'Transformer/encoder_norm/scale', 'Encoder/encoder_norm/scale'),
     ('pre_logits/kernel', 'pre_logits/kernel', 'pre_logits/kernel'),
     ('head/bias', 'head/bias', 'head/bias'),
+    # The Soft MoE recipe's layers: qk-norm (flax's names, under the attention layer),
+    # the soft_moe router's slot vectors, the MAP head (big_vision's MAPHead_0 in ViT
+    # files; the reference's MapHead).
+    ('encoder/encoderblock_3/attention/query_ln/scale',
+     'Transformer/encoderblock_3/MultiHeadDotProductAttention_1/query_ln/scale',
+     'Encoder/encoderblock_3/SelfAttention/query_ln/scale'),
+    ('encoder/encoderblock_11/moe/router/mu', 'Transformer/encoderblock_11/Moe/Router/mu',
+     'Encoder/encoderblock_11/Moe/Router/mu'),
+    ('map_head/probe', 'MAPHead_0/probe', 'MapHead/probe'),
+    ('map_head/attention/key_ln/scale', 'MAPHead_0/MultiHeadDotProductAttention_0/key_ln/scale',
+     'MapHead/MultiHeadDotProductAttention/key_ln/scale'),
+    ('map_head/norm/bias', 'MAPHead_0/LayerNorm_0/bias', 'MapHead/LayerNorm/bias'),
+    ('map_head/mlp/Dense_1/kernel', 'MAPHead_0/MlpBlock_0/Dense_1/kernel',
+     'MapHead/Mlp/Dense_1/kernel'),
 ]
 
 
@@ -55,3 +69,37 @@ def test_unknown_names_and_detection():
   assert names.detect_naming(['encoder/encoder_norm/bias']) == 'ours'
   assert names.strip_params_level({'params/a': 1, 'params/b': 2}) == {'a': 1, 'b': 2}
   assert names.strip_params_level({'params/a': 1, 'b': 2}) == {'params/a': 1, 'b': 2}
+
+
+@pytest.mark.parametrize('naming', ['vit', 'vmoe'])
+def test_the_soft_moe_recipe_layers_round_trip_through_export_and_initialization(
+    naming, tmp_path):
+  """A MAP head, qk-norm and soft_moe model exported in a naming initializes itself back,
+  every array accounted for (abstract shapes, numpy arrays: nothing compiled)."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  from vmoe_sparse_ot import export, initialization, nn  # pylint: disable=g-import-not-at-top
+  from vmoe_sparse_ot.initialization import npz  # pylint: disable=g-import-not-at-top
+  cfg = nn.model_config.default_model_config()
+  cfg.classifier, cfg.encoder.attention_qk_norm = 'map', True
+  cfg.encoder.moe.router.name = 'soft_moe'
+  cfg.encoder.moe.router.soft_moe.num_slots = 1
+  model = nn.build_model(cfg)
+  shapes = jax.eval_shape(lambda: model.init({'params': jax.random.key(0)},
+                                             jnp.zeros((1, 16, 16, 3)))['params'])
+  rng = np.random.default_rng(0)
+  params = jax.tree.map(lambda s: rng.standard_normal(s.shape).astype(np.float32), shapes)
+  arrays = export.exported_arrays(params, naming)
+  head = 'MAPHead_0/' if naming == 'vit' else 'MapHead/'
+  # The probe, 8 attention arrays and 2 qk-norm scales, 2 LayerNorm, 4 MLP.
+  assert sum(name.startswith(head) for name in arrays) == 17
+  path = str(tmp_path / 'weights.npz')
+  npz.write_npz(path, arrays)
+  flat = initialization.flatten_tree(params)
+  mapped, _ = initialization.plan({k: v.shape for k, v in flat.items()},
+                                  {'path': path, 'raise_if_source_unmatched': True},
+                                  num_prefix_tokens=0)
+  assert not mapped.uninitialized and not mapped.unused and set(mapped.params) == set(flat)
+  for name, value in flat.items():
+    np.testing.assert_array_equal(mapped.params[name], value)

@@ -459,6 +459,26 @@ def test_soft_moe_weights_sum_as_the_definition_says():
   assert soft.capacity(cfg("soft_moe", capacity=1).options, 64, 8) == 1
   assert not soft.needs_rng(cfg("soft_moe").options, True)
   assert soft.needs_rng(cfg("soft_moe", noise_std=0.1).options, True)
+  # num_slots, the reference SoftRouter's, sets C whatever capacity_factor is.
+  assert soft.capacity(cfg("soft_moe", num_slots=1, capacity_factor=4.0).options, 64, 8) == 1
+  with pytest.raises(ValueError, match="^model.encoder.moe.router.soft_moe.num_slots=2 and "
+                     r"model.encoder.moe.router.capacity=1 both set"):
+    soft.capacity(cfg("soft_moe", num_slots=2, capacity=1).options, 64, 8)
+  # Its similarity metrics: cosines between real tokens' combine weights and between
+  # slots' dispatch weights, distinct pairs only (here off the same routing).
+  from vmoe_sparse_ot.nn.routers import soft_moe  # pylint: disable=g-import-not-at-top
+  metrics = jax.jit(soft_moe.similarity_metrics)(
+      r.dispatch_weight, r.combine_weight, mask)
+  unit = lambda x: x / np.linalg.norm(x, axis=-1, keepdims=True)
+  tokens = [unit(w[gi][mask[gi]].reshape(-1, e * c)) for gi in range(g)]
+  slots = [unit(d[gi].reshape(s, e * c).T) for gi in range(g)]
+  for name, rows in (("combine_weights", tokens), ("dispatch_weights", slots)):
+    pairs = np.concatenate([(x @ x.T)[~np.eye(len(x), dtype=bool)] for x in rows])
+    for stat in ("min", "max", "mean"):
+      np.testing.assert_allclose(float(metrics[f"{name}_similarity_{stat}"]),
+                                 getattr(pairs, stat)(), rtol=1e-5)
+  np.testing.assert_allclose(float(metrics["combine_weights_min_mean"]),
+                             w.reshape(g, s, e * c).min(-1)[mask].mean(), rtol=1e-5)
 
 
 def test_expert_weights_of_a_sparse_routing():

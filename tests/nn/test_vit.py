@@ -330,3 +330,175 @@ def test_capacity_rounding_to_zero_slots_fails_when_the_model_is_built():
   with pytest.raises(ValueError, match=r"^model.encoder.moe.router.capacity_multiple_of=1 does "
                      "not apply to soft_moe"):
     vnn.build_model(tiny_config("soft_moe", capacity_multiple_of=1))
+
+
+# --- The Soft MoE recipe's options, each against an independent computation. ---
+
+
+def _flat(tree):
+  return {k: np.asarray(v) for k, v in flax.traverse_util.flatten_dict(tree, sep="/").items()}
+
+
+def _layer_norm(x, scale=1.0, bias=0.0, eps=1e-6):
+  mean = x.mean(-1, keepdims=True)
+  var = ((x - mean) ** 2).mean(-1, keepdims=True)
+  return (x - mean) / np.sqrt(var + eps) * scale + bias
+
+
+def _softmax(x):
+  e = np.exp(x - x.max(-1, keepdims=True))
+  return e / e.sum(-1, keepdims=True)
+
+
+def _attention(p, q_in, kv_in, qk_norm):
+  """Multi-head attention in numpy from flax's parameter layout."""
+  proj = {n: np.einsum("bnd,dhk->bnhk", q_in if n == "query" else kv_in, p[f"{n}/kernel"])
+          + p[f"{n}/bias"] for n in ("query", "key", "value")}
+  q, k = proj["query"], proj["key"]
+  if qk_norm:  # Over each head's features, a scale and no bias.
+    q, k = _layer_norm(q, p["query_ln/scale"]), _layer_norm(k, p["key_ln/scale"])
+  logits = np.einsum("bqhk,bnhk->bhqn", q, k) / np.sqrt(q.shape[-1])
+  out = np.einsum("bhqn,bnhk->bqhk", _softmax(logits), proj["value"])
+  return np.einsum("bqhk,hkd->bqd", out, p["out/kernel"]) + p["out/bias"]
+
+
+def _gelu(x):  # flax's nn.gelu (tanh approximation)
+  return 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x ** 3)))
+
+
+def _randomized(params, seed=1):
+  """Every parameter moved at random (LayerNorm scales, biases, the probe): none trivial."""
+  leaves, tree = jax.tree.flatten(params)
+  keys = jax.random.split(jax.random.key(seed), len(leaves))
+  return jax.tree.unflatten(tree, [x + 0.5 * jax.random.normal(k, x.shape)
+                                   for k, x in zip(keys, leaves)])
+
+
+def test_qk_norm_attention_logits_by_hand():
+  from vmoe_sparse_ot.nn.vit import EncoderBlock
+  block = EncoderBlock(num_heads=2, mlp_dim=8, attention_qk_norm=True)
+  x = jax.random.normal(jax.random.key(0), (2, 5, 8))
+  params = _randomized(jax.jit(lambda: block.init(jax.random.key(1), x, False))()["params"])
+  flat = _flat(params)
+  assert flat["attention/query_ln/scale"].shape == (4,)   # D / heads, no bias
+  assert "attention/query_ln/bias" not in flat
+  _, state = jax.jit(lambda p: block.apply({"params": p}, x, False,
+                                           capture_intermediates=True))(params)
+  got = np.asarray(state["intermediates"]["attention"]["__call__"][0])
+  y = _layer_norm(np.asarray(x), flat["norm_att/scale"], flat["norm_att/bias"])
+  att = {k[len("attention/"):]: v for k, v in flat.items() if k.startswith("attention/")}
+  np.testing.assert_allclose(got, _attention(att, y, y, True), rtol=2e-4, atol=2e-5)
+  assert not np.allclose(got, _attention(att, y, y, False), atol=1e-3)
+
+
+def test_sincos2d_is_its_formula_and_skips_the_class_token():
+  from vmoe_sparse_ot.nn.vit import Encoder, sincos2d
+  h, w, d, temperature = 2, 3, 12, 10_000.0
+  want = np.zeros((h * w, d))
+  q = d // 4
+  for i in range(h):
+    for j in range(w):
+      for k in range(q):
+        omega = temperature ** (-k / (q - 1))
+        want[i * w + j, [k, q + k, 2 * q + k, 3 * q + k]] = [
+            np.sin(j * omega), np.cos(j * omega), np.sin(i * omega), np.cos(i * omega)]
+  np.testing.assert_allclose(np.asarray(sincos2d(h, w, d)), want, rtol=1e-5, atol=1e-6)
+  # In the encoder (no blocks: its output is encoder_norm of its input): a class
+  # token first gets nothing, the patches get the embedding; there are no parameters.
+  enc = Encoder(num_layers=0, num_heads=2, mlp_dim=8, position_emb="sincos2d", grid=(h, w))
+  x = jax.random.normal(jax.random.key(0), (2, 1 + h * w, d))
+  variables = jax.jit(lambda: enc.init(jax.random.key(0), x, False))()
+  assert set(_flat(variables["params"])) == {"encoder_norm/scale", "encoder_norm/bias"}
+  got = np.asarray(jax.jit(lambda v: enc.apply(v, x, False)[0])(variables))
+  x = np.asarray(x)
+  np.testing.assert_allclose(got[:, :1], _layer_norm(x[:, :1]), atol=1e-5)
+  np.testing.assert_allclose(got[:, 1:], _layer_norm(x[:, 1:] + want), atol=1e-5)
+
+
+def test_map_head_is_attention_pooling_with_one_learned_probe():
+  from vmoe_sparse_ot.nn.vit import MapHead
+  head = MapHead(num_heads=2, mlp_dim=6)
+  x = jax.random.normal(jax.random.key(0), (3, 5, 8))
+  params = _randomized(jax.jit(lambda: head.init(jax.random.key(1), x))()["params"])
+  flat = _flat(params)
+  got = np.asarray(jax.jit(lambda p: head.apply({"params": p}, x))(params))
+  probe = np.broadcast_to(flat["probe"], (3, 1, 8))
+  att = {k[len("attention/"):]: v for k, v in flat.items() if k.startswith("attention/")}
+  y = _attention(att, probe, np.asarray(x), False)
+  z = _layer_norm(y, flat["norm/scale"], flat["norm/bias"])
+  z = _gelu(z @ flat["mlp/Dense_0/kernel"] + flat["mlp/Dense_0/bias"])
+  z = z @ flat["mlp/Dense_1/kernel"] + flat["mlp/Dense_1/bias"]
+  np.testing.assert_allclose(got, (y + z)[:, 0], rtol=2e-4, atol=2e-5)
+
+
+def test_gap_first_token_backbone_and_head_init():
+  """gap: the mean of the encoder's tokens; '0': its first token, no class token;
+  num_classes=None: no head, the representation in place of the logits; the head
+  kernel starts at zero unless head_kernel_zero_init is False."""
+  images = _images(2)
+  outputs = {}
+  for classifier, num_classes, zero in (("gap", None, True), ("0", 3, False)):
+    cfg = tiny_config()
+    cfg.name, cfg.classifier, cfg.num_classes = "vit", classifier, num_classes
+    cfg.head_kernel_zero_init = zero
+    model = vnn.build_model(cfg)
+    params = _init(model, images)
+    (out, aux), state = jax.jit(lambda p: model.apply(
+        {"params": p}, images, capture_intermediates=True))(params)
+    encoded = np.asarray(state["intermediates"]["encoder"]["__call__"][0][0])
+    pooled = encoded.mean(axis=1) if classifier == "gap" else encoded[:, 0]
+    np.testing.assert_allclose(np.asarray(aux["pre_logits"]), pooled, rtol=1e-6, atol=1e-6)
+    assert "cls" not in params and encoded.shape[1] == 4   # 4 patches, no class token
+    outputs[classifier] = (out, params)
+  out, params = outputs["gap"]
+  assert "head" not in params and out.shape == (2, 16)
+  out, params = outputs["0"]
+  assert out.shape == (2, 3) and np.abs(np.asarray(params["head"]["kernel"])).min() > 0
+
+
+def test_soft_moe_s16_recipe_parameter_count_by_hand():
+  """The Soft MoE S/16 (pretrain_jft4b.py 'soft-s16'): 128 experts of 1 slot in the last
+  6 blocks, gap, qk-norm, learned position embeddings; abstract shapes only."""
+  cfg = vnn.model_config.default_model_config()
+  cfg.variant, cfg.classifier, cfg.num_classes = "S/16", "gap", 1000
+  cfg.encoder.attention_qk_norm = True
+  cfg.encoder.moe.layers = "6,7,8,9,10,11"
+  cfg.encoder.moe.num_experts, cfg.encoder.moe.group_size = 128, 196
+  cfg.encoder.moe.router.name = "soft_moe"
+  cfg.encoder.moe.router.soft_moe.num_slots = 1
+  model = vnn.build_model(cfg)
+  shapes = jax.eval_shape(lambda: model.init({"params": jax.random.key(0)},
+                                             jnp.zeros((1, 224, 224, 3)))["params"])
+  got = sum(int(np.prod(s.shape)) for s in jax.tree.leaves(shapes))
+  d, h, heads, e = 384, 1536, 6, 128
+  embedding = 16 * 16 * 3 * d + d
+  pos = 14 * 14 * d
+  attention = 3 * (d * d + d) + (d * d + d) + 2 * (d // heads)   # + query_ln, key_ln
+  norms = 2 * 2 * d
+  mlp = d * h + h + h * d + d
+  router = d * e * 1 + 1                                           # mu (D, E, slots), scale
+  dense_block = norms + attention + mlp
+  moe_block = norms + attention + e * mlp + router
+  head = d * 1000 + 1000
+  assert got == embedding + pos + 6 * dense_block + 6 * moe_block + 2 * d + head == 922_701_166
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda c: c["encoder"].__setitem__("position_emb", "rope"),
+     r"model.encoder.position_emb must be one of \['learned', 'sincos2d', 'none'\], "
+     r"got 'rope'"),
+    (lambda c: c.__setitem__("classifier", "mean"), r"model.classifier must be one of"),
+    (lambda c: c["encoder"]["moe"]["router"]["soft_moe"].__setitem__("num_slots", 2),
+     r"model.encoder.moe.router.soft_moe.num_slots applies to the soft_moe router only "
+     r"\(model.encoder.moe.router.name is 'topk'\); leave it at None, got 2"),
+    (lambda c: c["encoder"].__setitem__("attention_qk_norm", 1),
+     r"model.encoder.attention_qk_norm must be True or False, got 1"),
+    (lambda c: c.__setitem__("num_classes", 0),
+     r"model.num_classes must be an integer >= 1 or None"),
+])
+def test_bad_soft_moe_recipe_values_are_one_line_naming_the_key(edit, message):
+  cfg = tiny_config("topk").to_dict()
+  edit(cfg)
+  with pytest.raises(ValueError, match="^" + message) as e:
+    vnn.build_model(cfg)
+  assert "\n" not in str(e.value)

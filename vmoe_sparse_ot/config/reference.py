@@ -36,7 +36,10 @@ MAPPED, NO_EFFECT, REFUSED = 'mapped', 'no effect', 'refused'
 # The reference's model classes and router classes, and ours.
 MODEL_NAMES = {'VisionTransformerMoe': 'vit_moe', 'VisionTransformer': 'vit'}
 ROUTER_NAMES = {'NoisyTopExpertsPerItemRouter': 'topk',
-                'NoisyTopItemsPerExpertRouter': 'expert_choice'}
+                'NoisyTopItemsPerExpertRouter': 'expert_choice',
+                'SoftRouter': 'soft_moe'}
+SOFT_ROUTER = 'SoftRouter'
+SINCOS2D_TEMPERATURE = 10_000.0
 OPTIMIZER_NAMES = {'adam': 'adam', 'sgd': 'sgd', 'big_vision_adafactor': 'adafactor'}
 INITIALIZERS = {'initialize_from_vmoe': 'prefix', 'initialize_from_vit': 'filepath'}
 # Defaults of the reference's classes where they differ from ours, by reference key.
@@ -158,7 +161,10 @@ def _weight_decay(value, ctx):
   if isinstance(value, (int, float)) and not isinstance(value, bool):
     # The reference decays every parameter with a float; ours, those matching a regex.
     return {'optimizer.weight_decay': float(value), 'optimizer.weight_decay_regex': '.*'}
-  return {'optimizer.weight_decay': [tuple(pair) for pair in value]}
+  # The reference's router module name, as its Soft MoE configs decay the
+  # router's scale ('.*/Moe/Router/scale'): ours is moe/router.
+  return {'optimizer.weight_decay': [(str(pair[0]).replace('Moe/Router', 'moe/router'),
+                                      *pair[1:]) for pair in value]}
 
 
 def _learning_rate(value, ctx):
@@ -199,16 +205,64 @@ def _moe_layers(value, ctx):
   return {'model.encoder.moe.layers': ','.join(str(int(i)) for i in value)}
 
 
-def _head_kernel_zero_init(value, ctx):
-  if not value:
-    _fail('model.head_kernel_zero_init', value, 'the head kernel always starts at zero here')
+def _classifier(value, ctx):
+  if value not in ('token', 'gap', 'map', '0'):
+    _fail('model.classifier', value, "one of 'token', 'gap', 'map' and '0' translates")
+  return {'model.classifier': value}
+
+
+def _num_classes(value, ctx):
+  # The reference builds no head for a false num_classes (None or 0).
+  return {'model.num_classes': int(value) if value else None}
+
+
+def _position_emb_temperature(value, ctx):
+  if value != SINCOS2D_TEMPERATURE:
+    _fail('model.encoder.position_emb.temperature', value,
+          f'the sincos2d temperature is {SINCOS2D_TEMPERATURE:g} here')
   return {}
 
 
-def _classifier(value, ctx):
-  if value not in ('token', 'gap'):
-    _fail('model.classifier', value, "only 'token' and 'gap' translate")
-  return {'model.classifier': value}
+def _is_soft_router(ctx) -> bool:
+  return ctx.flat.get(_ROUTER + 'name') == SOFT_ROUTER
+
+
+def _router_name(value, ctx):
+  out = _choice(_ROUTER + 'name', ROUTER_NAMES, _ROUTER + 'name')(value, ctx)
+  if value == SOFT_ROUTER:
+    # The SoftRouter dispatches and combines in bfloat16 (its Bfloat16Dispatcher)
+    # and computes its similarity metrics unless the file turns them off.
+    out['model.encoder.moe.routed_tokens_dtype'] = 'bfloat16'
+    out[_ROUTER + 'soft_moe.compute_similarity_metrics'] = bool(
+        ctx.flat.get(_ROUTER + 'compute_similarity_metrics', True))
+  return out
+
+
+def _soft_only(key: str, ours: str):
+  def convert(value, ctx):
+    if not _is_soft_router(ctx):
+      _fail(key, value, f'read by the {SOFT_ROUTER} only')
+    return {ours: value}
+  return convert
+
+
+def _router_noise_std(value, ctx):
+  # The SoftRouter's noise_std is the Gaussian std itself (soft_moe's); the other
+  # routers' is in units of 1/E (ours: the top-level noise_std).
+  if _is_soft_router(ctx):
+    return {_ROUTER + 'soft_moe.noise_std': value}
+  return {_ROUTER + 'noise_std': value}
+
+
+def _router_capacity_factor(value, ctx):
+  if not _is_soft_router(ctx):
+    _fail(_ROUTER + 'capacity_factor', value, 'read by the SoftRouter only (the others '
+          'read dispatcher.capacity_factor)')
+  if value is None:  # num_slots gives the slots.
+    if ctx.flat.get(_ROUTER + 'num_slots') is None:
+      _fail(_ROUTER + 'capacity_factor', value, 'None needs router.num_slots')
+    return {}
+  return {_ROUTER + 'capacity_factor': float(value)}
 
 
 def _seeds_per_step(value, ctx):
@@ -276,6 +330,7 @@ TABLE: tuple[Row, ...] = (
             'other parameters are replicated'),
     Row('extra_rng_keys', NO_EFFECT, why='each layer that draws random numbers has its stream'),
     Row('summarize_arrays', NO_EFFECT, why='no array summaries here'),
+    Row('summarize_arrays.**', NO_EFFECT, why='no array summaries here'),
     Row('loss.name', MAPPED, 'loss.name', 'softmax_xent or sigmoid_xent',
         _choice('loss.name', {'softmax_xent': 'softmax_xent',
                               'sigmoid_xent': 'sigmoid_xent'}, 'loss.name')),
@@ -315,23 +370,38 @@ TABLE: tuple[Row, ...] = (
     # --- model ---
     Row('model.name', MAPPED, 'model.name', 'VisionTransformerMoe: vit_moe',
         _choice('model.name', MODEL_NAMES, 'model.name')),
-    Row('model.num_classes', MAPPED, 'model.num_classes'),
+    Row('model.num_classes', MAPPED, 'model.num_classes',
+        'None or 0: no head, the model returns its representation (None here; training '
+        'needs a head)', _num_classes),
     Row('model.patch_size', MAPPED, 'model.patch_size'),
     Row('model.hidden_size', MAPPED, 'model.hidden_size'),
     Row('model.classifier', MAPPED, 'model.classifier',
-        "'token' or 'gap'; 'map' (attention pooling) and 0 are refused", _classifier),
+        "'token', 'gap', 'map' (attention pooling with one learned probe, then LayerNorm and "
+        "a residual MLP, as its MapHead) or '0' (the first token, no class token)",
+        _classifier),
     Row('model.representation_size', MAPPED, 'model.representation_size'),
     Row('model.head_bias_init', MAPPED, 'model.head_bias_init',
         "the paper configs' -log(num_classes) matters with sigmoid_xent; our variants do "
         'not set it'),
-    Row('model.head_kernel_zero_init', MAPPED, '(always zero)', 'True only',
-        _head_kernel_zero_init),
+    Row('model.head_kernel_zero_init', MAPPED, 'model.head_kernel_zero_init',
+        "False: flax's default kernel initializer (LeCun normal), as there"),
     Row('model.deterministic', NO_EFFECT, why='training and evaluation set it'),
     Row('model.encoder.num_layers', MAPPED, 'model.encoder.num_layers'),
     Row('model.encoder.mlp_dim', MAPPED, 'model.encoder.mlp_dim'),
     Row('model.encoder.num_heads', MAPPED, 'model.encoder.num_heads'),
     Row('model.encoder.dropout_rate', MAPPED, 'model.encoder.dropout_rate'),
     Row('model.encoder.attention_dropout_rate', MAPPED, 'model.encoder.attention_dropout_rate'),
+    Row('model.encoder.attention_qk_norm', MAPPED, 'model.encoder.attention_qk_norm',
+        "LayerNorm (no bias) on each head's queries and keys, flax's normalize_qk as there; "
+        'the MAP head follows it'),
+    Row('model.encoder.position_emb', MAPPED, 'model.encoder.position_emb',
+        'None: learned, as there',
+        lambda value, ctx: {} if not value else _fail('model.encoder.position_emb', value,
+                                                      "a dict such as {'name': 'sincos2d'}")),
+    Row('model.encoder.position_emb.name', MAPPED, 'model.encoder.position_emb',
+        "'learned', 'sincos2d' (no embedding on a class token, as there) or 'none'"),
+    Row('model.encoder.position_emb.temperature', MAPPED, '(10000)',
+        'the sincos2d temperature; 10000 only', _position_emb_temperature),
     Row('model.encoder.moe.layers', MAPPED, 'model.encoder.moe.layers',
         "block indices, written '5,7' here (ours also takes 'every_N' and 'last_N', the "
         "paper configs' Every N and Last N)", _moe_layers),
@@ -345,12 +415,27 @@ TABLE: tuple[Row, ...] = (
         "after the GELU and after the output projection, as there; default 0.0 there (ours: "
         'None, the encoder\'s rate)'),
     Row(_ROUTER + 'name', MAPPED, _ROUTER + 'name',
-        'NoisyTopExpertsPerItemRouter: topk, NoisyTopItemsPerExpertRouter: expert_choice',
-        _choice(_ROUTER + 'name', ROUTER_NAMES, _ROUTER + 'name')),
+        'NoisyTopExpertsPerItemRouter: topk, NoisyTopItemsPerExpertRouter: expert_choice, '
+        'SoftRouter: soft_moe (with routed_tokens_dtype bfloat16, its Bfloat16Dispatcher, and '
+        'soft_moe.compute_similarity_metrics, True there unless set)', _router_name),
+    Row(_ROUTER + 'num_slots', MAPPED, _ROUTER + 'soft_moe.num_slots',
+        "the SoftRouter's slots per expert; None: round(S capacity_factor / E)",
+        _soft_only(_ROUTER + 'num_slots', _ROUTER + 'soft_moe.num_slots')),
+    Row(_ROUTER + 'capacity_factor', MAPPED, _ROUTER + 'capacity_factor',
+        "the SoftRouter's (the other routers read dispatcher.capacity_factor); None with "
+        'num_slots', _router_capacity_factor),
+    Row(_ROUTER + 'compute_similarity_metrics', MAPPED,
+        _ROUTER + 'soft_moe.compute_similarity_metrics',
+        "read with router.name; mu_similarity_* are not computed here",
+        _soft_only(_ROUTER + 'compute_similarity_metrics',
+                   _ROUTER + 'soft_moe.compute_similarity_metrics')),
+    Row(_ROUTER + 'partition_spec', NO_EFFECT,
+        why='tokens are sharded by config.mesh, not per layer'),
     Row(_ROUTER + 'num_selected_experts', MAPPED, _ROUTER + 'num_selected_experts',
         'K, read by token-choice routers; default 1 there (ours: 2)'),
     Row(_ROUTER + 'noise_std', MAPPED, _ROUTER + 'noise_std',
-        'the Gaussian std is noise_std / E, as there; in training only'),
+        'the Gaussian std is noise_std / E, as there; in training only (SoftRouter: '
+        'soft_moe.noise_std, the std itself, as there)', _router_noise_std),
     Row(_ROUTER + 'importance_loss_weight', MAPPED, _ROUTER + 'importance_loss_weight',
         'default 1.0 there (ours: 0.005, the paper configs\' value)'),
     Row(_ROUTER + 'load_loss_weight', MAPPED, _ROUTER + 'load_loss_weight',
@@ -395,7 +480,7 @@ TABLE: tuple[Row, ...] = (
         _zero_only('optimizer.nesterov', 'Nesterov momentum is not implemented here')),
     Row('optimizer.weight_decay', MAPPED, 'optimizer.weight_decay',
         "a float decays every parameter there: weight_decay_regex='.*'; a list of "
-        '(regex, value) as it is', _weight_decay),
+        "(regex, value) as it is, its Moe/Router written moe/router", _weight_decay),
     Row('optimizer.gradient_clip.global_norm', MAPPED, 'optimizer.gradient_clip_norm'),
     Row('optimizer.frozen_pattern', MAPPED, 'optimizer.freeze', 'a regex string'),
     Row('optimizer.learning_rate.schedule', MAPPED, 'schedule.name',
@@ -475,9 +560,8 @@ TABLE: tuple[Row, ...] = (
         why='weights are sharded as the model is'),
     # --- what cannot be translated ---
     Row('adversarial.**', REFUSED, why='adversarial training is not implemented here'),
-    Row('model.encoder.attention_qk_norm', REFUSED, why='not implemented here yet'),
     Row('model.encoder.position_emb.**', REFUSED,
-        why='learned position embeddings only, here'),
+        why="only its name and temperature are read (h and w come from the image)"),
 )
 
 

@@ -137,6 +137,9 @@ def _validate_model(config) -> None:
   # The model's choices and flags (name, classifier, dtype, remat, split_rngs)
   # and the routers' shared options are checked by their owners in `nn`.
   _owned(check_model_options, config['model'])
+  if config['model']['num_classes'] is None:
+    _fail('model.num_classes', None, 'training needs a head: set the number of classes '
+          '(None builds a backbone without one, for nn.build_model and initialization)')
   _int(config, 'model.num_classes', 1)
   _int(config, 'model.hidden_size', 1)
   _int(config, 'model.representation_size', 0, optional=True)

@@ -184,6 +184,10 @@ def image_shape(param_shapes: Mapping[str, list[int]], classifier: str) -> tuple
   'encoder/pos_embedding': [1, N, D], ...}; N counts the class token for 'token'.
   """
   ph, pw, channels, _ = param_shapes['embedding/kernel']
+  if 'encoder/pos_embedding' not in param_shapes and 'embedding/kernel' in param_shapes:
+    raise ValueError("no encoder/pos_embedding among the parameters: the image size is "
+                     "read from it (a model with model.encoder.position_emb 'sincos2d' or "
+                     "'none' does not tell its image size)")
   num_tokens = param_shapes['encoder/pos_embedding'][1]
   patches = num_tokens - (1 if classifier == 'token' else 0)
   side = math.isqrt(patches)

@@ -7,7 +7,12 @@ files) / SelfAttention (V-MoE); norm_mlp = LayerNorm_2 / LayerNorm_1; mlp =
 MlpBlock_3 / Mlp; moe/experts/w{i,o}_{kernel,bias} = Moe/Mlp/Dense_{0,1}/...
 (leading E axis); moe/router/kernel = Moe/Router/dense/kernel. Outside: the
 encoder is `Transformer` (ViT files) / `Encoder` (V-MoE), pos_embedding sits
-under posembed_input; embedding, cls, pre_logits and head keep their names.
+under posembed_input; embedding, cls, pre_logits and head keep their names;
+map_head/{probe,attention,norm,mlp} (classifier='map') = MAPHead_0/{probe,
+MultiHeadDotProductAttention_0, LayerNorm_0, MlpBlock_0} (ViT files, big_vision's
+names) / MapHead/{probe, MultiHeadDotProductAttention, LayerNorm, Mlp}.
+With attention_qk_norm the attention layers hold query_ln/scale and
+key_ln/scale, under the same names in all three (flax's).
 
 Shapes agree across the three (flax's attention layout: query/key/value kernels
 (D, heads, D/heads), out kernel (heads, D/heads, D)), so renaming is all it takes.
@@ -42,6 +47,13 @@ _TOP = {  # ours -> (vit, vmoe) outside the blocks.
     'encoder/pos_embedding': ('Transformer/posembed_input/pos_embedding',
                               'Encoder/posembed_input/pos_embedding'),
     'encoder/encoder_norm': ('Transformer/encoder_norm', 'Encoder/encoder_norm'),
+    # classifier='map': the attention-pooling head (big_vision's MAPHead in ViT
+    # files, the reference's MapHead).
+    'map_head/probe': ('MAPHead_0/probe', 'MapHead/probe'),
+    'map_head/attention': ('MAPHead_0/MultiHeadDotProductAttention_0',
+                           'MapHead/MultiHeadDotProductAttention'),
+    'map_head/norm': ('MAPHead_0/LayerNorm_0', 'MapHead/LayerNorm'),
+    'map_head/mlp': ('MAPHead_0/MlpBlock_0', 'MapHead/Mlp'),
 }
 _ROOT = {'vit': 'Transformer', 'vmoe': 'Encoder'}
 _BLOCK_RE = re.compile(r'^(encoder|Transformer|Encoder)/(encoderblock_\d+)/(.+)$')

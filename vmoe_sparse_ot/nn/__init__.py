@@ -27,9 +27,10 @@ from vmoe_sparse_ot.nn.vit import VisionTransformer, parse_moe_layers
 EXPERT_PARAMS_REGEX = r"^(.*/)?moe/experts/[^/]+$"
 
 _MODEL_KEYS = ("name", "variant", "num_classes", "patch_size", "hidden_size", "classifier",
-               "representation_size", "head_bias_init", "dtype", "remat", "encoder")
+               "representation_size", "head_bias_init", "head_kernel_zero_init", "dtype",
+               "remat", "encoder")
 _ENCODER_KEYS = ("num_layers", "num_heads", "mlp_dim", "dropout_rate",
-                 "attention_dropout_rate", "moe")
+                 "attention_dropout_rate", "attention_qk_norm", "position_emb", "moe")
 _MOE_KEYS = ("layers", "num_experts", "group_size", "dispatcher", "routed_tokens_dtype",
              "split_rngs", "dropout_rate", "router")
 
@@ -100,8 +101,9 @@ def build_model(model_config: Mapping[str, Any]) -> nn.Module:
                routed_tokens_dtype=routed_dtype, split_rngs=split_rngs, router=router)
     if moe_dropout is not None:  # Else the experts use encoder.dropout_rate.
       moe["dropout_rate"] = float(moe_dropout)
+  num_classes = cfg.get("num_classes", 10)
   return VisionTransformer(
-      num_classes=int(cfg["num_classes"]),
+      num_classes=None if num_classes is None else int(num_classes),
       patch_size=patch_size,
       hidden_size=hidden_size,
       num_layers=num_layers,
@@ -116,6 +118,9 @@ def build_model(model_config: Mapping[str, Any]) -> nn.Module:
       moe=moe,
       dtype=None if dtype is None else jnp.dtype(dtype),
       remat=remat,
+      attention_qk_norm=bool(enc.get("attention_qk_norm", False)),
+      position_emb=enc.get("position_emb", "learned"),
+      head_kernel_zero_init=bool(cfg.get("head_kernel_zero_init", True)),
   )
 
 

@@ -14,10 +14,12 @@ import ml_collections
 
 from vmoe_sparse_ot.nn import routers
 from vmoe_sparse_ot.nn.routers.base import OptionError
+from vmoe_sparse_ot.nn.vit import CLASSIFIERS, POSITION_EMBS
 
 MODELS = ('vit_moe', 'vit')
-# 'token' (class token) or 'gap' (global average pooling).
-CLASSIFIERS = ('token', 'gap')
+# CLASSIFIERS: 'token' (class token), 'gap' (global average pooling), 'map'
+# (attention pooling, nn.vit.MapHead) or '0' (the first token, no class token).
+# POSITION_EMBS: 'learned', 'sincos2d' or 'none'.
 
 
 def _config_value(value, annotation):
@@ -83,6 +85,11 @@ LATER_DEFAULTS = {
     ('encoder', 'moe', 'dropout_rate'): None,
     ('encoder', 'moe', 'router', 'capacity_ceil_or_round'): 'ceil',
     ('encoder', 'moe', 'router', 'capacity_multiple_of'): 4,
+    ('encoder', 'attention_qk_norm'): False,
+    ('encoder', 'position_emb'): 'learned',
+    ('head_kernel_zero_init',): True,
+    ('encoder', 'moe', 'router', 'soft_moe', 'num_slots'): None,
+    ('encoder', 'moe', 'router', 'soft_moe', 'compute_similarity_metrics'): False,
 }
 
 
@@ -135,8 +142,14 @@ def _flag(key: str, value) -> None:
     raise OptionError(key, value, 'must be True or False')
 
 
+def num_prefix_tokens(model_config) -> int:
+  """Tokens before the patches in the encoder: 1 (the class token) for classifier 'token'."""
+  return int(model_config.get('classifier', 'token') == 'token')
+
+
 def check_model_options(model_config) -> None:
-  """The model's choices and flags: name, classifier, dtype, remat, encoder.moe.split_rngs.
+  """The model's choices and flags: name, classifier, num_classes, position_emb,
+  attention_qk_norm, head_kernel_zero_init, dtype, remat, encoder.moe.split_rngs.
 
   `model_config` is a dict like `default_model_config()`'s (missing keys take its
   defaults). Raises `OptionError` naming the first bad key. Sizes and the router
@@ -148,6 +161,26 @@ def check_model_options(model_config) -> None:
   classifier = model_config.get('classifier', 'token')
   if classifier not in CLASSIFIERS:
     raise OptionError('model.classifier', classifier, f'must be one of {list(CLASSIFIERS)}')
+  num_classes = model_config.get('num_classes', 10)
+  if num_classes is not None and (not isinstance(num_classes, int) or
+                                  isinstance(num_classes, bool) or num_classes < 1):
+    raise OptionError('model.num_classes', num_classes,
+                      'must be an integer >= 1 or None (no head: the model returns its '
+                      'representation)')
+  encoder = model_config.get('encoder') or {}
+  position_emb = encoder.get('position_emb', 'learned')
+  if position_emb not in POSITION_EMBS:
+    raise OptionError('model.encoder.position_emb', position_emb,
+                      f'must be one of {list(POSITION_EMBS)}')
+  if position_emb == 'sincos2d':
+    hidden = model_config.get('hidden_size', 64)
+    if model_config.get('variant') is not None:
+      hidden = variant_sizes(model_config['variant'])['hidden_size']
+    if isinstance(hidden, int) and (hidden % 4 or hidden < 8):
+      raise OptionError('model.encoder.position_emb', position_emb,
+                        f'needs model.hidden_size a multiple of 4 and >= 8 (it is {hidden})')
+  _flag('model.encoder.attention_qk_norm', encoder.get('attention_qk_norm', False))
+  _flag('model.head_kernel_zero_init', model_config.get('head_kernel_zero_init', True))
   dtype = model_config.get('dtype')
   if dtype is not None and dtype not in MODEL_DTYPES:
     raise OptionError('model.dtype', dtype, f'must be one of {list(MODEL_DTYPES)} or None')
@@ -168,6 +201,8 @@ def default_model_config() -> ml_collections.ConfigDict:
       # num_heads/mlp_dim and patch_size; a V-MoE variant also sets
       # representation_size to D unless it is set. None: use those keys as set.
       'variant': ml_collections.FieldReference(None, field_type=str),
+      # None: no head; the model returns its representation (the pre-logits) in
+      # place of the logits (a backbone; training needs a head).
       'num_classes': 10,
       'patch_size': (4, 4),
       'hidden_size': 64,
@@ -177,6 +212,8 @@ def default_model_config() -> ml_collections.ConfigDict:
       # 0: none, whatever the variant.
       'representation_size': ml_collections.FieldReference(None, field_type=int),
       'head_bias_init': 0.0,
+      # True: the head kernel starts at zero; False: flax's default (LeCun normal).
+      'head_kernel_zero_init': True,
       # dtype of the activations and matrix products: None (float32) or
       # 'bfloat16' (half the activation memory). Parameters stay float32;
       # LayerNorm, the attention softmax, the router and the head compute in
@@ -191,6 +228,12 @@ def default_model_config() -> ml_collections.ConfigDict:
           'mlp_dim': 128,
           'dropout_rate': 0.0,
           'attention_dropout_rate': 0.0,
+          # LayerNorm on each head's queries and keys before their dot product
+          # (the Soft MoE recipe's; parameters query_ln/scale and key_ln/scale).
+          'attention_qk_norm': False,
+          # One of POSITION_EMBS: 'learned' (a parameter), 'sincos2d' (fixed 2-D
+          # sine-cosine, temperature 10000; none on a class token) or 'none'.
+          'position_emb': 'learned',
           'moe': {
               # As the reference V-MoE places them: 'every_N' (blocks N-1, 2N-1,
               # ...; 'every_2': 1, 3, 5, ...), 'last_N' (the last N of the every-2

@@ -1,9 +1,24 @@
 """Vision Transformer encoder whose MLP blocks can be sparse MoE layers.
 
 Pre-LayerNorm blocks (Dosovitskiy et al. 2021), as in V-MoE (Riquelme et al.
-2021): patch embedding, optional class token, learned position embeddings,
-blocks of multi-head self-attention and MLP (or MoE), final LayerNorm, pooling
-('token' or 'gap'), optional tanh representation layer, linear head.
+2021): patch embedding, optional class token, position embeddings, blocks of
+multi-head self-attention and MLP (or MoE), final LayerNorm, pooling, optional
+tanh representation layer, linear head. The options of the reference code's
+Soft MoE recipe (Puigcerver et al. 2024) are here too, each off by default:
+- `attention_qk_norm`: LayerNorm (scale, no bias, over each head's features) on
+  the queries and keys before their dot product (flax's `normalize_qk`, as the
+  reference); the parameters `query_ln/scale` and `key_ln/scale` (D/heads,).
+- `position_emb`: 'learned' (a (1, N, D) parameter, the default), 'sincos2d' (the
+  fixed 2-D sine-cosine embedding of MoCo v3, `sincos2d`; a class token gets
+  none) or 'none'.
+- `classifier`: 'token' (class token), 'gap' (mean of the tokens), 'map'
+  (`MapHead`: attention pooling with one learned probe, then a LayerNorm and a
+  residual MLP, as the reference's MapHead) or '0' (the first token, no class
+  token is added: the reference's classifier '0').
+- `head_kernel_zero_init` False: the head kernel is drawn with flax's default
+  (LeCun normal) instead of zeros.
+- `num_classes` None (or 0): no head; the model returns its representation (the
+  pre-logits) in place of the logits.
 
 Precision: parameters are always float32; `dtype` (None: float32) is the dtype
 of the activations and of the matrix products (bfloat16 halves activation
@@ -28,6 +43,10 @@ from vmoe_sparse_ot.nn.moe import MoeLayer
 from vmoe_sparse_ot.nn.sharding import constrain
 
 Array = jax.Array
+# model.encoder.position_emb and model.classifier (nn.model_config checks them).
+POSITION_EMBS = ("learned", "sincos2d", "none")
+CLASSIFIERS = ("token", "gap", "map", "0")
+SINCOS2D_TEMPERATURE = 10_000.0
 
 
 class MlpBlock(nn.Module):
@@ -56,6 +75,7 @@ class EncoderBlock(nn.Module):
   attention_dropout_rate: float = 0.0
   moe: Optional[Dict[str, Any]] = None   # MoeLayer kwargs, None for a dense MLP
   dtype: Any = None
+  attention_qk_norm: bool = False
 
   @nn.compact
   def __call__(self, x: Array, train: bool):
@@ -65,7 +85,8 @@ class EncoderBlock(nn.Module):
     y = nn.MultiHeadDotProductAttention(
         num_heads=self.num_heads, dropout_rate=self.attention_dropout_rate,
         kernel_init=nn.initializers.xavier_uniform(), deterministic=not train,
-        dtype=self.dtype, force_fp32_for_softmax=True, name="attention")(y, y)
+        dtype=self.dtype, force_fp32_for_softmax=True, normalize_qk=self.attention_qk_norm,
+        name="attention")(y, y)
     y = nn.Dropout(self.dropout_rate)(y, deterministic=not train)
     x = x + y
     y = nn.LayerNorm(dtype=self.dtype, name="norm_mlp")(x)
@@ -79,8 +100,33 @@ class EncoderBlock(nn.Module):
     return x + y, aux, metrics
 
 
+def sincos2d(height: int, width: int, dim: int, temperature: float = SINCOS2D_TEMPERATURE
+             ) -> Array:
+  """The 2-D sine-cosine position embedding (MoCo v3), (height * width, dim) float32.
+
+  Token t = i * width + j (row-major, as the patches are flattened) gets
+  [sin(j w), cos(j w), sin(i w), cos(i w)], each over the dim / 4 frequencies
+  w_k = temperature ** (-k / (dim / 4 - 1)), k = 0 .. dim / 4 - 1; dim must be a
+  multiple of 4 and >= 8.
+  """
+  if dim % 4 or dim < 8:
+    raise ValueError(f"model.encoder.position_emb='sincos2d' needs hidden_size a multiple "
+                     f"of 4 and >= 8, got {dim}")
+  quarter = dim // 4
+  omega = 1.0 / temperature ** (jnp.arange(quarter, dtype=jnp.float32) / (quarter - 1))
+  rows, cols = jnp.meshgrid(jnp.arange(height, dtype=jnp.float32),
+                            jnp.arange(width, dtype=jnp.float32), indexing="ij")
+  x = cols.reshape(-1, 1) * omega[None]
+  y = rows.reshape(-1, 1) * omega[None]
+  return jnp.concatenate([jnp.sin(x), jnp.cos(x), jnp.sin(y), jnp.cos(y)], axis=-1)
+
+
 class Encoder(nn.Module):
-  """Position embeddings, dropout, blocks, final LayerNorm."""
+  """Position embeddings, dropout, blocks, final LayerNorm.
+
+  `grid` (h, w): the patch grid, which 'sincos2d' needs; tokens before the h * w
+  patches (a class token) get no sincos2d embedding.
+  """
   num_layers: int
   num_heads: int
   mlp_dim: int
@@ -90,12 +136,26 @@ class Encoder(nn.Module):
   attention_dropout_rate: float = 0.0
   dtype: Any = None
   remat: bool = False
+  attention_qk_norm: bool = False
+  position_emb: str = "learned"
+  grid: Optional[Tuple[int, int]] = None
 
   @nn.compact
   def __call__(self, x: Array, train: bool):
     _, n, d = x.shape
-    pos = self.param("pos_embedding", nn.initializers.normal(stddev=0.02), (1, n, d))
-    x = nn.Dropout(self.dropout_rate)(x + pos.astype(x.dtype), deterministic=not train)
+    if self.position_emb == "learned":
+      pos = self.param("pos_embedding", nn.initializers.normal(stddev=0.02), (1, n, d))
+      x = x + pos.astype(x.dtype)
+    elif self.position_emb == "sincos2d":
+      h, w = self.grid
+      prefix = n - h * w
+      pos = sincos2d(h, w, d).astype(x.dtype)[None]
+      x = x + pos if prefix == 0 else jnp.concatenate([x[:, :prefix], x[:, prefix:] + pos],
+                                                      axis=1)
+    elif self.position_emb != "none":
+      raise ValueError(f"model.encoder.position_emb must be one of {list(POSITION_EMBS)}, "
+                       f"got {self.position_emb!r}")
+    x = nn.Dropout(self.dropout_rate)(x, deterministic=not train)
     aux = jnp.zeros((), jnp.float32)
     routing = {}
     # `train` (argument 2, counting self) is a Python bool that picks code paths.
@@ -106,16 +166,43 @@ class Encoder(nn.Module):
           num_heads=self.num_heads, mlp_dim=self.mlp_dim, dropout_rate=self.dropout_rate,
           attention_dropout_rate=self.attention_dropout_rate,
           moe=self.moe if i in self.moe_layers else None, dtype=self.dtype,
-          name=name)(x, train)
+          attention_qk_norm=self.attention_qk_norm, name=name)(x, train)
       aux = aux + block_aux
       if metrics is not None:
         routing[name] = metrics
     return nn.LayerNorm(dtype=self.dtype, name="encoder_norm")(x), aux, routing
 
 
+class MapHead(nn.Module):
+  """Multi-head attention pooling: (B, N, D) -> (B, D), as the reference's MapHead.
+
+  One learned probe (1, 1, D) attends over the tokens (queries from the probe,
+  keys and values from the tokens; no dropout), then y + MLP(LN(y)).
+  """
+  num_heads: int
+  mlp_dim: int
+  qk_norm: bool = False
+
+  @nn.compact
+  def __call__(self, x: Array) -> Array:
+    b, _, d = x.shape
+    probe = self.param("probe", nn.initializers.xavier_uniform(), (1, 1, d), x.dtype)
+    y = nn.MultiHeadDotProductAttention(
+        num_heads=self.num_heads, kernel_init=nn.initializers.xavier_uniform(),
+        deterministic=True, normalize_qk=self.qk_norm,
+        name="attention")(jnp.tile(probe, (b, 1, 1)), x)
+    z = nn.LayerNorm(name="norm")(y)
+    z = MlpBlock(self.mlp_dim, name="mlp")(z, False)
+    return (y + z)[:, 0]
+
+
 class VisionTransformer(nn.Module):
-  """images (B, H, W, C) -> (logits (B, num_classes), aux dict); see ARCHITECTURE.md."""
-  num_classes: int
+  """images (B, H, W, C) -> (logits (B, num_classes), aux dict); see ARCHITECTURE.md.
+
+  With `num_classes` None (or 0) there is no head: the first output is the
+  representation (B, D'), the same array as aux['pre_logits'].
+  """
+  num_classes: Optional[int]
   patch_size: Tuple[int, int]
   hidden_size: int
   num_layers: int
@@ -130,6 +217,9 @@ class VisionTransformer(nn.Module):
   moe: Optional[Dict[str, Any]] = None
   dtype: Any = None      # activations' dtype (None: float32); parameters stay float32
   remat: bool = False    # rematerialise each encoder block in the backward pass
+  attention_qk_norm: bool = False
+  position_emb: str = "learned"   # one of POSITION_EMBS
+  head_kernel_zero_init: bool = True
 
   @nn.compact
   def __call__(self, images: Array, train: bool = False):
@@ -145,18 +235,32 @@ class VisionTransformer(nn.Module):
         num_layers=self.num_layers, num_heads=self.num_heads, mlp_dim=self.mlp_dim,
         moe_layers=self.moe_layers, moe=self.moe, dropout_rate=self.dropout_rate,
         attention_dropout_rate=self.attention_dropout_rate, dtype=self.dtype,
-        remat=self.remat, name="encoder")(x, train)
+        remat=self.remat, attention_qk_norm=self.attention_qk_norm,
+        position_emb=self.position_emb, grid=(h, w), name="encoder")(x, train)
     # The pooling and the (small) head run in float32.
     x = x.astype(jnp.float32)
-    x = x[:, 0] if self.classifier == "token" else jnp.mean(x, axis=1)
+    if self.classifier in ("token", "0"):
+      x = x[:, 0]
+    elif self.classifier == "gap":
+      x = jnp.mean(x, axis=1)
+    elif self.classifier == "map":
+      x = MapHead(num_heads=self.num_heads, mlp_dim=self.mlp_dim,
+                  qk_norm=self.attention_qk_norm, name="map_head")(x)
+    else:
+      raise ValueError(f"model.classifier must be one of {list(CLASSIFIERS)}, "
+                       f"got {self.classifier!r}")
     if self.representation_size is not None:
       x = nn.tanh(nn.Dense(self.representation_size, name="pre_logits")(x))
     pre_logits = x
-    logits = nn.Dense(self.num_classes, kernel_init=nn.initializers.zeros,
+    aux = {"auxiliary_loss": aux_loss, "pre_logits": pre_logits, "routing": routing}
+    if not self.num_classes:  # A backbone: its representation in place of logits.
+      return pre_logits, aux
+    kernel_init = (nn.initializers.zeros if self.head_kernel_zero_init
+                   else nn.linear.default_kernel_init)
+    logits = nn.Dense(self.num_classes, kernel_init=kernel_init,
                       bias_init=nn.initializers.constant(self.head_bias_init),
                       name="head")(x)
-    return logits, {"auxiliary_loss": aux_loss, "pre_logits": pre_logits,
-                    "routing": routing}
+    return logits, aux
 
 
 def parse_moe_layers(spec: Any, num_layers: int) -> Tuple[int, ...]:

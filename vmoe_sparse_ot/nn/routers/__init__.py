@@ -95,11 +95,28 @@ def parse_router_options(cfg: Mapping[str, Any], where: str = WHERE) -> RouterCo
   name = cfg.get("name", DEFAULT_ROUTER)
   if name not in ROUTERS:
     raise ValueError(f"{where}.name must be one of {sorted(ROUTERS)}, got {name!r}")
+  _check_exclusive(cfg, name, where)
   router = ROUTERS[name]
   top = {k: v for k, v in cfg.items() if k != "name" and k not in sections}
   options = base.parse_options(router.options, top, dict(cfg.get(name) or {}), where,
                                f"{where}.{name}")
   return RouterConfig(name, options)
+
+
+def _check_exclusive(cfg: Mapping[str, Any], name: str, where: str) -> None:
+  """Refuses another router's `exclusive` options set away from their defaults."""
+  for other in ROUTERS.values():
+    if other.name == name:
+      continue
+    top = set(base.top_level_fields(other.options))
+    defaults = {f.name: f.default for f in dataclasses.fields(other.options)}
+    for field in other.exclusive:
+      src, key = ((cfg, f"{where}.{field}") if field in top else
+                  (dict(cfg.get(other.name) or {}), f"{where}.{other.name}.{field}"))
+      if field in src and src[field] != defaults[field]:
+        raise base.OptionError(key, src[field], f"applies to the {other.name} router only "
+                               f"({where}.name is {name!r}); leave it at "
+                               f"{defaults[field]!r}")
 
 
 def check_top_level_options(cfg: Mapping[str, Any], where: str = WHERE) -> None:

@@ -160,6 +160,9 @@ class Router:
   capacity: Callable[[Any, int, int], int] = default_capacity
   logits_module: Callable[..., nn.Module] = dense_logits
   state: Optional[RouterState] = None   # None: stateless (route returns the routing alone)
+  # Options (fields of `options`) no other router reads: set to another value than
+  # their default while `name` picks another router, they are refused (one line).
+  exclusive: Tuple[str, ...] = ()
 
 
 def top_level_fields(options: type) -> Tuple[str, ...]:
