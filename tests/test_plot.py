@@ -121,3 +121,13 @@ def test_expert_load_figure_from_new_and_older_scalars(tmp_path):
     path = plot.plot_expert_load(scalars, str(tmp_path / f'{name}.png'), capacity=16)
     with open(path, 'rb') as f:
       assert f.read(8) == PNG_MAGIC
+
+
+def test_input_geometry_reads_the_position_embedding_or_the_runs_image_size():
+  kernel = np.zeros((4, 4, 1, 8), np.float32)
+  learned = {'embedding': {'kernel': kernel}, 'encoder': {'pos_embedding': np.zeros((1, 50, 8))}}
+  assert plot._input_geometry(learned, 'token') == (28, 1, 4, 50)  # 7 x 7 patches + cls
+  sincos = {'embedding': {'kernel': kernel}, 'encoder': {}}   # no learned embedding
+  assert plot._input_geometry(sincos, 'gap', 28) == (28, 1, 4, 49)
+  with pytest.raises(ValueError, match='no learned position embedding'):
+    plot._input_geometry(sincos, 'gap')

@@ -211,10 +211,21 @@ def plot_fewshot(results: dict[str, Any], path: str) -> str | None:
   return plotting_style.save(fig, path)
 
 
-def _input_geometry(params: Any, classifier: str) -> tuple[int, int, int, int]:
-  """(image_size, channels, patch, tokens incl. class token) from the parameter shapes."""
+def _input_geometry(params: Any, classifier: str, image_size: int | None = None
+                    ) -> tuple[int, int, int, int]:
+  """(image_size, channels, patch, tokens incl. class token) from the parameter shapes.
+
+  A model without a learned position embedding (`position_emb` 'sincos2d' or
+  'none') does not tell its image size: `image_size` (the run's) gives it then.
+  """
   ph, pw, channels, _ = np.shape(params['embedding']['kernel'])
-  num_tokens = np.shape(params['encoder']['pos_embedding'])[1]
+  if 'pos_embedding' in params['encoder']:
+    num_tokens = np.shape(params['encoder']['pos_embedding'])[1]
+  elif image_size:
+    num_tokens = (image_size // ph) ** 2 + (1 if classifier == 'token' else 0)
+  else:
+    raise ValueError('the model has no learned position embedding and the run records no '
+                     'image size: cannot tell which images to route')
   patches = num_tokens - (1 if classifier == 'token' else 0)
   side = int(round(math.sqrt(patches)))
   if side * side != patches or ph != pw:
@@ -325,7 +336,8 @@ def routing_figure(workdir: str, path: str, *, num_images: int = 4, dataset: str
   dataset = dataset or run_dataset.get('name') or meta.get('data', {}).get('name')
   split = split or run_dataset.get('eval_split') or 'test'
   data_dir = data_dir or run_dataset.get('data_dir')
-  image_size, channels, _, _ = _input_geometry(params, model_config.classifier)
+  image_size, channels, _, _ = _input_geometry(params, model_config.classifier,
+                                               run_dataset.get('image_size'))
   ds = data.make_dataset(dataset, split, batch_size=num_images, image_size=image_size,
                          channels=channels, training=False, data_dir=data_dir,
                          process_index=0, process_count=1,
