@@ -68,10 +68,10 @@ def _auto(m: int, n: int, k: int, backend: str) -> str:
   the faster path at all 25 of its shapes. 'candidates' wins where k is large
   (each step of 'fast' costs about k passes over the group: k >= 20 with m >= 3k;
   at m = 64, k = 24 it loses 1.5x) or the groups are long with many experts
-  (m >= 320 with n >= 32: 0.42-0.63x of 'fast's time at k = 8 and 16), and
-  loses elsewhere (1.1-2.5x of 'fast's time at k <= 16 with n = 8, m up to
-  512; at the tiny config's m = 64, n = 8, k = 16, 1.7x); it needs 2k < m
-  (`ot.candidates.applies`).
+  (m >= 320 with n >= 32: 0.40-0.63x of 'fast's time at k = 8 and 16), and
+  loses elsewhere at k <= 16 (1.3-2.5x of 'fast's time with n = 8, m up to
+  512 -- the tiny config's m = 64, n = 8, k = 16: 1.7x --, 1.1-1.6x with
+  n = 32, m <= 256); it needs 2k < m (`ot.candidates.applies`).
   GPU: one measurement (RESULTS.md, one H200, 2026-11-26: B/32 shapes, G = 512:
   'candidates' 31.0 ms against 'fast' 26.0 ms), keeps 'fast'. Other backends
   (TPU): unmeasured, keep 'fast'.
