@@ -20,6 +20,13 @@ Router names may carry a sparse_ot implementation, to compare them in one run:
 
     python benchmarks/routers.py --router-only --routers topk,sparse_ot:fast,sparse_ot:candidates ...
 
+With --grid, times the routers alone the same way at each of a grid of routing
+shapes ("S:E:k" or "S:E:k:token_choice"; G = ceil(--tokens / S) groups), one
+row per shape with the paths side by side, and the path that
+`implementation='auto'` picks there (the table behind its rule):
+
+    python benchmarks/routers.py --grid default --threads 1 --clock cpu
+
 The model run also times each router alone at the model's routing shapes (G =
 ceil(batch * tokens / S) groups, forward + backward of `routers.route`, in the
 same round-robin) and prints the router's share of the step: its time times the
@@ -69,6 +76,8 @@ def set_router_options(router_cfg, args, name: str) -> None:
   router_cfg.name = name
   router_cfg.capacity_factor = args.capacity_factor
   router_cfg.sparse_ot.k = args.k
+  if getattr(args, "form", None):
+    router_cfg.sparse_ot.form = args.form
   if implementation:
     router_cfg.sparse_ot.implementation = implementation
   if name == "expert_choice":
@@ -159,6 +168,48 @@ def router_only(args, clock):
   return times
 
 
+# S:E:k points of the grid (k: sparse_ot's k, the buffer size C); token_choice
+# points solve the transposed problem (rows = E experts, columns = S tokens,
+# at most K = 2 per token; k is then the capacity).
+DEFAULT_GRID = ("64:8:8,64:8:16,128:8:16,128:32:8,128:32:28,256:8:16,256:8:64,256:32:8,"
+                "256:32:28,400:8:28,400:8:64,400:32:8,400:32:16,400:32:28,400:32:64,"
+                "64:8:16:token_choice,400:32:28:token_choice")
+
+
+def grid(args, clock):
+  """Each path of sparse_ot (and topk) alone at each routing shape of --grid."""
+  from vmoe_sparse_ot.nn.routers import sparse_ot
+  spec = DEFAULT_GRID if args.grid == "default" else args.grid
+  paths = [p for p in args.routers.split(",") if p != "topk"]
+  rows = []
+  print(f"router alone (forward + backward) per routing shape, ms (best of {args.rounds} "
+        f"rounds of {args.steps}; median in brackets); G = ceil({args.tokens} / S); "
+        f"{jax.devices()[0].platform}, jax {jax.__version__}, "
+        f"threads={args.threads or 'default'}, clock={args.clock}")
+  print(f"{'S:E:k form':<26}{'G':>4}{'topk':>16}" + "".join(f"{p:>24}" for p in paths)
+        + f"{'auto picks':>12}")
+  for point in spec.split(","):
+    s, e, k, *form = point.split(":")
+    pargs = argparse.Namespace(**{**vars(args), "group_size": int(s), "experts": int(e),
+                                  "k": int(k), "form": form[0] if form else "expert_choice"})
+    groups = -(-args.tokens // pargs.group_size)
+    fns = {name: make_router_step(name, groups, pargs) for name in ["topk"] + paths}
+    for fn, fargs in fns.values():
+      jax.block_until_ready(fn(*fargs))
+    calls = {n: (lambda i, fn=fn, fargs=fargs: fn(*fargs)) for n, (fn, fargs) in fns.items()}
+    times = time_round_robin(calls, args.rounds, args.steps, clock)
+    opts = sparse_ot.SparseOTOptions(form=pargs.form, k=pargs.k,
+                                     capacity_factor=args.capacity_factor)
+    picked = sparse_ot.picked_implementation(opts, pargs.group_size, pargs.experts)
+    best = {n: min(v) for n, v in times.items()}
+    cells = "".join(f"{1e3 * best[p]:>8.2f} ({1e3 * statistics.median(times[p]):.2f}) "
+                    f"{best[p] / best['topk']:>5.2f}x" for p in paths)
+    print(f"{point:<26}{groups:>4}{1e3 * best['topk']:>8.2f} "
+          f"({1e3 * statistics.median(times['topk']):.2f}){cells}{picked:>12}", flush=True)
+    rows.append({"point": point, "groups": groups, "rounds_s": times, "auto": picked})
+  return rows
+
+
 def agreement(args, seeds=(0, 1)):
   """Pairs dispatched by both / by either, each sparse_ot implementation in
   --routers against implementation='reference' (Adam from zero through
@@ -181,7 +232,7 @@ def agreement(args, seeds=(0, 1)):
     logits = jax.random.normal(jax.random.key(seed), (groups, args.group_size, args.experts))
     ref = dispatched("reference", logits)
     for name in names:
-      got = dispatched(name.partition(":")[2] or "fast", logits)
+      got = dispatched(name.partition(":")[2], logits)   # none: the default
       both, either = jnp.sum(got & ref), jnp.sum(got | ref)
       print(f"  seed {seed} {name:<22}{float(both / either):.4f}")
 
@@ -215,8 +266,22 @@ def main(argv=None):
   p.add_argument("--agreement", action="store_true",
                  help="with --router-only: also each sparse_ot implementation's dispatched "
                       "pairs against implementation='reference'")
+  p.add_argument("--grid", default=None,
+                 help="time the routers alone at each S:E:k[:form] shape of this comma-"
+                      "separated list ('default': DEFAULT_GRID); --routers: the paths "
+                      "(default sparse_ot:fast,sparse_ot:candidates), topk always")
+  p.add_argument("--tokens", type=int, default=6400,
+                 help="with --grid: tokens per MoE layer (6400: B/32 at batch 128)")
   args = p.parse_args(argv)
   clock = time.perf_counter if args.clock == "wall" else time.process_time
+  if args.grid:
+    if args.routers == p.get_default("routers"):
+      args.routers = "sparse_ot:fast,sparse_ot:candidates"
+    rows = grid(args, clock)
+    if args.json:
+      with open(args.json, "w") as f:
+        json.dump({"args": vars(args), "jax": jax.__version__, "rows": rows}, f, indent=2)
+    return
   if args.router_only:
     times = router_only(args, clock)
     if args.agreement:

@@ -227,6 +227,10 @@ def test_options_parsing_errors_name_the_full_key():
     routers.parse_router_options({"name": "topk", "num_selected_experts": "two"})
   with pytest.raises(ValueError, match=r"router.capacity_factor must be > 0"):
     routers.parse_router_options({"name": "sbase", "capacity_factor": 0.0})
+  with pytest.raises(ValueError) as err:
+    routers.parse_router_options({"name": "sparse_ot", "sparse_ot": {"implementation": "gpu"}})
+  assert str(err.value) == ("model.encoder.moe.router.sparse_ot.implementation must be one of "
+                            "['auto', 'fast', 'candidates', 'reference'], got 'gpu'")
 
 
 def test_default_config_round_trips_and_is_derived_from_the_dataclasses():
@@ -377,6 +381,48 @@ def test_sparse_ot_candidates_gradients_flow():
   assert np.asarray(r.valid).sum(axis=-1).max() <= c and np.asarray(r.valid).any()
   grad = np.asarray(grad)                      # numpy: no compile per check
   assert bool(np.all(np.isfinite(grad))) and float(np.abs(grad).sum()) > 0
+
+
+def test_sparse_ot_auto_picks_a_path_and_its_plans_are_that_paths():
+  """implementation='auto' (the default) runs the path `picked_implementation`
+  names (its rule: benchmarks/RESULTS.md, "sparse_ot's paths side by side"): the
+  same program, in float32 and float64, so the same plans. Against 'fast' (the
+  default before 'auto') they agree within the candidate path's stated tolerance
+  (tests/ot/test_candidates.py, which also checks float64 to 1e-10): at least
+  99% of the dispatched pairs and the primal objective to 1e-5 relative in
+  float32, the router's dtype, on a random router problem."""
+  from vmoe_sparse_ot.nn.routers import sparse_ot
+  opts = sparse_ot.SparseOTOptions()
+  assert opts.implementation == "auto"
+  pick = lambda o, *shape: sparse_ot.picked_implementation(o, *shape, backend="cpu")
+  b32 = dataclasses.replace(opts, k=28)
+  assert pick(b32, 400, 32) == "candidates"                 # B/32 routing shapes
+  assert pick(dataclasses.replace(opts, k=16), 64, 8) == "fast"   # the tiny config
+  assert sparse_ot.picked_implementation(b32, 400, 32, backend="gpu") == "fast"
+  assert pick(dataclasses.replace(b32, form="token_choice"), 400, 32) == "fast"
+  assert pick(dataclasses.replace(b32, implementation="fast"), 400, 32) == "fast"
+  assert pick(dataclasses.replace(b32, solver="lbfgs"), 400, 32) == "reference"
+
+  g, m, n, k = 2, 96, 4, 24
+  opts = dataclasses.replace(opts, k=k)
+  assert pick(opts, m, n) == "candidates"
+  plans = lambda o: lambda c, a, b: sparse_ot._solve_plans(c, a, b, k, o)
+  picked = dataclasses.replace(opts, implementation="candidates")
+  for x64 in (False, True):
+    with jax.enable_x64(x64):
+      dtype = np.float64 if x64 else np.float32
+      logits = np.random.default_rng(0).normal(size=(g, m, n)).astype(dtype)
+      cost = 1.0 - _softmax(logits)
+      args = cost, np.ones((g, m), dtype), np.full((g, n), m / n, dtype)
+      # Traced only (compiling the candidate path takes 3.5 s).
+      assert str(jax.make_jaxpr(plans(opts))(*args)) == str(jax.make_jaxpr(plans(picked))(*args))
+  fast = dataclasses.replace(opts, implementation="fast")
+  args = [np.asarray(x, np.float32) for x in args]
+  auto, want = map(np.asarray, jax.jit(lambda *x: (plans(opts)(*x), plans(fast)(*x)))(*args))
+  assert auto.dtype == np.float32 and ((auto > 0).sum(axis=1) <= k).all()
+  assert np.sum((auto > 0) & (want > 0)) / np.sum((auto > 0) | (want > 0)) >= 0.99
+  primal = lambda t: float(np.sum(t * args[0]) + 0.5 * np.sum(t * t))
+  assert primal(auto) == pytest.approx(primal(want), rel=1e-5)
 
 
 @functools.partial(jax.jit, static_argnames="k")

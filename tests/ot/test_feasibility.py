@@ -257,3 +257,30 @@ def test_costs_of_1e30_reach_the_unscaled_plan():
   assert float(big.value) == pytest.approx(float(unit.value) * 1e30, rel=1e-9)
   np.testing.assert_allclose(np.asarray(big.primal_plan), np.asarray(unit.primal_plan),
                              atol=1e-7)
+
+
+def _scaled_like_unscaled(dtype, regs, tol, atol):
+  """C and gamma multiplied by the same s: every regularizer here is gamma times
+  a function of the plan (gamma <t, log t>, gamma / 2 ||t||^2, gamma Psi(t) with
+  at most k nonzeros), so the objective is s times the unscaled one and the
+  optimal plan is the same; `solve` (L-BFGS) reaches it at s = 1e30 and 1e-28."""
+  a, b, cost = np.full(4, 0.25, dtype), np.full(3, 1 / 3, dtype), C.astype(dtype)
+  for reg in regs:
+    unit = ot.solve(a, b, cost, reg, tol=tol)
+    for s in (1e30, 1e-28):
+      out = ot.solve(a, b, (cost * s).astype(dtype),
+                     jax.tree_util.tree_map(lambda g, s=s: g * s, reg), tol=tol)
+      assert out.reason() == unit.reason() == "converged", (reg, s)
+      np.testing.assert_allclose(np.asarray(out.plan), np.asarray(unit.plan), atol=atol)
+      assert float(out.value) == pytest.approx(float(unit.value) * s, rel=atol)
+
+
+def test_c_and_gamma_scaled_together_give_the_unscaled_plan_in_float64():
+  # k = 3 does not bind here (the plan has at most 3 nonzeros per column).
+  _scaled_like_unscaled(np.float64, (ot.SquaredL2(0.1), ot.NegEntropy(0.1),
+                                     ot.SparsityConstrained(3, 0.1)), tol=1e-10, atol=1e-8)
+
+
+@pytest.mark.float32
+def test_c_and_gamma_scaled_together_give_the_unscaled_plan_in_float32():
+  _scaled_like_unscaled(np.float32, (ot.SparsityConstrained(3, 0.1),), tol=1e-5, atol=1e-5)

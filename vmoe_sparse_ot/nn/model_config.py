@@ -93,6 +93,26 @@ LATER_DEFAULTS = {
 }
 
 
+# Router keys that choose how the router computes, not the model's parameters or
+# its function: sparse_ot's implementation (the same plans up to rounding, see
+# nn/routers/sparse_ot.py). Like COMPUTE_KEYS they are not compared when a
+# checkpoint resumes or is evaluated: records from before 'auto' became the
+# default hold 'fast', and resume under 'auto' (set 'fast' to continue
+# bit-identically). Records keep them, so an evaluation with the checkpoint's
+# config runs the path it trained with.
+ROUTER_COMPUTE_KEYS = (('encoder', 'moe', 'router', 'sparse_ot', 'implementation'),)
+
+
+def _without_router_compute_keys(model_config: dict) -> dict:
+  for path in ROUTER_COMPUTE_KEYS:
+    node = model_config
+    for key in path[:-1]:
+      node = node.get(key) if isinstance(node, dict) else None
+    if isinstance(node, dict):
+      node.pop(path[-1], None)
+  return model_config
+
+
 def _without_later_defaults(model_config: dict) -> dict:
   out = copy.deepcopy(model_config)
   for path, default in LATER_DEFAULTS.items():
@@ -107,10 +127,12 @@ def _without_later_defaults(model_config: dict) -> dict:
 def without_compute_keys(model_config, *, only_defaults: bool = False) -> dict:
   """A copy of a model config dict without `COMPUTE_KEYS` (with `only_defaults`,
   only those at their defaults, so a record looks as it did before they existed),
-  and without the `LATER_DEFAULTS` keys at their defaults."""
-  return _without_later_defaults(
+  without the `LATER_DEFAULTS` keys at their defaults, and (without
+  `only_defaults`: for comparisons) without `ROUTER_COMPUTE_KEYS`."""
+  out = _without_later_defaults(
       {k: v for k, v in dict(model_config).items()
        if k not in COMPUTE_KEYS or (only_defaults and v != COMPUTE_DEFAULTS[k])})
+  return out if only_defaults else _without_router_compute_keys(out)
 
 
 def variant_sizes(variant: str) -> dict:

@@ -313,7 +313,13 @@ def solve(a, b, C, regularizer: Regularizer, formulation: str = "semi_dual",
   gamma tiny against the costs (costs 1e30 with gamma 0.1: gamma / C ~ 1e-31
   at any scale, an unregularized problem on which L-BFGS stalls at C ~ 1
   too); there the interior point (SparsityConstrained) still certifies the
-  value and returns primal_plan.
+  value and returns primal_plan. The plan is invariant only to C and gamma
+  scaled together (each regularizer is gamma times a function of the plan:
+  gamma <t, log t>, gamma / 2 ||t||^2, gamma Psi(t) under the k-sparsity
+  constraint); tested at 1e30 and 1e-28 in float64 and float32. Adam is not
+  scaled: its learning rate is a step in the caller's units (the router's
+  setting, and the batched router paths that must equal it), so pass one in
+  the costs' units, or use L-BFGS, for costs far from 1.
 
   Returns:
     OTResult. Float dtype follows the inputs (float32 or float64 under x64;

@@ -39,13 +39,17 @@ class SparseOTOptions(base.CommonOptions):
   learning_rate: float = base.option(1e-2, "Adam step size.", check=base.POSITIVE)
   gamma: float = base.option(1.0, "Squared-L2 regularization strength.", check=base.POSITIVE)
   implementation: str = base.option(
-      "fast", "'fast': the router's batched Adam (same iterates as ot.solve, faster); "
+      "auto", "'auto': the faster of 'fast' and 'candidates' for the routing shapes and "
+      "backend (`picked_implementation`; the rule measured in benchmarks/RESULTS.md); "
+      "'fast': the router's batched Adam (same iterates as ot.solve, faster); "
       "'candidates': the same Adam steps, each on 2k candidate rows per expert with the "
       "k-th value found from the previous step's, checked against all tokens every step "
       "(same plans up to rounding; faster than 'fast' at the B/32 router shapes on CPU, "
       "see benchmarks/RESULTS.md); 'reference': jax.vmap(ot.solve). L-BFGS always uses "
-      "ot.solve.",
-      choices=("fast", "candidates", "reference"))
+      "ot.solve. Not compared when a checkpoint resumes (nn.model_config."
+      "ROUTER_COMPUTE_KEYS): workdirs from before 'auto' (the default then: 'fast') "
+      "resume under it; set 'fast' to continue them bit-identically.",
+      choices=("auto", "fast", "candidates", "reference"))
 
 
 def capacity(opts: SparseOTOptions, group_size: int, num_experts: int) -> int:
@@ -54,8 +58,51 @@ def capacity(opts: SparseOTOptions, group_size: int, num_experts: int) -> int:
   return base.default_capacity(opts, group_size, num_experts)
 
 
+def _auto(m: int, n: int, k: int, backend: str) -> str:
+  """The Adam path 'auto' runs for problems of m rows and n columns, at most k
+  nonzeros per column (expert choice: m = S tokens, n = E experts, k = C;
+  token choice: m = E, n = S, k = K), on `backend`.
+
+  CPU: the rule fits the router-alone grid of benchmarks/RESULTS.md ("sparse_ot's
+  paths side by side", 2026-11-27, JAX 0.10.2, 6400 tokens per layer): it picks
+  the faster path at all 25 of its shapes. 'candidates' wins where k is large
+  (each step of 'fast' costs about k passes over the group: k >= 20 with m >= 3k;
+  at m = 64, k = 24 it loses 1.5x) or the groups are long with many experts
+  (m >= 320 with n >= 32: 0.40-0.63x of 'fast's time at k = 8 and 16), and
+  loses elsewhere at k <= 16 (1.3-2.5x of 'fast's time with n = 8, m up to
+  512 -- the tiny config's m = 64, n = 8, k = 16: 1.7x --, 1.1-1.6x with
+  n = 32, m <= 256); it needs 2k < m (`ot.candidates.applies`).
+  GPU: one measurement (RESULTS.md, one H200, 2026-11-26: B/32 shapes, G = 512:
+  'candidates' 31.0 ms against 'fast' 26.0 ms), keeps 'fast'. Other backends
+  (TPU): unmeasured, keep 'fast'.
+  """
+  if backend != "cpu" or not 2 * k < m:
+    return "fast"
+  if (k >= 20 and m >= 3 * k) or (n >= 32 and m >= 320):
+    return "candidates"
+  return "fast"
+
+
+def picked_implementation(opts: SparseOTOptions, group_size: int, num_experts: int,
+                          backend: Optional[str] = None) -> str:
+  """The path `opts.implementation` runs at these routing shapes: itself, or for
+  'auto' the one its rule picks (`_auto`); 'reference' wherever L-BFGS solves."""
+  if opts.solver != "adam":
+    return "reference"
+  if opts.implementation != "auto":
+    return opts.implementation
+  if opts.form == "expert_choice":
+    m, n, k = group_size, num_experts, capacity(opts, group_size, num_experts)
+  else:
+    m, n, k = num_experts, group_size, min(opts.num_selected_experts, num_experts)
+  return _auto(m, n, k, backend or jax.default_backend())
+
+
 def _solve_plans(cost: Array, a: Array, b: Array, k: int, opts: SparseOTOptions) -> Array:
   """(G, m, n) plans of G semi-duals, <= k nonzeros per column."""
+  if opts.implementation == "auto" and opts.solver == "adam":
+    _, m, n = cost.shape
+    opts = dataclasses.replace(opts, implementation=_auto(m, n, k, jax.default_backend()))
   if opts.solver == "adam" and opts.implementation == "fast":
     return ot.batched_semi_dual_adam(cost, a, b, k, opts.gamma, opts.num_steps,
                                      opts.learning_rate)
