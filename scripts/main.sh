@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# The main job on the embedded default data: set up, prepare the embedded MNIST,
-# train the tiny V-MoE with the sparse-OT router (evaluating on the test split and
-# printing its accuracy), then few-shot linear transfer from the checkpoint, then
-# pictures of the run in $WORKDIR/plots.
+# The main job on the embedded default data: set up, train the tiny V-MoE with the
+# sparse-OT router (the first run writes the embedded datasets into the local TFDS
+# data_dir; it evaluates on the test split and prints its accuracy), then few-shot
+# linear transfer from the checkpoint, then pictures of the run in $WORKDIR/plots.
 # Extra arguments go to the trainer, e.g. --config.train_steps=300.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -10,8 +10,6 @@ cd "$ROOT"
 bash scripts/setup.sh
 WORKDIR="${WORKDIR:-$ROOT/workdirs/vmoe_tiny_mnist_sparse_ot}"
 CONFIG="configs/vmoe_tiny_mnist.py:router=sparse_ot"
-echo "== Preparing the embedded datasets"
-.venv/bin/python -m vmoe_sparse_ot.data
 echo "== Training $CONFIG in $WORKDIR"
 .venv/bin/python -m vmoe_sparse_ot.main --config="$CONFIG" --workdir="$WORKDIR" "$@"
 echo "== Few-shot linear transfer"

@@ -9,5 +9,5 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 bash scripts/setup.sh
-.venv/bin/python -m vmoe_sparse_ot.data
+# The first training writes the embedded datasets into the local TFDS data_dir.
 exec .venv/bin/python -m vmoe_sparse_ot.experiments upcycle_finetune "$@"

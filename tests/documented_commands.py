@@ -51,7 +51,7 @@ SHRINK = ('--config.train_steps=2', '--config.log_every_steps=1',
 # Jobs whose command lines argparse reads: run in the `Main` commands' interpreter,
 # after them (tests/main_cases.py).
 IN_PROCESS = ('python -m vmoe_sparse_ot.plot ', 'python -m vmoe_sparse_ot.export ',
-              'python -m vmoe_sparse_ot.data')
+              'python -m vmoe_sparse_ot.data', 'python -m vmoe_sparse_ot.evaluate --workdir=')
 
 
 @dataclasses.dataclass(frozen=True)

@@ -71,7 +71,8 @@ BAD_CONFIGS = [
     ('model.encoder.num_heads', 3, 'config.model.hidden_size=64 must be divisible by '
      'config.model.encoder.num_heads=3'),
     ('model.hidden_size', 0, 'config.model.hidden_size=0: must be an integer >= 1'),
-    ('model.num_classes', 0, 'config.model.num_classes=0: must be an integer >= 1'),
+    ('model.num_classes', 0, 'config.model.num_classes=0: must be an integer >= 1 or None '
+     '(no head: the model returns its representation)'),
     ('model.encoder.dropout_rate', 1.5,
      'config.model.encoder.dropout_rate=1.5: must be in [0, 1)'),
     ('model.encoder.attention_dropout_rate', -0.1,
@@ -85,7 +86,7 @@ BAD_CONFIGS = [
     ('model.representation_size', -1,
      'config.model.representation_size=-1: must be an integer >= 0 or None'),
     ('model.classifier', 'cls', "config.model.classifier='cls': must be one of "
-     "['token', 'gap']"),
+     "['token', 'gap', 'map', '0']"),
     ('log_every_steps', 0, 'config.log_every_steps=0: must be an integer >= 1'),
     ('eval_every_steps', -1, 'config.eval_every_steps=-1: must be an integer >= 0'),
     ('train_steps', 0, 'config.train_steps=0: must be an integer >= 1'),
