@@ -64,6 +64,12 @@ class _DrainingEventLoop(asyncio.SelectorEventLoop):
       pending = [task for task in asyncio.all_tasks(self) if not task.done()]
       if pending:  # Reads of a damaged checkpoint end quickly; the bound is a safeguard.
         self.run_until_complete(asyncio.wait(pending, timeout=_DRAIN_TIMEOUT_S))
+        # Their failures belong to the restore that already raised: retrieved here,
+        # they are not logged again ("Task exception was never retrieved") when the
+        # tasks are collected.
+        for task in pending:
+          if task.done() and not task.cancelled():
+            task.exception()
     super().close()
 
 
