@@ -24,7 +24,6 @@ message naming it.
 """
 import json
 import os
-import sys
 from typing import Any
 
 from vmoe_sparse_ot import workdir_layout
@@ -159,7 +158,7 @@ def main(argv):
     cli.fail(PROG, f'unexpected arguments {argv[1:]}')
   quiet_logs.quiet_library_logs()
   try:
-    config = reference.resolve(_CONFIG.value, log=lambda line: print(line, file=sys.stderr))
+    config = reference.resolve(_CONFIG.value)
   except ValueError as e:
     cli.fail(PROG, e)
   if not _WORKDIR.value:

@@ -135,7 +135,7 @@ def main(argv: list[str]) -> None:
     cli.fail(PROG, f'unexpected arguments {argv[1:]}')
   quiet_logs.quiet_library_logs()
   try:
-    config = reference.resolve(_CONFIG.value, log=lambda line: print(line, file=sys.stderr))
+    config = reference.resolve(_CONFIG.value)
   except ValueError as e:
     cli.fail(PROG, e)
   if _PRINT_CONFIG.value:

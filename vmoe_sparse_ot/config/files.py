@@ -4,7 +4,6 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
-import sys
 import types
 from typing import Any
 
@@ -98,7 +97,7 @@ def load_config_file(spec: str, *, translate: bool = True) -> ml_collections.Con
   if not translate:
     return config
   # A reference V-MoE config file becomes this project's config (config.reference).
-  return reference.resolve(config, log=lambda line: print(line, file=sys.stderr))
+  return reference.resolve(config)
 
 
 def _split_spec(spec: str) -> tuple[str, str, str]:

@@ -25,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
+import sys
 from typing import Any, Callable, Mapping
 
 import ml_collections
@@ -769,11 +770,16 @@ def markdown_table() -> str:
   return '\n'.join(lines)
 
 
-def resolve(config: Any, *, log: Callable[[str], None]) -> Any:
+def _stderr_line(line: str) -> None:
+  print(line, file=sys.stderr)
+
+
+def resolve(config: Any, *, log: Callable[[str], None] = _stderr_line) -> Any:
   """`config` itself, or its translation (locked) when it is in the reference's layout.
 
-  `log` receives one line saying a reference config was read, and one naming
-  the keys accepted with no effect. Raises ReferenceConfigError (one line).
+  `log` (default: stderr) receives one line saying a reference config was read,
+  and one naming the keys accepted with no effect. Raises ReferenceConfigError
+  (one line).
   """
   if not is_reference(config):
     return config

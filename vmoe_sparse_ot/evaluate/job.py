@@ -526,7 +526,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     # A reference V-MoE config file, its overrides applied in its own key names.
     config = values['config'].value
     if config is not None:
-      config = reference.resolve(config, log=lambda line: print(line, file=sys.stderr))
+      config = reference.resolve(config)
     request = prepare(
         workdir or None, values['step'].value, checkpoint=checkpoint or None,
         dataset=values['dataset'].value,
