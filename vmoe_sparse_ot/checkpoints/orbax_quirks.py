@@ -15,6 +15,8 @@ import asyncio
 import contextlib
 import logging as std_logging
 import sys
+import time
+import weakref
 from typing import Iterator
 
 import jax
@@ -59,17 +61,34 @@ class _DrainingEventLoop(asyncio.SelectorEventLoop):
   before the restore call returns.
   """
 
+  def __init__(self, *args, **kwargs):
+    super().__init__(*args, **kwargs)
+    # Every task of this loop, finished or not: a read that failed before the
+    # restore raised, or one started while draining, is in no `all_tasks` list
+    # at close time, yet its exception must be retrieved too.
+    self._tasks: weakref.WeakSet[asyncio.Task] = weakref.WeakSet()
+    self.set_task_factory(self._tracked_task)
+
+  def _tracked_task(self, loop, coro, **kwargs):
+    task = asyncio.Task(coro, loop=loop, **kwargs)
+    self._tasks.add(task)
+    return task
+
   def close(self) -> None:
     if not self.is_running() and not self.is_closed():
-      pending = [task for task in asyncio.all_tasks(self) if not task.done()]
-      if pending:  # Reads of a damaged checkpoint end quickly; the bound is a safeguard.
-        self.run_until_complete(asyncio.wait(pending, timeout=_DRAIN_TIMEOUT_S))
-        # Their failures belong to the restore that already raised: retrieved here,
-        # they are not logged again ("Task exception was never retrieved") when the
-        # tasks are collected.
-        for task in pending:
-          if task.done() and not task.cancelled():
-            task.exception()
+      # Reads of a damaged checkpoint end quickly; the bound is a safeguard.
+      deadline = time.monotonic() + _DRAIN_TIMEOUT_S
+      while time.monotonic() < deadline:
+        pending = [task for task in asyncio.all_tasks(self) if not task.done()]
+        if not pending:
+          break
+        self.run_until_complete(asyncio.wait(pending, timeout=deadline - time.monotonic()))
+      # Their failures belong to the restore that already raised: retrieved here,
+      # they are not logged again ("Task exception was never retrieved") when the
+      # tasks are collected.
+      for task in list(self._tasks):
+        if task.done() and not task.cancelled():
+          task.exception()
     super().close()
 
 
