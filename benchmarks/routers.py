@@ -16,9 +16,14 @@ E = 32, K = 2, C = 28, k = 16, G = 16 at batch 128):
     python benchmarks/routers.py --router-only --image 224 --patch 32 --group_size 400 \
         --experts 32 --capacity_factor 1.05 --k 16
 
-Router names may carry a sparse_ot implementation, to compare them in one run:
+Router names may carry a sparse_ot implementation, to compare them in one run
+('pallas': the fused kernel, for a GPU; on the CPU it runs in Pallas interpret
+mode, a correctness check only, far slower):
 
     python benchmarks/routers.py --router-only --routers topk,sparse_ot:fast,sparse_ot:candidates ...
+
+A router that fails to build or compile (e.g. a kernel that does not lower on
+this backend) is reported in one line and left out; the others are still timed.
 
 With --grid, times the routers alone the same way at each of a grid of routing
 shapes ("S:E:k" or "S:E:k:token_choice"; G = ceil(--tokens / S) groups), one
@@ -150,12 +155,32 @@ def time_round_robin(calls, rounds: int, steps: int, clock):
   return times
 
 
+def report_failure(name: str, err: Exception) -> None:
+  """One line for a router that failed to build or compile (e.g. a kernel that does
+  not lower on this backend); the run goes on without it."""
+  first = (str(err).strip().splitlines() or [""])[0][:300]
+  print(f"{name}: FAILED, left out ({type(err).__name__}: {first})", flush=True)
+
+
+def warm_router_steps(names, groups, args):
+  """{name: (fn, args)} of `make_router_step`, each compiled and run once; a router
+  that fails is reported and left out."""
+  fns = {}
+  for name in names:
+    try:
+      fn, fargs = make_router_step(name, groups, args)
+      jax.block_until_ready(fn(*fargs))
+    except Exception as err:  # pylint: disable=broad-except
+      report_failure(name, err)
+      continue
+    fns[name] = (fn, fargs)
+  return fns
+
+
 def router_only(args, clock):
   tokens = (args.image // args.patch) ** 2 + 1
   groups = args.batch * tokens // args.group_size
-  fns = {name: make_router_step(name, groups, args) for name in args.routers.split(",")}
-  for fn, fargs in fns.values():
-    jax.block_until_ready(fn(*fargs))
+  fns = warm_router_steps(args.routers.split(","), groups, args)
   calls = {name: (lambda i, fn=fn, fargs=fargs: fn(*fargs)) for name, (fn, fargs) in fns.items()}
   times = time_round_robin(calls, args.rounds, args.steps, clock)
   print(f"\nrouter only (forward + backward): G={groups}, S={args.group_size}, "
@@ -308,14 +333,18 @@ def main(argv=None):
   state = {}
   for name, cfg in models.items():
     model = vnn.build_model(cfg)
-    params, model_state = vnn.router_state.split(jax.jit(
-        lambda k, m=model: m.init({"params": k}, images, train=False))(jax.random.key(2)))
-    step = make_step(model, tx, model_state)
-    opt_state = tx.init(params)
     t0 = time.perf_counter()
-    for i in range(args.warmup):
-      params, opt_state, loss = step(params, opt_state, images, labels, jax.random.key(i))
-    jax.block_until_ready(loss)
+    try:
+      params, model_state = vnn.router_state.split(jax.jit(
+          lambda k, m=model: m.init({"params": k}, images, train=False))(jax.random.key(2)))
+      step = make_step(model, tx, model_state)
+      opt_state = tx.init(params)
+      for i in range(args.warmup):
+        params, opt_state, loss = step(params, opt_state, images, labels, jax.random.key(i))
+      jax.block_until_ready(loss)
+    except Exception as err:  # pylint: disable=broad-except
+      report_failure(name, err)
+      continue
     print(f"{name}: compiled + {args.warmup} warm-up steps in {time.perf_counter() - t0:.1f} s")
     state[name] = [step, params, opt_state]
 
@@ -330,17 +359,17 @@ def main(argv=None):
   # the step is an estimate, see the module doc).
   tokens = (args.image // args.patch) ** 2 + 1
   groups = -(-args.batch * tokens // args.group_size)
-  router_calls = {}
-  for r in args.routers.split(","):
-    fn, fargs = make_router_step(r, groups, args)
-    jax.block_until_ready(fn(*fargs))
-    router_calls[f"router:{r}"] = lambda i, fn=fn, fargs=fargs: fn(*fargs)
+  models = {n: cfg for n, cfg in models.items() if n in state}
+  routed = [r for r in args.routers.split(",") if r in state]
+  router_calls = {f"router:{r}": lambda i, fn=fn, fargs=fargs: fn(*fargs)
+                  for r, (fn, fargs) in warm_router_steps(routed, groups, args).items()}
   rounds = time_round_robin({**{name: train_call(st) for name, st in state.items()},
                              **router_calls}, args.rounds, args.steps, clock)
 
   best = {n: min(v) for n, v in rounds.items()}
   median = {n: statistics.median(v) for n, v in rounds.items()}
-  shares = {r: layers * best[f"router:{r}"] / best[r] for r in args.routers.split(",")}
+  shares = {r: layers * best[f"router:{r}"] / best[r] for r in routed
+            if f"router:{r}" in best}
   ratios = {}
   if "topk" in best:
     ratios["topk/dense"] = best["topk"] / best["dense"]
@@ -353,12 +382,12 @@ def main(argv=None):
         f"K={k}, "
         f"dispatcher={args.dispatcher}, {jax.devices()[0].platform}, "
         f"threads={args.threads or 'default'}, clock={args.clock}")
-  print(f"{'model':<14}{'best ms/step':>14}{'median ms/step':>16}{'best vs dense':>15}"
+  print(f"{'model':<18}{'best ms/step':>14}{'median ms/step':>16}{'best vs dense':>15}"
         f"{'router ms x L':>15}{'router share':>14}")
   for n in models:
     router = (f"{1e3 * layers * best[f'router:{n}']:>15.1f}{100 * shares[n]:>13.1f}%"
               if n in shares else "")
-    print(f"{n:<14}{1e3 * best[n]:>14.1f}{1e3 * median[n]:>16.1f}"
+    print(f"{n:<18}{1e3 * best[n]:>14.1f}{1e3 * median[n]:>16.1f}"
           f"{best[n] / best['dense']:>14.2f}x{router}")
   print(f"router ms x L: one router's forward + backward alone (G={groups}) times the "
         f"{layers} MoE layers; share: that over the step")

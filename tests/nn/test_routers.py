@@ -230,7 +230,7 @@ def test_options_parsing_errors_name_the_full_key():
   with pytest.raises(ValueError) as err:
     routers.parse_router_options({"name": "sparse_ot", "sparse_ot": {"implementation": "gpu"}})
   assert str(err.value) == ("model.encoder.moe.router.sparse_ot.implementation must be one of "
-                            "['auto', 'fast', 'candidates', 'reference'], got 'gpu'")
+                            "['auto', 'fast', 'candidates', 'reference', 'pallas'], got 'gpu'")
 
 
 def test_default_config_round_trips_and_is_derived_from_the_dataclasses():
@@ -398,7 +398,11 @@ def test_sparse_ot_auto_picks_a_path_and_its_plans_are_that_paths():
   b32 = dataclasses.replace(opts, k=28)
   assert pick(b32, 400, 32) == "candidates"                 # B/32 routing shapes
   assert pick(dataclasses.replace(opts, k=16), 64, 8) == "fast"   # the tiny config
-  assert sparse_ot.picked_implementation(b32, 400, 32, backend="gpu") == "fast"
+  # GPU: the fused kernel, both forms (tests/nn/test_sparse_ot_pallas.py).
+  assert sparse_ot.picked_implementation(b32, 400, 32, backend="gpu") == "pallas"
+  assert sparse_ot.picked_implementation(dataclasses.replace(b32, form="token_choice"), 400,
+                                         32, backend="gpu") == "pallas"
+  assert sparse_ot.picked_implementation(b32, 400, 32, backend="tpu") == "fast"
   assert pick(dataclasses.replace(b32, form="token_choice"), 400, 32) == "fast"
   assert pick(dataclasses.replace(b32, implementation="fast"), 400, 32) == "fast"
   assert pick(dataclasses.replace(b32, solver="lbfgs"), 400, 32) == "reference"

@@ -8,7 +8,9 @@ problems whose optimum is a kink of the semi-dual (k binds; `solve` switches to 
 itself where L-BFGS stops there); the squared-L2 and entropic baselines and
 log-domain Sinkhorn; and `batched_semi_dual_adam`, many small semi-duals at once
 (the MoE router's solver), and `batched_semi_dual_adam_candidates`, the same
-iterates with each step's selection on a few candidate rows per column.
+iterates with each step's selection on a few candidate rows per column, and
+`batched_semi_dual_adam_pallas`, the same iterates in one fused Pallas kernel
+per problem (Triton on a GPU; interpret mode, for tests, on the CPU).
 
     from vmoe_sparse_ot import ot
     res = ot.solve(a, b, C, ot.SparsityConstrained(k=2, gamma=1.0))
@@ -32,6 +34,7 @@ from vmoe_sparse_ot.ot.objectives import (
     semi_dual_value_and_grad,
 )
 from vmoe_sparse_ot.ot.optim import STATUS, OTTrace
+from vmoe_sparse_ot.ot.pallas_solve import batched_semi_dual_adam_pallas
 from vmoe_sparse_ot.ot.projections import (
     projection_nonneg,
     projection_simplex,
@@ -73,6 +76,7 @@ __all__ = [
     "SquaredL2",
     "batched_semi_dual_adam",
     "batched_semi_dual_adam_candidates",
+    "batched_semi_dual_adam_pallas",
     "c_transform_start",
     "dual_objective",
     "dual_value_and_grad",

@@ -10,6 +10,8 @@ experts per token, slots as in TopK. Combine weights are softmax(logits) at the
 dispatched pairs; no gradient flows through the solver.
 """
 import dataclasses
+import functools
+import warnings
 from typing import Optional
 
 import jax
@@ -45,11 +47,16 @@ class SparseOTOptions(base.CommonOptions):
       "'candidates': the same Adam steps, each on 2k candidate rows per expert with the "
       "k-th value found from the previous step's, checked against all tokens every step "
       "(same plans up to rounding; faster than 'fast' at the B/32 router shapes on CPU, "
-      "see benchmarks/RESULTS.md); 'reference': jax.vmap(ot.solve). L-BFGS always uses "
+      "see benchmarks/RESULTS.md); 'pallas': the same Adam steps as 'fast' in one fused "
+      "Pallas kernel per group (ot.pallas_solve; same plans up to rounding), the group's "
+      "block on chip for all its steps: Triton on a GPU, where 'auto' picks it (not yet "
+      "measured on a GPU, see benchmarks/RESULTS.md); on the CPU it runs in Pallas "
+      "interpret mode, for tests only (slow; warns once); 'reference': "
+      "jax.vmap(ot.solve). L-BFGS always uses "
       "ot.solve. Not compared when a checkpoint resumes (nn.model_config."
       "ROUTER_COMPUTE_KEYS): workdirs from before 'auto' (the default then: 'fast') "
       "resume under it; set 'fast' to continue them bit-identically.",
-      choices=("auto", "fast", "candidates", "reference"))
+      choices=("auto", "fast", "candidates", "reference", "pallas"))
 
 
 def capacity(opts: SparseOTOptions, group_size: int, num_experts: int) -> int:
@@ -72,10 +79,15 @@ def _auto(m: int, n: int, k: int, backend: str) -> str:
   loses elsewhere at k <= 16 (1.3-2.5x of 'fast's time with n = 8, m up to
   512 -- the tiny config's m = 64, n = 8, k = 16: 1.7x --, 1.1-1.6x with
   n = 32, m <= 256); it needs 2k < m (`ot.candidates.applies`).
-  GPU: one measurement (RESULTS.md, one H200, 2026-11-26: B/32 shapes, G = 512:
-  'candidates' 31.0 ms against 'fast' 26.0 ms), keeps 'fast'. Other backends
-  (TPU): unmeasured, keep 'fast'.
+  GPU: 'pallas', the fused kernel (ot.pallas_solve), at every shape -- chosen
+  for what it removes (each step of 'fast' is several kernels over the whole
+  (m, n G) array in device memory; 'candidates' was slower still: RESULTS.md,
+  one H200, 2026-11-26, B/32 shapes, G = 512: 'candidates' 31.0 ms against
+  'fast' 26.0 ms), NOT yet measured on a GPU: benchmarks/gpu.sh times it
+  beside 'fast' and 'candidates'. Other backends (TPU): unmeasured, keep 'fast'.
   """
+  if backend == "gpu":
+    return "pallas"
   if backend != "cpu" or not 2 * k < m:
     return "fast"
   if (k >= 20 and m >= 3 * k) or (n >= 32 and m >= 320):
@@ -98,6 +110,13 @@ def picked_implementation(opts: SparseOTOptions, group_size: int, num_experts: i
   return _auto(m, n, k, backend or jax.default_backend())
 
 
+@functools.lru_cache(maxsize=None)
+def _warn_interpret_once() -> None:
+  warnings.warn("sparse_ot implementation='pallas' on the CPU runs the fused kernel in "
+                "Pallas interpret mode, meant for tests: it is much slower than 'fast' "
+                "(what implementation='auto' picks on the CPU).", stacklevel=3)
+
+
 def _solve_plans(cost: Array, a: Array, b: Array, k: int, opts: SparseOTOptions) -> Array:
   """(G, m, n) plans of G semi-duals, <= k nonzeros per column."""
   if opts.implementation == "auto" and opts.solver == "adam":
@@ -106,6 +125,11 @@ def _solve_plans(cost: Array, a: Array, b: Array, k: int, opts: SparseOTOptions)
   if opts.solver == "adam" and opts.implementation == "fast":
     return ot.batched_semi_dual_adam(cost, a, b, k, opts.gamma, opts.num_steps,
                                      opts.learning_rate)
+  if opts.solver == "adam" and opts.implementation == "pallas":
+    if jax.default_backend() == "cpu":
+      _warn_interpret_once()
+    return ot.batched_semi_dual_adam_pallas(cost, a, b, k, opts.gamma, opts.num_steps,
+                                            opts.learning_rate)
   if opts.solver == "adam" and opts.implementation == "candidates":
     return ot.batched_semi_dual_adam_candidates(cost, a, b, k, opts.gamma, opts.num_steps,
                                                 opts.learning_rate)
