@@ -49,8 +49,8 @@ class SparseOTOptions(base.CommonOptions):
       "(same plans up to rounding; faster than 'fast' at the B/32 router shapes on CPU, "
       "see benchmarks/RESULTS.md); 'pallas': the same Adam steps as 'fast' in one fused "
       "Pallas kernel per group (ot.pallas_solve; same plans up to rounding), the group's "
-      "block on chip for all its steps: Triton on a GPU, where 'auto' picks it (not yet "
-      "measured on a GPU, see benchmarks/RESULTS.md); on the CPU it runs in Pallas "
+      "block on chip for all its steps: Triton on a GPU (opt-in: not yet measured on a "
+      "GPU, so 'auto' does not pick it; see benchmarks/RESULTS.md); on the CPU it runs in Pallas "
       "interpret mode, for tests only (slow; warns once); 'reference': "
       "jax.vmap(ot.solve). L-BFGS always uses "
       "ot.solve. Not compared when a checkpoint resumes (nn.model_config."
@@ -79,15 +79,13 @@ def _auto(m: int, n: int, k: int, backend: str) -> str:
   loses elsewhere at k <= 16 (1.3-2.5x of 'fast's time with n = 8, m up to
   512 -- the tiny config's m = 64, n = 8, k = 16: 1.7x --, 1.1-1.6x with
   n = 32, m <= 256); it needs 2k < m (`ot.candidates.applies`).
-  GPU: 'pallas', the fused kernel (ot.pallas_solve), at every shape -- chosen
-  for what it removes (each step of 'fast' is several kernels over the whole
-  (m, n G) array in device memory; 'candidates' was slower still: RESULTS.md,
-  one H200, 2026-11-26, B/32 shapes, G = 512: 'candidates' 31.0 ms against
-  'fast' 26.0 ms), NOT yet measured on a GPU: benchmarks/gpu.sh times it
-  beside 'fast' and 'candidates'. Other backends (TPU): unmeasured, keep 'fast'.
+  GPU: one measurement (RESULTS.md, one H200, 2026-11-26: B/32 shapes, G = 512:
+  'candidates' 31.0 ms against 'fast' 26.0 ms), keeps 'fast'. The fused kernel
+  ('pallas') is not picked until a GPU run of benchmarks/gpu.sh shows it wins
+  and compiles there: it has only run in interpret mode, and XLA does not
+  partition a Pallas call over a mesh. Other backends (TPU): unmeasured, keep
+  'fast'.
   """
-  if backend == "gpu":
-    return "pallas"
   if backend != "cpu" or not 2 * k < m:
     return "fast"
   if (k >= 20 and m >= 3 * k) or (n >= 32 and m >= 320):
