@@ -83,6 +83,18 @@ USER_ERRORS = [
      "shape (8, 8, 1) from the dataset's stored (8, 8, 1) images; the model reads (35, 35, 1) "
      "(image_size=35, channels=1): add resize(35) after decode(channels=1): "
      "'decode(channels=1)|resize(35)|value_range(-1, 1)'"),
+    # E³ (model.ensemble_size): members must split the experts and the groups evenly,
+    # keep K experts each, and use a router that routes per member.
+    ('vmoe_sparse_ot.main', [f'--config={TINY}:router=topk', '--workdir={tmp}/w',
+                             '--config.model.ensemble_size=3'],
+     'config.model.ensemble_size=3: must divide model.encoder.moe.num_experts (8)'),
+    ('vmoe_sparse_ot.main', [f'--config={TINY}:router=topk', '--workdir={tmp}/w',
+                             '--config.model.ensemble_size=8'],
+     'config.model.ensemble_size=8: leaves 1 experts per member, fewer than '
+     'model.encoder.moe.router.num_selected_experts (2)'),
+    ('vmoe_sparse_ot.main', [f'--config={TINY}:router=topk_bias', '--workdir={tmp}/w',
+                             '--config.model.ensemble_size=2'],
+     "config.model.ensemble_size=2: > 1 (E³) cannot route with router 'topk_bias'"),
     ('vmoe_sparse_ot.main', [f'--config={TINY}'], 'flag --workdir is required'),
     ('vmoe_sparse_ot.main', [f'--config={TINY}', '--workdir={tmp}/w',
                              '--config.dataset.name=imagenet2012', '--config.dataset.data_dir={tmp}'],

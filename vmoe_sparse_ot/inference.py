@@ -11,6 +11,14 @@
     routes = m.routing(images)         # {layer: {'experts': (B, N, K) int32,
                                        #          'weights': (B, N, K) float32}}
 
+An E³ model (`model.ensemble_size` M > 1) is combined as its evaluation combines
+it: `predict` gives log((1/M) sum_m softmax(z_m)), the log of the members' mean
+probability (the softmax of it is that mean; a model trained with sigmoid_xent
+combines per-class sigmoids instead: use `train.losses.ensemble_log_probs` on
+`outputs(images)['member_logits']`, (B, M, classes)); `features` the mean of the
+members' pre-logits (what few-shot evaluation uses); `routing` holds
+(B, M, N, K) arrays, member m's routing of each image.
+
 `images` are what the model sees after eval preprocessing: float32 (B, H, W, C)
 in [-1, 1] (`data.make_dataset(..., training=False)` yields them), with (H, W, C)
 `m.image_shape`. The model is the checkpoint's (its metadata's model config;
@@ -48,6 +56,7 @@ from vmoe_sparse_ot import nn
 from vmoe_sparse_ot.evaluate import overrides as overrides_lib
 from vmoe_sparse_ot.evaluate import released
 from vmoe_sparse_ot.nn import routing_stats
+from vmoe_sparse_ot.train import losses
 from vmoe_sparse_ot import checkpoints
 
 DEFAULT_BATCH_SIZE = 64
@@ -71,17 +80,30 @@ class LoadedModel:
     self.image_shape = overrides_lib.image_shape(shapes, model_config['classifier'])
     self.num_tokens = int(shapes['encoder/pos_embedding'][1])
     self.capacity = overrides_lib.capacity(model_config)
+    self.ensemble_size = nn.ensemble_size(model)   # E³ members M; 1 for a V-MoE
     self._forward = jax.jit(self._outputs)
 
   def _outputs(self, params, model_state, images):
     (logits, aux), state = self.model.apply({'params': params, **model_state}, images,
                                             train=False, mutable=['intermediates'])
+    b, members = images.shape[0], self.ensemble_size
     routes = {}
     for layer, w in routing_stats.layer_weights(state).items():
       experts, weights = routing_stats.assignments(
-          routing_stats.per_image(w, images.shape[0], self.num_tokens))
+          routing_stats.per_image(w, b * members, self.num_tokens))
+      if members > 1:  # (B, M, N, K): each member's routing of each image.
+        experts, weights = (x.reshape(b, members, *x.shape[1:]) for x in (experts, weights))
       routes[layer] = {'experts': experts, 'weights': weights}
-    return {'logits': logits, 'pre_logits': aux['pre_logits'], 'routing': routes}
+    pre_logits = aux['pre_logits']
+    if members == 1:
+      return {'logits': logits, 'pre_logits': pre_logits, 'routing': routes}
+    # E³: the members' mean softmax probability (in log space), the mean pre-logits.
+    member_logits = logits.reshape(b, members, -1)
+    pre_logits = pre_logits.reshape(b, members, -1).mean(axis=1)
+    logits = (losses.ensemble_log_probs(logits, members) if self.model.num_classes
+              else pre_logits)
+    return {'logits': logits, 'pre_logits': pre_logits, 'member_logits': member_logits,
+            'routing': routes}
 
   def outputs(self, images: np.ndarray) -> dict[str, Any]:
     """{'logits' (B, classes), 'pre_logits' (B, D'), 'routing' {layer: {...}}} in one pass."""
@@ -100,7 +122,8 @@ class LoadedModel:
     return jax.tree.map(lambda *parts: np.concatenate(parts)[:b], *fetched)
 
   def predict(self, images: np.ndarray) -> np.ndarray:
-    """Logits (B, num_classes) float32."""
+    """Logits (B, num_classes) float32 (an E³ model: log of the members' mean softmax
+    probability; `outputs(images)['member_logits']` holds each member's)."""
     return self.outputs(images)['logits']
 
   def features(self, images: np.ndarray) -> np.ndarray:

@@ -240,7 +240,8 @@ def expert_choices(model, params, images: np.ndarray, classifier: str,
 
   Applies the model with `mutable=['intermediates']` and reads the (G, S, E) weights
   each MoE layer sows as 'expert_weights'; tokens were flattened image-major and
-  cut into groups of S, so (G*S, E)[:B*N] reshapes back to (B, N, E). `model_state`:
+  cut into groups of S, so (G*S, E)[:B*N] reshapes back to (B, N, E) (an E³ model:
+  member 0's routing, `nn.ensemble`). `model_state`:
   the router state to route with (`nn.router_state`; None for none).
   """
   import jax  # pylint: disable=g-import-not-at-top  (only the routing figure needs it)
@@ -258,7 +259,8 @@ def expert_choices(model, params, images: np.ndarray, classifier: str,
     w = np.asarray(moe['expert_weights'][0], np.float32)   # (G, S, E)
     e = w.shape[-1]
     num_tokens = np.shape(params['encoder']['pos_embedding'])[1]
-    w = w.reshape(-1, e)[:b * num_tokens].reshape(b, num_tokens, e)
+    members = getattr(model, 'ensemble_size', 1)   # E³: (image, member, token) order
+    w = w.reshape(-1, e)[:b * members * num_tokens].reshape(b, members, num_tokens, e)[:, 0]
     if classifier == 'token':
       w = w[:, 1:]
     choice = np.argmax(w, axis=-1)

@@ -23,6 +23,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 S32 = os.path.join(HERE, 'reference_configs', 's32_ilsvrc2012.py')
 B16_FT = os.path.join(HERE, 'reference_configs', 'b16_ft_cifar10.py')
+EEE = os.path.join(HERE, 'reference_configs', 'eee_s32_ft_cifar100.py')
 # A made-up size of imagenet2012's train[:99%], for train_epochs.
 TRAIN_EXAMPLES = 1_268_355
 
@@ -125,6 +126,41 @@ def test_translated_models_have_the_reference_parameter_counts():
   b16, _ = _translate(files.load_config_file(B16_FT, translate=False))
   # V-MoE B/16, E=8, 6 MoE blocks, no pre-logits, 10 classes, at 384 px.
   assert _param_count(b16) == _reference_param_count(768, 12, 3072, 16, 384, 10, 8, 6, None)
+
+
+def test_e3_s32_config_translates_and_has_its_parameter_count_by_hand():
+  ours, _ = _translate(files.load_config_file(EEE, translate=False))
+  m = ours.model
+  assert (m.name, m.ensemble_size, ours.loss.name) == ('vit_moe', 2, 'softmax_xent')
+  # group_size counts both members' tokens: 128 images per device x 17 tokens x 2.
+  assert (m.encoder.moe.group_size, m.encoder.moe.layers) == (4352, '5,7')
+  assert m.encoder.moe.router.num_selected_experts == 1
+  # The router reshape rule is a default here; the head is dropped.
+  assert ours.initialization.rules == (('head/.*', ''),)
+  # E³-S/32 at 128 px: 16 patches + class token, D 512, 8 blocks, MoE (E=8) in 5 and 7,
+  # pre-logits 512, 100 classes. The same parameters as the V-MoE it starts from.
+  d, mlp, e = 512, 2048, 8
+  embedding = 32 * 32 * 3 * d + d
+  tokens = d + 17 * d                                     # cls, pos_embedding
+  attention = 3 * (d * d + d) + (d * d + d)               # q, k, v, out
+  norms = 2 * 2 * d
+  mlp_params = d * mlp + mlp + mlp * d + d
+  dense_block = norms + attention + mlp_params
+  moe_block = norms + attention + e * mlp_params + d * e  # experts, router kernel (D, E)
+  top = 2 * d + (d * d + d) + (d * 100 + 100)             # encoder_norm, pre_logits, head
+  assert _param_count(ours) == (embedding + tokens + 6 * dense_block + 2 * moe_block
+                                + top) == 56_520_804
+
+
+def test_e3_keys_that_do_not_fit_together_are_one_line():
+  config = files.load_config_file(EEE, translate=False)
+  config.loss.ensemble_size = 4
+  with pytest.raises(reference.ReferenceConfigError, match=r'loss.ensemble_size=4'):
+    _translate(config)
+  config.loss = ml_collections.ConfigDict({'name': 'softmax_xent'})
+  config.model.name = 'VisionTransformerMoe'
+  with pytest.raises(reference.ReferenceConfigError, match=r'model.encoder.moe.ensemble_size'):
+    _translate(config)
 
 
 def test_b16_fine_tuning_config_by_hand():

@@ -217,3 +217,33 @@ def test_fine_tuning_defaults_zoom_and_new_head(tmp_path):
   assert out['encoder/pos_embedding'].shape == (1, 10, D)
   np.testing.assert_array_equal(out['encoder/pos_embedding'][0, 0],
                                 params['encoder/pos_embedding'][0, 0])
+
+
+# --------------------------------------------------------------- V-MoE into E³
+
+def test_vmoe_weights_initialize_an_e3_model_with_every_parameter_accounted_for(tmp_path):
+  """E³ (M=2) has the V-MoE's parameters, names and shapes: member m owns experts
+  2m, 2m+1 and router columns 2m, 2m+1. A V-MoE's exported weights initialize
+  every one of them as they are, and use every source entry; the reference's E³
+  router kernel (D, M, E/M) is reshaped onto (D, E)."""
+  _, params = init_flat(model_config('vit_moe'))
+  initialization.write_npz(str(tmp_path / 'vmoe.npz'),
+                           exported_arrays(initialization.unflatten(params), 'vit'))
+  e3_config = model_config('vit_moe')
+  e3_config.ensemble_size = 2
+  _, fresh = init_flat(e3_config, seed=5)
+  assert {k: v.shape for k, v in fresh.items()} == {k: v.shape for k, v in params.items()}
+  out, mapped = initialization.initialize(
+      fresh, {'path': str(tmp_path / 'vmoe.npz'), 'raise_if_target_unmatched': True,
+              'raise_if_source_unmatched': True}, num_prefix_tokens=1, log=lambda _: None)
+  assert mapped.log == [] and mapped.uninitialized == [] and mapped.unused == []
+  assert sorted(mapped.sources) == sorted(fresh)
+  for k in params:
+    np.testing.assert_array_equal(out[k], params[k])
+  router = 'encoder/encoderblock_1/moe/router/kernel'
+  reference = {**params, router: params[router].reshape(D, 2, E // 2)}
+  got = initialization.map_onto(reference, {k: v.shape for k, v in fresh.items()},
+                                num_prefix_tokens=1)
+  np.testing.assert_array_equal(got.params[router], params[router])
+  assert got.log == [f'{router}: an E³ router kernel ({D}, 2, {E // 2}) (D, M, E/M) reshaped '
+                     f'to ({D}, {E})']

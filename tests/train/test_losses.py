@@ -1,4 +1,5 @@
 """config.loss: softmax_xent and sigmoid_xent against hand-computed values; precision@1."""
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -94,3 +95,43 @@ def test_label_smoothing_against_the_formula():
   np.testing.assert_allclose(got, -(target * logp).sum(-1), rtol=1e-6)
   np.testing.assert_allclose(np.asarray(losses.cross_entropy(logits, labels)),
                              -logp[[0, 1], labels], rtol=1e-6)
+
+
+# E³ (M = 2) on hand-made logits: rows b*M + m. Example 0's members give softmax
+# (1/2, 1/2) and (3/4, 1/4); example 1's (1/5, 4/5) and (3/5, 2/5).
+E3_LOGITS = np.log(np.array([[1, 1], [3, 1], [1, 4], [3, 2]], np.float32))
+E3_LABEL = np.array([0, 1])
+
+
+@jax.jit
+def _e3_values(logits, label):
+  """Every E³ quantity of the test below in one compiled program."""
+  batch = {'label': label}
+  log_p = losses.ensemble_log_probs(logits, 2)
+  return (jnp.exp(log_p), losses.ensemble_softmax_xent(logits, batch, 2),
+          losses.ensemble_softmax_xent(logits, {'labels': jax.nn.one_hot(label, 2)}, 2),
+          losses.softmax_xent(logits, losses.repeat_targets(batch, 2)).mean(),
+          losses.calibration_bins(log_p, batch, jnp.ones(label.shape, bool)))
+
+
+def test_e3_mean_of_probabilities_and_its_losses_by_hand():
+  mean, nll, nll_onehot, train, bins = _e3_values(E3_LOGITS, E3_LABEL)
+  np.testing.assert_allclose(mean, [[5 / 8, 3 / 8], [2 / 5, 3 / 5]], rtol=1e-6)  # (1/2 + 3/4) / 2
+  np.testing.assert_allclose(nll, [-np.log(5 / 8), -np.log(3 / 5)], rtol=1e-6)
+  np.testing.assert_allclose(nll_onehot, nll, rtol=1e-6)  # Same against one-hot 'labels'.
+  # Training: each member against the repeated labels, averaged over the 4 rows.
+  np.testing.assert_allclose(
+      train, -(np.log(1 / 2) + np.log(3 / 4) + np.log(4 / 5) + np.log(2 / 5)) / 4, rtol=1e-6)
+  # ECE (15 bins): confidences 5/8 and 3/5 (both bin 9), both right: |0.6125 - 1|.
+  assert losses.expected_calibration_error(bins) == pytest.approx(1 - (5 / 8 + 3 / 5) / 2)
+
+
+def test_e3_sigmoid_ensemble_loss_by_hand():
+  # Per class the members' sigmoids: sigmoid(log r) = r / (1 + r).
+  z = np.log(np.array([[1, 1 / 3], [3, 1]], np.float32))   # one example, M = 2, 2 classes
+  p = np.array([(1 / 2 + 3 / 4) / 2, (1 / 4 + 1 / 2) / 2])  # 5/8, 3/8
+  got, log_p = jax.jit(lambda z, y: (
+      losses.ensemble_sigmoid_xent(z, {'labels': y}, 2),
+      losses.ensemble_log_probs(z, 2, 'sigmoid_xent')))(z, np.array([[1.0, 0.0]], np.float32))
+  np.testing.assert_allclose(got, [-np.log(p[0]) - np.log(1 - p[1])], rtol=1e-6)
+  np.testing.assert_allclose(np.exp(log_p), [p], rtol=1e-6)

@@ -35,7 +35,13 @@ from vmoe_sparse_ot.config import schema
 MAPPED, NO_EFFECT, REFUSED = 'mapped', 'no effect', 'refused'
 
 # The reference's model classes and router classes, and ours.
-MODEL_NAMES = {'VisionTransformerMoe': 'vit_moe', 'VisionTransformer': 'vit'}
+MODEL_NAMES = {'VisionTransformerMoe': 'vit_moe', 'VisionTransformer': 'vit',
+               'VisionTransformerMoeEnsemble': 'vit_moe'}
+ENSEMBLE_MODEL = 'VisionTransformerMoeEnsemble'
+# The reference's losses and ours: an ensemble loss is ours on an E³ model
+# (model.ensemble_size > 1), which trains and evaluates it as the reference does.
+LOSS_NAMES = {'softmax_xent': 'softmax_xent', 'sigmoid_xent': 'sigmoid_xent',
+              'ensemble_softmax_xent': 'softmax_xent', 'ensemble_sigmoid_xent': 'sigmoid_xent'}
 ROUTER_NAMES = {'NoisyTopExpertsPerItemRouter': 'topk',
                 'NoisyTopItemsPerExpertRouter': 'expert_choice',
                 'SoftRouter': 'soft_moe'}
@@ -270,6 +276,37 @@ def _seeds_per_step(value, ctx):
   return {'fewshot.seeds': tuple(range(int(value)))}
 
 
+def _model_name(value, ctx):
+  out = _choice('model.name', MODEL_NAMES, 'model.name')(value, ctx)
+  members = ctx.flat.get('model.encoder.moe.ensemble_size')
+  if value == ENSEMBLE_MODEL and members is None:
+    _fail('model.name', value, 'needs model.encoder.moe.ensemble_size')
+  if value != ENSEMBLE_MODEL and members is not None:
+    _fail('model.encoder.moe.ensemble_size', members, f'read by {ENSEMBLE_MODEL} only')
+  return out
+
+
+def _ensemble_size(value, ctx):
+  return {'model.ensemble_size': int(value)}
+
+
+def _loss_name(value, ctx):
+  out = _choice('loss.name', LOSS_NAMES, 'loss.name')(value, ctx)
+  ensemble = str(value).startswith('ensemble_')
+  if ensemble != (ctx.flat.get('model.name') == ENSEMBLE_MODEL):
+    _fail('loss.name', value, f'the ensemble losses go with model.name={ENSEMBLE_MODEL!r} '
+          'and it with them')
+  return out
+
+
+def _loss_ensemble_size(value, ctx):
+  members = ctx.flat.get('model.encoder.moe.ensemble_size')
+  if not str(ctx.flat.get('loss.name', '')).startswith('ensemble_') or value != members:
+    _fail('loss.ensemble_size', value, 'must go with an ensemble loss and equal '
+          f'model.encoder.moe.ensemble_size ({members!r})')
+  return {}
+
+
 def _init_name(value, ctx):
   if value not in INITIALIZERS:
     _fail('initialization.name', value, f'one of {sorted(INITIALIZERS)} translates')
@@ -302,6 +339,9 @@ def _init_rules(value, ctx):
         _fail(key, tuple(rule), 'only drop rules of the head or the pre-logits layer '
               'translate; write other rules in this project\'s naming (docs/INITIALIZATION.md)')
       ours += [(f'{top}/.*', '') for top in dropped]
+    elif transform == 'reshape' and re.search(pattern, 'Encoder/encoderblock_1/Moe/Router/dense/kernel') \
+        and not re.search(pattern, 'Encoder/encoderblock_1/Moe/Mlp/Dense_0/kernel'):
+      continue  # E³'s router (D, M, E/M) -> (D, E): a default here.
     elif transform in (None, 'vit_zoom') and re.fullmatch(r'\^?\(?\.\*\)?\$?|\^?\(\.\*/pos_embedding\)\$?',
                                                           pattern) and replacement in (
                                                               r'params/\1', r'\1', 'params/\\1'):
@@ -332,9 +372,13 @@ TABLE: tuple[Row, ...] = (
     Row('extra_rng_keys', NO_EFFECT, why='each layer that draws random numbers has its stream'),
     Row('summarize_arrays', NO_EFFECT, why='no array summaries here'),
     Row('summarize_arrays.**', NO_EFFECT, why='no array summaries here'),
-    Row('loss.name', MAPPED, 'loss.name', 'softmax_xent or sigmoid_xent',
-        _choice('loss.name', {'softmax_xent': 'softmax_xent',
-                              'sigmoid_xent': 'sigmoid_xent'}, 'loss.name')),
+    Row('loss.name', MAPPED, 'loss.name',
+        'softmax_xent or sigmoid_xent; ensemble_softmax_xent / ensemble_sigmoid_xent (with '
+        'VisionTransformerMoeEnsemble): the same name here, which an E³ model trains '
+        'per member and evaluates by the mean of probabilities, as there', _loss_name),
+    Row('loss.ensemble_size', MAPPED, 'model.ensemble_size',
+        'must equal model.encoder.moe.ensemble_size (the loss reads the model\'s here)',
+        _loss_ensemble_size),
     Row('mixup.concentration', MAPPED, 'mixup.p'),
     Row('mixup.granularity', MAPPED, 'mixup.granularity',
         "'device' (the default there) and 'example' mix within each device's shard, as "
@@ -369,8 +413,12 @@ TABLE: tuple[Row, ...] = (
     Row('dataset.*.prefetch_device', NO_EFFECT,
         why='batches are put on the mesh one step ahead'),
     # --- model ---
-    Row('model.name', MAPPED, 'model.name', 'VisionTransformerMoe: vit_moe',
-        _choice('model.name', MODEL_NAMES, 'model.name')),
+    Row('model.name', MAPPED, 'model.name',
+        'VisionTransformerMoe: vit_moe; VisionTransformerMoeEnsemble (E³): vit_moe with '
+        'model.ensemble_size', _model_name),
+    Row('model.encoder.moe.ensemble_size', MAPPED, 'model.ensemble_size',
+        "M members (E³), each routing among its own E/M experts; group_size counts every "
+        "member's tokens, as there", _ensemble_size),
     Row('model.num_classes', MAPPED, 'model.num_classes',
         'None or 0: no head, the model returns its representation (None here; training '
         'needs a head)', _num_classes),
@@ -553,8 +601,8 @@ TABLE: tuple[Row, ...] = (
     Row('initialization.filepath', MAPPED, 'initialization.path', 'read with initialization.name',
         lambda value, ctx: {}),
     Row('initialization.rules', MAPPED, 'initialization.rules',
-        "drop rules of head or pre_logits; vit_zoom and copy-all rules are this project's "
-        'defaults', _init_rules),
+        "drop rules of head or pre_logits; vit_zoom, copy-all and E³'s reshape of "
+        "Moe/Router/dense are this project's defaults", _init_rules),
     Row('initialization.raise_if_target_unmatched', MAPPED,
         'initialization.raise_if_target_unmatched'),
     Row('initialization.axis_resources_regexes', NO_EFFECT,

@@ -3,7 +3,8 @@
 A dataset is one pass of padded, full batches `{'image': (b, H, W, C) float32,
 'label': (b,) int, 'mask': (b,) bool}` (what `data.make_dataset(..., training=False)`
 yields; b is the per-process batch size). The model is applied with `train=False`
-and its `aux['pre_logits']` (b, D') kept for the rows whose mask is True.
+and its `aux['pre_logits']` (b, D') kept for the rows whose mask is True; for an E³
+model (`model.ensemble_size` M > 1) the mean of its M members' pre-logits.
 
 With a mesh, each process's batch becomes one global array whose batch dimension
 is split over all the mesh's axes, as the trainer splits its batch over 'data' and
@@ -29,9 +30,14 @@ def make_feature_fn(model, *, mesh: Mesh | None = None) -> FeatureFn:
   b' is the global batch (b times the process count when sharded). One jit-compiled
   apply serves every batch, since batches are padded to a fixed size.
   """
+  members = getattr(model, 'ensemble_size', 1)
+
   def apply(params, model_state, images, labels, mask):
     _, aux = model.apply({'params': params, **model_state}, images, train=False)
-    return aux['pre_logits'], labels, mask
+    features = aux['pre_logits']
+    if members > 1:  # E³: the ensemble's representation, the members' mean pre-logits.
+      features = features.reshape(images.shape[0], members, -1).mean(axis=1)
+    return features, labels, mask
 
   if mesh is None:
     jitted = jax.jit(apply)

@@ -393,6 +393,13 @@ def run(request: Request, *, devices: Sequence[Any] | None = None) -> dict[str, 
                   for layer, sums in totals['routing'].items()},
       'mesh': {k: int(v) for k, v in mesh.shape.items()},
   }
+  ensemble = totals.get('ensemble')
+  if ensemble is not None:  # E³: ECE, and each member's metrics and routing.
+    payload['metrics'].update(periodic_eval.ensemble_metrics(ensemble, count))
+    payload['metrics']['ensemble_size'] = nn.ensemble_size(model)
+    for layer, members in ensemble['routing'].items():
+      for i, sums in enumerate(members):
+        payload['routing'][f'{layer}/member{i}'] = routing_stats.summarize(sums)
   if request.weights is not None and request.weights.ignored:
     payload['checkpoint_entries_ignored'] = request.weights.ignored
   if jax.process_index() == 0 and request.path is not None:

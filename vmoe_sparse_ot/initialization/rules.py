@@ -11,7 +11,9 @@ regex matches a source name in full renames it to `match.expand(replacement)`
 - `head/*` of another shape (another label set), or absent from the source: the
   target's own head is kept (zero kernel: ViT fine-tuning's head);
 - a dense block's `mlp/Dense_{0,1}` where the target has an MoE layer: copied into
-  every expert (`upcycle`); the new layer's router keeps its fresh init.
+  every expert (`upcycle`); the new layer's router keeps its fresh init;
+- a router kernel (D, M, E/M) where the target has (D, E): reshaped (the
+  reference's E³ router, one kernel per member; `nn.ensemble`).
 
 Everything else is reported: target parameters left at their fresh init, source
 entries not used. Shape mismatches name both keys and shapes.
@@ -19,6 +21,7 @@ entries not used. Shape mismatches name both keys and shapes.
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 from typing import Any, Mapping, Sequence
 
@@ -148,6 +151,13 @@ def map_onto(source: Mapping[str, np.ndarray], target: Mapping[str, Sequence[int
                    f'{_grid_text(target[src][1], num_prefix_tokens)} patch grid')
       elif src.startswith('head/'):
         head_kept = (array.shape, tuple(target[src]))
+      elif (src.endswith('/moe/router/kernel') and array.ndim == 3 and len(target[src]) == 2
+            and array.shape[0] == target[src][0] and array.size == math.prod(target[src])):
+        # The reference's E³ router keeps one (D, E/M) kernel per member as (D, M, E/M);
+        # member m's experts are m*E/M .. here too, so it is that kernel reshaped.
+        put(src, array.reshape(tuple(target[src])), src, '')
+        log.append(f'{src}: an E³ router kernel {tuple(array.shape)} (D, M, E/M) reshaped '
+                   f'to {tuple(target[src])}')
       else:
         put(src, array, src, '')  # Raises, naming both shapes.
     elif dense and f'{dense.group(1)}/{_DENSE_TO_EXPERTS[dense.group(2)]}' in target:

@@ -28,7 +28,7 @@ EXPERT_PARAMS_REGEX = r"^(.*/)?moe/experts/[^/]+$"
 
 _MODEL_KEYS = ("name", "variant", "num_classes", "patch_size", "hidden_size", "classifier",
                "representation_size", "head_bias_init", "head_kernel_zero_init", "dtype",
-               "remat", "encoder")
+               "remat", "ensemble_size", "encoder")
 _ENCODER_KEYS = ("num_layers", "num_heads", "mlp_dim", "dropout_rate",
                  "attention_dropout_rate", "attention_qk_norm", "position_emb", "moe")
 _MOE_KEYS = ("layers", "num_experts", "group_size", "dispatcher", "routed_tokens_dtype",
@@ -121,8 +121,14 @@ def build_model(model_config: Mapping[str, Any]) -> nn.Module:
       attention_qk_norm=bool(enc.get("attention_qk_norm", False)),
       position_emb=enc.get("position_emb", "learned"),
       head_kernel_zero_init=bool(cfg.get("head_kernel_zero_init", True)),
+      ensemble_size=int(cfg.get("ensemble_size", 1)),
   )
 
 
-__all__ = ["build_model", "check_model_options", "COMPUTE_KEYS", "EXPERT_PARAMS_REGEX", "MODEL_DTYPES", "MODELS", "OptionError", "ROUTERS", "RouterConfig",
+def ensemble_size(model) -> int:
+  """M, the E³ members of a built model (1 for a V-MoE or ViT; `nn.ensemble`)."""
+  return int(getattr(model, "ensemble_size", 1))
+
+
+__all__ = ["build_model", "check_model_options", "ensemble_size", "COMPUTE_KEYS", "EXPERT_PARAMS_REGEX", "MODEL_DTYPES", "MODELS", "OptionError", "ROUTERS", "RouterConfig",
            "config", "parse_router_options", "router_state", "VisionTransformer"]

@@ -12,6 +12,7 @@ import typing
 
 import ml_collections
 
+from vmoe_sparse_ot.nn import ensemble
 from vmoe_sparse_ot.nn import routers
 from vmoe_sparse_ot.nn.routers.base import OptionError
 from vmoe_sparse_ot.nn.vit import CLASSIFIERS, POSITION_EMBS
@@ -90,6 +91,7 @@ LATER_DEFAULTS = {
     ('head_kernel_zero_init',): True,
     ('encoder', 'moe', 'router', 'soft_moe', 'num_slots'): None,
     ('encoder', 'moe', 'router', 'soft_moe', 'compute_similarity_metrics'): False,
+    ('ensemble_size',): 1,
 }
 
 
@@ -210,6 +212,38 @@ def check_model_options(model_config) -> None:
   if name == 'vit_moe':
     _flag('model.encoder.moe.split_rngs',
           model_config['encoder']['moe'].get('split_rngs', False))
+  check_ensemble_size(model_config)
+
+
+def check_ensemble_size(model_config) -> None:
+  """`model.ensemble_size` M (E³, `nn.ensemble`): an integer >= 1; M > 1 needs a
+  'vit_moe' whose num_experts and group_size are multiples of M, at least K experts
+  per member, and a router that `nn.ensemble.supports`."""
+  key = 'model.ensemble_size'
+  m = model_config.get('ensemble_size', 1)
+  if not isinstance(m, int) or isinstance(m, bool) or m < 1:
+    raise OptionError(key, m, 'must be an integer >= 1 (1: no ensemble)')
+  if m == 1:
+    return
+  if model_config.get('name', 'vit_moe') != 'vit_moe':
+    raise OptionError(key, m, "> 1 (E³) needs model.name='vit_moe'")
+  moe = model_config['encoder']['moe']
+  experts, group = moe.get('num_experts'), moe.get('group_size')
+  if isinstance(experts, int) and experts % m:
+    raise OptionError(key, m, f'must divide model.encoder.moe.num_experts ({experts})')
+  if isinstance(group, int) and group % m:
+    raise OptionError(key, m, f'must divide model.encoder.moe.group_size ({group}): each '
+                      'group holds the same number of tokens of every member')
+  router = moe.get('router') or {}
+  k = router.get('num_selected_experts', 2)
+  if isinstance(experts, int) and isinstance(k, int) and k > experts // m:
+    raise OptionError(key, m, f'leaves {experts // m} experts per member, fewer than '
+                      f'model.encoder.moe.router.num_selected_experts ({k})')
+  name = router.get('name', 'topk')
+  if name in routers.ROUTERS and not ensemble.supports(routers.ROUTERS[name]):
+    raise OptionError(key, m, f'> 1 (E³) cannot route with router {name!r} (its own logits '
+                      'layer or router state); use topk, sbase, sparse_ot, expert_choice '
+                      'or sinkhorn_ec')
 
 
 def default_model_config() -> ml_collections.ConfigDict:
@@ -244,6 +278,10 @@ def default_model_config() -> ml_collections.ConfigDict:
       # Rematerialise each encoder block in the backward pass: only block inputs
       # are kept for it, for about one more forward pass of compute.
       'remat': False,
+      # E³ (Efficient Ensembles of Experts): M members, each routing among its
+      # own num_experts / M experts after the dense blocks; the members'
+      # predictions are combined by the mean of their probabilities. 1: V-MoE.
+      'ensemble_size': 1,
       'encoder': {
           'num_layers': 4,
           'num_heads': 4,

@@ -20,6 +20,12 @@ dispatched). Read it with `model.apply(..., mutable=['intermediates'])`.
 On a mesh with axes ('data', 'expert'), groups are split over both axes and the
 expert buffers (E, G*C, D) and expert parameters over 'expert', so XLA moves
 tokens between the two layouts with all-to-alls.
+
+With `ensemble_size` M > 1 (E³, `nn.ensemble`) the input holds M copies of each
+image, (B*M, N, D); the tokens are grouped in (image, token, member) order, and
+member m routes only among its own E/M experts. The layer also reports each
+member's common metrics as `member{m}/<name>`, and sows `expert_weights` with the
+tokens in (image, member, token) order.
 """
 import math
 from typing import Callable, Optional
@@ -28,6 +34,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from vmoe_sparse_ot.nn import ensemble
 from vmoe_sparse_ot.nn import routers
 from vmoe_sparse_ot.nn import router_state
 from vmoe_sparse_ot.nn.dispatch import get_dispatcher
@@ -97,6 +104,7 @@ class MoeLayer(nn.Module):
   routed_tokens_dtype: Optional[str] = None
   dropout_rate: float = 0.0
   split_rngs: bool = False
+  ensemble_size: int = 1   # M: E³ members (nn.ensemble); 1 is the V-MoE
 
   @nn.compact
   def __call__(self, x: Array, train: bool):
@@ -104,19 +112,29 @@ class MoeLayer(nn.Module):
     t = b * n
     s = self.group_size
     g = math.ceil(t / s)
-    tokens = x.reshape(t, d)
+    m = self.ensemble_size
+    tokens = ensemble.interleave(x, m) if m > 1 else x.reshape(t, d)
     if g * s != t:
       tokens = jnp.pad(tokens, ((0, g * s - t), (0, 0)))
     tokens = constrain(tokens.reshape(g, s, d), (GROUP_AXES,))
     token_mask = (jnp.arange(g * s) < t).reshape(g, s)
     router = routers.get_router(self.router.name)
     opts = self.router.options
-    capacity = router.capacity(opts, s, self.num_experts)
+    capacity = router.capacity(opts, s // m, self.num_experts // m)
 
     logits = router.logits_module(opts, self.num_experts, capacity, "router")(tokens)
     rng = self.make_rng("gating") if router.needs_rng(opts, train) else None
     logits = logits.astype(jnp.float32)
-    if router.state is None:
+    member_metrics = {}
+    if m > 1:  # E³: G*M problems of S/M tokens over E/M experts (nn.ensemble).
+      sub_logits, sub_mask = ensemble.member_problems(logits, token_mask, m)
+      sub = router.route(sub_logits, sub_mask, opts, capacity, train, rng)
+      for i in range(m):
+        own, own_mask = ensemble.member_routing(sub, sub_mask, m, i)
+        member_metrics.update({f"member{i}/{k}": v
+                               for k, v in common_metrics(own, own_mask).items()})
+      routing = ensemble.full_routing(sub, m)
+    elif router.state is None:
       routing = router.route(logits, token_mask, opts, capacity, train, rng)
     else:
       init = router.state.init(opts, self.num_experts)
@@ -128,7 +146,10 @@ class MoeLayer(nn.Module):
         for name, value in statistics.items():
           self.put_variable(router_state.STATISTICS, name, value)
     if self.is_mutable_collection("intermediates"):
-      self.sow("intermediates", "expert_weights", expert_weights(routing, s))
+      weights = expert_weights(routing, s)
+      if m > 1:
+        weights = ensemble.image_order(weights, b // m, n, m)
+      self.sow("intermediates", "expert_weights", weights)
 
     dispatch, combine = get_dispatcher(self.dispatcher, self.routed_tokens_dtype)
     buf = dispatch(tokens, routing)                                  # (G, E, C, D)
@@ -141,6 +162,7 @@ class MoeLayer(nn.Module):
     out = constrain(out, (GROUP_AXES,))
     y = combine(out, routing, s)                                     # (G, S, D)
     y = constrain(y, (GROUP_AXES,))
-    y = y.reshape(g * s, d)[:t].reshape(b, n, d)
-    metrics = {**common_metrics(routing, token_mask), **routing.metrics}
+    y = y.reshape(g * s, d)[:t]
+    y = ensemble.deinterleave(y, b // m, n, m) if m > 1 else y.reshape(b, n, d)
+    metrics = {**common_metrics(routing, token_mask), **routing.metrics, **member_metrics}
     return y, routing.auxiliary_loss, metrics

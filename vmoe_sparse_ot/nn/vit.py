@@ -20,6 +20,11 @@ Soft MoE recipe (Puigcerver et al. 2024) are here too, each off by default:
 - `num_classes` None (or 0): no head; the model returns its representation (the
   pre-logits) in place of the logits.
 
+E³ (`ensemble_size` M > 1, `nn.ensemble`): the encoder repeats each image M times
+(`jnp.repeat` on the batch axis) before its first MoE block, the MoE layers route
+member m among its own E/M experts, and the model returns one row per (image,
+member): logits and pre-logits (B*M, ...), rows b*M .. b*M + M-1 for image b.
+
 Precision: parameters are always float32; `dtype` (None: float32) is the dtype
 of the activations and of the matrix products (bfloat16 halves activation
 memory). LayerNorm statistics and normalisation, the attention softmax and the
@@ -139,6 +144,7 @@ class Encoder(nn.Module):
   attention_qk_norm: bool = False
   position_emb: str = "learned"
   grid: Optional[Tuple[int, int]] = None
+  ensemble_size: int = 1
 
   @nn.compact
   def __call__(self, x: Array, train: bool):
@@ -160,12 +166,17 @@ class Encoder(nn.Module):
     routing = {}
     # `train` (argument 2, counting self) is a Python bool that picks code paths.
     block_cls = nn.remat(EncoderBlock, static_argnums=(2,)) if self.remat else EncoderBlock
+    moe = self.moe
+    if self.ensemble_size > 1:
+      moe = {**self.moe, "ensemble_size": self.ensemble_size}
     for i in range(self.num_layers):
       name = f"encoderblock_{i}"
+      if self.ensemble_size > 1 and self.moe_layers and i == min(self.moe_layers):
+        x = jnp.repeat(x, self.ensemble_size, axis=0)  # E³: M members from here on.
       x, block_aux, metrics = block_cls(
           num_heads=self.num_heads, mlp_dim=self.mlp_dim, dropout_rate=self.dropout_rate,
           attention_dropout_rate=self.attention_dropout_rate,
-          moe=self.moe if i in self.moe_layers else None, dtype=self.dtype,
+          moe=moe if i in self.moe_layers else None, dtype=self.dtype,
           attention_qk_norm=self.attention_qk_norm, name=name)(x, train)
       aux = aux + block_aux
       if metrics is not None:
@@ -220,6 +231,7 @@ class VisionTransformer(nn.Module):
   attention_qk_norm: bool = False
   position_emb: str = "learned"   # one of POSITION_EMBS
   head_kernel_zero_init: bool = True
+  ensemble_size: int = 1          # E³ members M (nn.ensemble); outputs have B*M rows
 
   @nn.compact
   def __call__(self, images: Array, train: bool = False):
@@ -236,7 +248,8 @@ class VisionTransformer(nn.Module):
         moe_layers=self.moe_layers, moe=self.moe, dropout_rate=self.dropout_rate,
         attention_dropout_rate=self.attention_dropout_rate, dtype=self.dtype,
         remat=self.remat, attention_qk_norm=self.attention_qk_norm,
-        position_emb=self.position_emb, grid=(h, w), name="encoder")(x, train)
+        position_emb=self.position_emb, grid=(h, w), ensemble_size=self.ensemble_size,
+        name="encoder")(x, train)
     # The pooling and the (small) head run in float32.
     x = x.astype(jnp.float32)
     if self.classifier in ("token", "0"):

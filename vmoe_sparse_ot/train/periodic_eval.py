@@ -76,6 +76,9 @@ def make_eval_step(model, loss: str = 'softmax_xent', *, num_tokens: int | None 
   route with (`nn.router_state`; {} for a stateless router), read, never updated.
   """
   loss_fn = losses_lib.get(loss)
+  members = getattr(model, 'ensemble_size', 1)
+  if members > 1:
+    return _make_ensemble_eval_step(model, loss, members, num_tokens)
 
   def eval_step(params, batch, model_state=None):
     variables = {'params': params, **(model_state or {})}
@@ -100,6 +103,66 @@ def make_eval_step(model, loss: str = 'softmax_xent', *, num_tokens: int | None 
     return out
 
   return eval_step
+
+
+def _make_ensemble_eval_step(model, loss: str, members: int, num_tokens: int | None):
+  """`make_eval_step` of an E³ model (M = `members`): loss and top-1 of the members'
+  mean probability (`train.losses`), and under 'ensemble' the sums that
+  `ensemble_metrics` turns into the ECE and each member's loss, accuracy and ECE,
+  and (with `num_tokens`) each member's routing sums ({layer: (sums of member 0,
+  ...)})."""
+  loss_fn = losses_lib.get(loss)
+  ensemble_loss = losses_lib.ENSEMBLE_EVAL_LOSSES[loss]
+
+  def eval_step(params, batch, model_state=None):
+    variables = {'params': params, **(model_state or {})}
+    (logits, _), state = model.apply(variables, batch['image'], train=False,
+                                     mutable=['intermediates'])
+    if loss in losses_lib.NEEDS_LABELS and 'labels' not in batch:
+      batch = {**batch, 'labels': jax.nn.one_hot(batch['label'], logits.shape[-1])}
+    mask = batch['mask']
+    b = mask.shape[0]
+    log_p = losses_lib.ensemble_log_probs(logits, members, loss)
+
+    def sums(per_example, log_probs):
+      return (jnp.sum(jnp.where(mask, per_example, 0.0)),
+              jnp.sum((losses_lib.top1_correct(log_probs, batch) > 0) & mask, dtype=jnp.int32),
+              losses_lib.calibration_bins(log_probs, batch, mask))
+
+    loss_sum, correct, bins = sums(ensemble_loss(logits, batch, members), log_p)
+    per_member = logits.reshape(b, members, -1)
+    member_sums = [sums(loss_fn(z, batch, 0.0), losses_lib.ensemble_log_probs(z, 1, loss))
+                   for z in (per_member[:, i] for i in range(members))]
+    out = {'loss_sum': loss_sum, 'correct': correct, 'count': jnp.sum(mask, dtype=jnp.int32),
+           'ensemble': {'calibration': bins,
+                        'member_loss_sum': jnp.stack([m[0] for m in member_sums]),
+                        'member_correct': jnp.stack([m[1] for m in member_sums]),
+                        'member_calibration': jnp.stack([m[2] for m in member_sums])}}
+    if num_tokens is not None:
+      out['routing'], out['ensemble']['routing'] = {}, {}
+      for layer, w in routing_stats.layer_weights(state).items():
+        w = routing_stats.per_image(w, b * members, num_tokens)     # (B*M, N, E)
+        out['routing'][layer] = routing_stats.routing_sums(
+            w, jnp.repeat(mask, members, axis=0))
+        w = w.reshape(b, members, *w.shape[1:])
+        out['ensemble']['routing'][layer] = tuple(
+            routing_stats.routing_sums(w[:, i], mask) for i in range(members))
+    return out
+
+  return eval_step
+
+
+def ensemble_metrics(sums: Mapping[str, Any], count: int) -> dict[str, Any]:
+  """From an E³ eval step's 'ensemble' sums over a set (host values): 'ece' (of the
+  ensemble) and 'member{m}/loss', 'member{m}/accuracy', 'member{m}/ece'."""
+  count = max(int(count), 1)
+  out = {'ece': losses_lib.expected_calibration_error(sums['calibration'])}
+  for i, (loss_sum, correct, bins) in enumerate(zip(
+      sums['member_loss_sum'], sums['member_correct'], sums['member_calibration'])):
+    out[f'member{i}/loss'] = float(loss_sum) / count
+    out[f'member{i}/accuracy'] = int(correct) / count
+    out[f'member{i}/ece'] = losses_lib.expected_calibration_error(bins)
+  return out
 
 
 def make_datasets(config, sets: Iterable[EvalSet], batch_size: int) -> list[tuple[EvalSet, Any]]:

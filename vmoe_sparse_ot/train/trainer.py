@@ -135,6 +135,7 @@ def make_step(model, tx: optax.GradientTransformation, label_smoothing: float = 
   """
   loss_per_example = losses_lib.get(loss)
   router_cfg = nn.router_state.router_config(model)
+  members, loss_name = nn.ensemble_size(model), loss
 
   def grads_and_values(params, model_state, batch, key):
     dropout_key, gating_key = jax.random.split(key)
@@ -144,10 +145,14 @@ def make_step(model, tx: optax.GradientTransformation, label_smoothing: float = 
           nn.router_state.with_state(params, model_state), batch['image'], train=True,
           rngs={'dropout': dropout_key, 'gating': gating_key},
           mutable=[nn.router_state.STATISTICS])
-      ce = loss_per_example(logits, batch, label_smoothing).mean()
+      # E³: each member against the targets (the reference's ensemble training loss).
+      targets = batch if members == 1 else losses_lib.repeat_targets(batch, members)
+      ce = loss_per_example(logits, targets, label_smoothing).mean()
       return ce + aux['auxiliary_loss'], (ce, logits, aux, out)
 
     (loss, (ce, logits, aux, out)), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
+    if members > 1:  # The ensemble's top-1: of the members' mean probability.
+      logits = losses_lib.ensemble_log_probs(logits, members, loss_name)
     values = {
         'loss': loss, 'cross_entropy': ce, 'auxiliary_loss': aux['auxiliary_loss'],
         'accuracy': jnp.mean(losses_lib.top1_correct(logits, batch)),
@@ -201,11 +206,14 @@ def evaluate(eval_step, params, dataset, sharding, model_state=None) -> dict[str
     totals = out if totals is None else jax.tree.map(jnp.add, totals, out)
   totals = jax.device_get(totals) if totals else {}
   routing = totals.pop('routing', None)
+  ensemble = totals.pop('ensemble', None)
   totals = {k: float(v) for k, v in totals.items()}
   count = max(totals.get('count', 0.0), 1.0)
   result = {'loss': totals.get('loss_sum', 0.0) / count,
             'accuracy': totals.get('correct', 0.0) / count,
             'num_examples': int(totals.get('count', 0.0))}
+  if ensemble is not None:  # E³: the ensemble's ECE, each member's loss, accuracy, ECE.
+    result.update(periodic_eval.ensemble_metrics(ensemble, count))
   if routing:
     tokens = sum(int(r['tokens']) for r in routing.values())
     result['dropped_fraction'] = sum(int(r['dropped']) for r in routing.values()) / max(
