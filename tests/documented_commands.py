@@ -117,6 +117,15 @@ COMMANDS = {
     f'{_TINY}:router=sparse_ot --workdir=workdirs/upcycled '
     '--config.initialization.path=workdirs/dense': Main(
         (_FINAL,), ('workdirs/upcycled/checkpoints/2',)),
+    # E³ fine-tuned from a V-MoE workdir (docs/E3.md): from the upcycled run above, whose
+    # sparse_ot V-MoE has the same parameters as the documented topk one (the topk
+    # training itself: tests/train/test_routers.py).
+    'python -m vmoe_sparse_ot.main --config=configs/vmoe_tiny_mnist.py:router=topk '
+    '--workdir=workdirs/vmoe_topk': PrintConfig(('model.encoder.moe.router.name=topk',)),
+    'python -m vmoe_sparse_ot.main --config=configs/e3_tiny_mnist.py:init=workdirs/vmoe_topk '
+    '--workdir=workdirs/e3': Main(
+        (_FINAL,), ('workdirs/e3/checkpoints/2',),
+        subs=(('init=workdirs/vmoe_topk', 'init=workdirs/upcycled'),)),
     # --- what needs ImageNet, a checkpoint or a pod: the config resolves ---
     'python -m vmoe_sparse_ot.main --config=configs/vmoe_b16.py:dataset=imagenet21k,'
     'data_dir=/data/tfds --workdir=W --config.dataset.pp_train="decode_jpeg_and_inception_'
