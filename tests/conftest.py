@@ -21,31 +21,74 @@ os.environ.setdefault("POT_BACKEND_DISABLE_TENSORFLOW", "1")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 
-# Test files, slowest first (per-file sums of each test's wall time, measured on
-# 2 cores with `-p tests.compile_profile`; new files placed by their own
-# measurement). scripts/test.sh hands
+# Test files, slowest first: per-file sums of each test's setup, call and
+# teardown wall time (`--durations=0`, one whole run from a fresh clone on 2
+# cores, 2026-11-28); files under 4 s are left to the collection order.
+# scripts/test.sh hands
 # files to the two workers in this order (--dist loadfile
 # --no-loadscope-reorder), so the long files start first and the short ones fill
 # the gaps at the end, instead of one worker finishing a long file alone. Files
 # not listed follow in collection order.
 SLOWEST_FIRST = (
     "tests/test_docs.py",
-    "tests/train/test_trainer.py",
-    "tests/train/test_routers.py",
     "tests/train/test_multiprocess.py",
-    "tests/train/test_resume.py",
     "tests/ot/test_selection.py",
-    "tests/train/test_recipes.py",
+    "tests/train/test_trainer.py",
+    "tests/experiments/test_upcycle_finetune.py",
+    "tests/test_cli.py",
     "tests/train/test_reliability.py",
     "tests/ot/test_solve.py",
-    "tests/test_cli.py",
-    "tests/ot/test_projections.py",
+    "tests/train/test_recipes.py",
+    "tests/train/test_routers.py",
+    "tests/train/test_resume.py",
+    "tests/nn/test_vit.py",
     "tests/ot/test_float32.py",
+    "tests/experiments/test_mnist_clustering.py",
+    "tests/evaluate/test_evaluate_job.py",
     "tests/ot/test_interior_point.py",
     "tests/experiments/test_router_study.py",
+    "tests/evaluate/test_fewshot_job.py",
+    "tests/nn/test_routers.py",
+    "tests/test_plot.py",
     "tests/train/test_initialization.py",
-    "tests/experiments/test_upcycle_finetune.py",
-    "tests/config/test_reference.py",       # placed by its own measurement (~40 s)
+    "tests/ot/test_start.py",
+    "tests/train/test_mixup.py",
+    "tests/train/test_eval_datasets.py",
+    "tests/train/test_memory_levers.py",
+    "tests/ot/test_batched.py",
+    "tests/config/test_reference.py",
+    "tests/ot/test_numerics.py",
+    "tests/ot/test_duality.py",
+    "tests/ot/test_projections.py",
+    "tests/ot/test_trace.py",
+    "tests/ot/test_feasibility.py",
+    "tests/ot/test_candidates.py",
+    "tests/nn/test_sharding.py",
+    "tests/train/test_microsteps.py",
+    "tests/nn/test_ensemble.py",
+    "tests/evaluate/test_inference.py",
+    "tests/experiments/test_formulations_2d.py",
+    "tests/train/test_optimizer.py",
+    "tests/data/test_pipeline.py",
+    "tests/nn/test_moe.py",
+    "tests/ot/test_gradients.py",
+    "tests/checkpoints/test_read.py",
+    "tests/train/test_failures.py",
+    "tests/initialization/test_models.py",
+    "tests/experiments/test_k_convergence.py",
+    "tests/experiments/test_gaussians_1d.py",
+    "tests/ot/test_negative_costs.py",
+    "tests/train/test_profiling.py",
+    "tests/experiments/test_solver_comparison.py",
+    "tests/evaluate/test_fewshot.py",
+    "tests/experiments/test_supply_demand.py",
+    "tests/experiments/test_smoothness_vs_k.py",
+    "tests/experiments/test_color_transfer.py",
+    "tests/ot/test_validation.py",
+    "tests/train/test_model_state.py",
+    # After the experiment files: `all --resume` reuses the quick runs they made.
+    "tests/experiments/test_all.py",
+)
     "tests/experiments/test_mnist_clustering.py",
     "tests/nn/test_vit.py",
     "tests/test_plot.py",
