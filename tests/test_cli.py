@@ -254,11 +254,16 @@ _NOISE = ('oneDNN', "Unable to initialize backend 'tpu'", 'absl::InitializeLog',
 
 @pytest.fixture(scope='module')
 def console(tmp_path_factory):
-  # Soft MoE: the one router that trains only here (tests/train/test_routers.py trains
-  # the others in-process).
+  # Soft MoE, the one router that trains only here (tests/train/test_routers.py trains
+  # the others in-process), with the Soft MoE recipe's model (configs/softmoe_tiny_mnist.py:
+  # qk-norm, gap, MoE in the last blocks, num_slots, sigmoid cross-entropy).
   workdir = tmp_path_factory.mktemp('console') / 'w'
-  proc = _run('vmoe_sparse_ot.main', *cli_args(workdir, 'router=soft_moe', train_steps=10,
-                                               log_every_steps=5))
+  recipe = os.path.join(ROOT, 'configs', 'softmoe_tiny_mnist.py')
+  proc = _run('vmoe_sparse_ot.main', f'--config={recipe}:steps=10', f'--workdir={workdir}',
+              '--config.log_every_steps=5', '--config.batch_size=32',
+              '--config.dataset.eval_split=test[:300]', '--config.eval_batch_size=100',
+              '--config.eval_every_steps=0', '--config.checkpoint.every_steps=10',
+              '--config.schedule.warmup_steps=5')
   assert proc.returncode == 0, proc.stderr[-3000:]
   return [line for line in (proc.stdout + proc.stderr).splitlines() if line.strip()]
 
