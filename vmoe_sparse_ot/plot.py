@@ -352,10 +352,14 @@ def routing_figure(workdir: str, path: str, *, num_images: int = 4, dataset: str
                                           checkpoints.restore_model_state(workdir, step))
   choices = expert_choices(model, params, images, model_config.classifier, model_state)
   router = model_config.encoder.moe.router.name
+  num_experts = int(model_config.encoder.moe.num_experts)
+  members = int(model_config.get('ensemble_size', 1) or 1)
+  # E³: member 0's routing (`expert_choices`), among its own experts 0 .. E/M - 1.
+  whose = f', E³ member 0 of {members}' if members > 1 else ''
   return plot_routing(
-      images, choices, int(model_config.encoder.moe.num_experts), path,
-      title=f'Routing at step {step}, router {router}\n{dataset} {split}: expert with '
-            'the largest\ncombine weight per patch')
+      images, choices, num_experts // members, path,
+      title=f'Routing at step {step}, router {router}{whose}\n{dataset} {split}: expert '
+            'with the largest\ncombine weight per patch')
 
 
 def _capacity(model_config: dict[str, Any]) -> int | None:
