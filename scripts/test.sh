@@ -1,10 +1,7 @@
 #!/usr/bin/env bash
 # Sets up the environment (scripts/setup.sh) and runs the whole test suite.
 #
-# Scheduling: three workers on the machine's two cores (they fill each other's
-# waits: subprocess start-up, checkpoint I/O; pytest 711 s against 747 s with
-# two, one whole run each, 2026-11-28); one file per worker at a time
-# (--dist loadfile), so a file's
+# Scheduling: one file per worker at a time (--dist loadfile), so a file's
 # module-scoped trained fixtures are built once. The files go out in the order
 # tests/conftest.py gives them (slowest first, --no-loadscope-reorder), so no
 # worker is left alone with a long file at the end.
@@ -21,6 +18,6 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 bash scripts/setup.sh
-exec .venv/bin/python -m pytest -n 3 --dist loadfile --no-loadscope-reorder \
+exec .venv/bin/python -m pytest -n 2 --dist loadfile --no-loadscope-reorder \
   --max-worker-restart=2 --reruns 1 --only-rerun '^$ only crashes are retried' \
   -q "$@"

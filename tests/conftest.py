@@ -25,7 +25,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 # teardown wall time (`--durations=0`, one whole run from a fresh clone on 2
 # cores, 2026-11-28); files under 4 s are left to the collection order.
 # scripts/test.sh hands
-# files to the workers in this order (--dist loadfile
+# files to the two workers in this order (--dist loadfile
 # --no-loadscope-reorder), so the long files start first and the short ones fill
 # the gaps at the end, instead of one worker finishing a long file alone. Files
 # not listed follow in collection order.
