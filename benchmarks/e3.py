@@ -18,7 +18,6 @@
 import argparse
 import json
 import os
-import statistics
 import sys
 import tempfile
 import time
@@ -29,43 +28,18 @@ import jax  # pylint: disable=wrong-import-position
 import numpy as np  # pylint: disable=wrong-import-position
 from absl import logging  # pylint: disable=wrong-import-position
 
+import tiny_mnist  # noqa: E402  (the benchmarks folder is sys.path[0])
+from tiny_mnist import mean_std  # noqa: E402
 import vmoe_sparse_ot  # pylint: disable=wrong-import-position
-from vmoe_sparse_ot import config as config_lib  # pylint: disable=wrong-import-position
-from vmoe_sparse_ot import data as data_lib  # pylint: disable=wrong-import-position
 from vmoe_sparse_ot.train import losses  # pylint: disable=wrong-import-position
 from vmoe_sparse_ot.train import trainer  # pylint: disable=wrong-import-position
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def _config(name: str, arg: str, steps: int, seed: int):
-  config = config_lib.load_config_file(os.path.join(ROOT, 'configs', name) + ':' + arg)
-  config.unlock()
-  config.seed = seed
-  config.train_steps = steps
-  config.log_every_steps = max(steps // 4, 1)
-  config.eval_every_steps = 0
-  config.dataset.eval_split = 'test[:500]'   # The trainer's own final eval; scored below.
-  config.checkpoint.every_steps = steps
-  config.lock()
-  return config
 
 
 def _train(config, workdir: str) -> dict:
   start = time.time()
   summary = trainer.train_and_evaluate(config, workdir)
   return {'steps_per_sec': summary['steps_per_sec'], 'wall_seconds': time.time() - start}
-
-
-def _test_set():
-  ds = data_lib.make_dataset('embedded_mnist', 'test', batch_size=1000, image_size=28,
-                             channels=1, training=False,
-                             pp='decode(channels=1)|resize(28)|value_range(-1, 1)')
-  images, labels = [], []
-  for batch in ds.as_numpy_iterator():
-    images.append(batch['image'][batch['mask']])
-    labels.append(batch['label'][batch['mask']])
-  return np.concatenate(images), np.concatenate(labels)
 
 
 def _scores(log_probs: np.ndarray, labels: np.ndarray) -> dict:
@@ -87,11 +61,6 @@ def _evaluate(workdir: str, images, labels) -> dict:
   return result
 
 
-def _mean_std(values) -> str:
-  values = list(values)
-  return f'{statistics.mean(values):.4f} ± {statistics.stdev(values) if len(values) > 1 else 0:.4f}'
-
-
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__)
   parser.add_argument('--seeds', default='0,1,2')
@@ -104,18 +73,20 @@ def main() -> None:
                     os.path.join(tempfile.gettempdir(), 'vmoe_sparse_ot_bench_xla_cache'))
   seeds = [int(s) for s in args.seeds.split(',')]
   start = time.time()
-  images, labels = _test_set()
+  images, labels = tiny_mnist.test_set()
   runs = {'vmoe': [], 'e3': []}
   with tempfile.TemporaryDirectory() as root:
     pretrained = os.path.join(root, 'pretrained')
-    _train(_config('vmoe_tiny_mnist.py', 'router=topk', args.pretrain_steps, 0), pretrained)
+    _train(tiny_mnist.config('vmoe_tiny_mnist.py', 'router=topk', args.pretrain_steps, 0),
+           pretrained)
     base = _evaluate(pretrained, images, labels)
     print(f'pre-trained V-MoE ({args.pretrain_steps} steps): {base}', file=sys.stderr, flush=True)
     for seed in seeds:
       for name, arg in (('vmoe', 'members=1,k=2'), ('e3', 'members=2,k=1')):
         workdir = os.path.join(root, f'{name}_{seed}')
-        cost = _train(_config('e3_tiny_mnist.py', f'init={pretrained},{arg}', args.steps, seed),
-                      workdir)
+        config = tiny_mnist.config('e3_tiny_mnist.py', f'init={pretrained},{arg}', args.steps,
+                                   seed)
+        cost = _train(config, workdir)
         result = {'seed': seed, **cost, **_evaluate(workdir, images, labels)}
         runs[name].append(result)
         print(f'seed {seed} {name}: {result}', file=sys.stderr, flush=True)
@@ -134,11 +105,11 @@ def main() -> None:
   rows += [(f'E³ member {m} alone', runs['e3'], m) for m in range(2)]
   for title, rs, member in rows:
     pick = (lambda r: r) if member is None else (lambda r, m=member: r['members'][m])
-    step_ms = '' if member is not None else _mean_std(1000 / r['steps_per_sec'] for r in rs)
-    print(f'| {title} | {_mean_std(pick(r)["top1"] for r in rs)} | '
-          f'{_mean_std(pick(r)["nll"] for r in rs)} | {_mean_std(pick(r)["ece"] for r in rs)} '
+    step_ms = '' if member is not None else mean_std(1000 / r['steps_per_sec'] for r in rs)
+    print(f'| {title} | {mean_std(pick(r)["top1"] for r in rs)} | '
+          f'{mean_std(pick(r)["nll"] for r in rs)} | {mean_std(pick(r)["ece"] for r in rs)} '
           f'| {step_ms} |')
-  print(f'\nE³ / V-MoE train-step time: {_mean_std(ratios)} (per seed: '
+  print(f'\nE³ / V-MoE train-step time: {mean_std(ratios)} (per seed: '
         f'{", ".join(f"{r:.2f}" for r in ratios)}); total wall {report["wall_seconds"]:.0f}s')
   if args.json:
     with open(args.json, 'w') as f:

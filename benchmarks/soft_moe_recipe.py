@@ -21,7 +21,6 @@ steady-state train-step time (the trainer's steps after the first).
 import argparse
 import json
 import os
-import statistics
 import tempfile
 import time
 
@@ -31,45 +30,13 @@ import jax  # pylint: disable=wrong-import-position
 import numpy as np  # pylint: disable=wrong-import-position
 from absl import logging  # pylint: disable=wrong-import-position
 
+import tiny_mnist  # noqa: E402  (the benchmarks folder is sys.path[0])
+from tiny_mnist import mean_std  # noqa: E402
 import vmoe_sparse_ot  # pylint: disable=wrong-import-position
-from vmoe_sparse_ot import config as config_lib  # pylint: disable=wrong-import-position
-from vmoe_sparse_ot import data as data_lib  # pylint: disable=wrong-import-position
 from vmoe_sparse_ot.train import trainer  # pylint: disable=wrong-import-position
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODELS = (('recipe', 'softmoe_tiny_mnist.py', ''),
           ('before', 'vmoe_tiny_mnist.py', 'router=soft_moe'))
-
-
-def _config(name: str, arg: str, steps: int, seed: int):
-  path = os.path.join(ROOT, 'configs', name) + (f':{arg}' if arg else '')
-  config = config_lib.load_config_file(path)
-  config.unlock()
-  config.seed = seed
-  config.train_steps = steps
-  config.log_every_steps = max(steps // 4, 1)
-  config.eval_every_steps = 0
-  config.dataset.eval_split = 'test[:500]'   # The trainer's own final eval; scored below.
-  config.checkpoint.every_steps = steps
-  config.lock()
-  return config
-
-
-def _test_set():
-  ds = data_lib.make_dataset('embedded_mnist', 'test', batch_size=1000, image_size=28,
-                             channels=1, training=False,
-                             pp='decode(channels=1)|resize(28)|value_range(-1, 1)')
-  images, labels = [], []
-  for batch in ds.as_numpy_iterator():
-    images.append(batch['image'][batch['mask']])
-    labels.append(batch['label'][batch['mask']])
-  return np.concatenate(images), np.concatenate(labels)
-
-
-def _mean_std(values, fmt='.4f') -> str:
-  values = list(values)
-  std = statistics.stdev(values) if len(values) > 1 else 0.0
-  return f'{statistics.mean(values):{fmt}} ± {std:{fmt}}'
 
 
 def main() -> None:
@@ -83,13 +50,14 @@ def main() -> None:
                     os.path.join(tempfile.gettempdir(), 'vmoe_sparse_ot_bench_xla_cache'))
   seeds = [int(s) for s in args.seeds.split(',')]
   start = time.time()
-  images, labels = _test_set()
+  images, labels = tiny_mnist.test_set()
   runs = {name: [] for name, _, _ in MODELS}
   with tempfile.TemporaryDirectory() as root:
     for seed in seeds:
       for name, file, arg in MODELS:
         workdir = os.path.join(root, f'{name}_{seed}')
-        summary = trainer.train_and_evaluate(_config(file, arg, args.steps, seed), workdir)
+        config = tiny_mnist.config(file, arg, args.steps, seed)
+        summary = trainer.train_and_evaluate(config, workdir)
         model = vmoe_sparse_ot.load(workdir, batch_size=500)
         logits = np.asarray(model.outputs(images)['logits'])
         runs[name].append({
@@ -103,9 +71,9 @@ def main() -> None:
   for name, file, arg in MODELS:
     rs = runs[name]
     print(f"| {name}: configs/{file}{':' + arg if arg else ''} | {rs[0]['params']:,} | "
-          f"{_mean_std(r['top1'] for r in rs)} | {_mean_std((r['step_ms'] for r in rs), '.1f')} |")
+          f"{mean_std(r['top1'] for r in rs)} | {mean_std((r['step_ms'] for r in rs), '.1f')} |")
   ratios = [r['step_ms'] / b['step_ms'] for r, b in zip(runs['recipe'], runs['before'])]
-  print(f'\nrecipe / before train-step time: {_mean_std(ratios, ".2f")}; '
+  print(f'\nrecipe / before train-step time: {mean_std(ratios, ".2f")}; '
         f'total wall {time.time() - start:.0f} s')
   if args.json:
     with open(args.json, 'w') as f:
