@@ -36,8 +36,8 @@ DOCS = ('README.md', *sorted(f'docs/{f}' for f in os.listdir(os.path.join(ROOT, 
                              if f.endswith('.md')))
 _PREFIXES = ('bash ', 'python ', '.venv/bin/python ', '.venv/bin/pip ')
 
-# Few-shot on fewer examples, one shot count and seed (kept in the run's config,
-# which scripts/main.sh's few-shot step reads).
+# Few-shot on fewer examples, one shot count and seed (scripts/main.sh hands its
+# --config.fewshot.* arguments to its few-shot step too).
 FEWSHOT_SHRINK = ('--config.fewshot.shots=(1,)', '--config.fewshot.seeds=(0,)',
                   '--config.fewshot.datasets.mnist.train_split=validation[:200]',
                   '--config.fewshot.datasets.mnist.test_split=test[:500]')
@@ -163,7 +163,7 @@ COMMANDS = {
     # The quickstart: trains, few-shot, plots.
     'bash scripts/main.sh --config.train_steps=300': Job(
         extra=SHRINK, env=(('WORKDIR', _README_WORKDIR),),
-        stdout=(_FINAL, 'Few-shot', r'plots'),
+        stdout=(_FINAL, r'Few-shot .* over 1 seed\(s\)', r'plots'),
         files=(f'{_README_WORKDIR}/checkpoints/2', f'{_README_WORKDIR}/fewshot/results.json',
                f'{_README_WORKDIR}/plots/curves.png')),
     'python -m vmoe_sparse_ot.plot /tmp/run': Job(files=(
