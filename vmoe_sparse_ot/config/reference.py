@@ -822,6 +822,13 @@ def _stderr_line(line: str) -> None:
   print(line, file=sys.stderr)
 
 
+def _num_examples(*args, **kwargs) -> int:
+  # TensorFlow loads (seconds) only when train_epochs asks a split's size: reading
+  # `data.num_examples` imports the TFDS pipeline, so not before the call.
+  from vmoe_sparse_ot import data  # pylint: disable=g-import-not-at-top
+  return data.num_examples(*args, **kwargs)
+
+
 def resolve(config: Any, *, log: Callable[[str], None] = _stderr_line) -> Any:
   """`config` itself, or its translation (locked) when it is in the reference's layout.
 
@@ -831,8 +838,7 @@ def resolve(config: Any, *, log: Callable[[str], None] = _stderr_line) -> Any:
   """
   if not is_reference(config):
     return config
-  from vmoe_sparse_ot import data  # TensorFlow loads only if train_epochs asks a split's size.
-  ours, notes = translate(config, num_examples=data.num_examples)
+  ours, notes = translate(config, num_examples=_num_examples)
   log('read a config in the reference V-MoE layout; translated into this project\'s '
       '(docs/REFERENCE.md; --print_config shows the result)')
   if notes:
