@@ -115,20 +115,36 @@ def _fill(args, tmp):
   return [a.replace('{tmp}', str(tmp)) for a in args]
 
 
+# Run in main_results' interpreter after USER_ERRORS' cases, in this order (the
+# print_config case right after a failed one: its flags must be gone).
+LATER_CASES = {
+    'data_help': ('vmoe_sparse_ot.data', ['--help']),
+    'failed': [f'--config={TINY}', '--config.model.encoder.num_heads=3', '--workdir={tmp}/w'],
+    'print_config': [f'--config={TINY}:router=sbase', '--config.train_steps=7',
+                     '--print_config'],
+}
+
+
 @pytest.fixture(scope='module')
 def main_results(tmp_path_factory):
-  """USER_ERRORS' main command lines, all run in one interpreter (tests/main_cases.py).
+  """USER_ERRORS' main and data command lines, then LATER_CASES, all run in one
+  interpreter (tests/main_cases.py; `vmoe_sparse_ot.data` parses with argparse).
 
-  {index: (tmp, result)}; each case has its own fresh {tmp} holding 'file'.
+  {index or LATER_CASES key: (tmp, result)}; each case has its own fresh {tmp}
+  holding 'file'.
   """
   cases = {}
-  for i, (module, args, _) in enumerate(USER_ERRORS):
-    if module == 'vmoe_sparse_ot.main':
-      tmp = tmp_path_factory.mktemp(f'main{i}')
-      (tmp / 'file').write_text('')
-      cases[i] = (tmp, _fill(args, tmp))
-  results = main_cases.run_main_cases([argv for _, argv in cases.values()], _env())
-  return {i: (tmp, result) for (i, (tmp, _)), result in zip(cases.items(), results)}
+  named = [(i, module, args) for i, (module, args, _) in enumerate(USER_ERRORS)
+           if module != 'vmoe_sparse_ot.fewshot']
+  named += [(key, *(case if isinstance(case, tuple) else ('vmoe_sparse_ot.main', case)))
+            for key, case in LATER_CASES.items()]
+  for key, module, args in named:
+    tmp = tmp_path_factory.mktemp(f'case{key}')
+    (tmp / 'file').write_text('')
+    argv = _fill(args, tmp)
+    cases[key] = (tmp, argv if module == 'vmoe_sparse_ot.main' else (module, argv))
+  results = main_cases.run_main_cases([case for _, case in cases.values()], _env())
+  return {key: (tmp, result) for (key, (tmp, _)), result in zip(cases.items(), results)}
 
 
 @pytest.mark.parametrize('index', range(len(USER_ERRORS)),
@@ -136,13 +152,13 @@ def main_results(tmp_path_factory):
                               enumerate(USER_ERRORS)])
 def test_user_errors_are_one_line_without_traceback(index, tmp_path, request):
   module, args, expected = USER_ERRORS[index]
-  if module == 'vmoe_sparse_ot.main':
-    # In one interpreter with the others (the console test below starts the
-    # command as a process of its own).
-    tmp_path, proc = request.getfixturevalue('main_results')[index]
-  else:
+  if module == 'vmoe_sparse_ot.fewshot':  # Its flags clash with main's: a process each.
     (tmp_path / 'file').write_text('')
     proc = _run(module, *_fill(args, tmp_path))
+  else:
+    # In one interpreter with the others (the console test below starts the
+    # command as a process of its own, and so does the data preparation test).
+    tmp_path, proc = request.getfixturevalue('main_results')[index]
   prog = 'python -m ' + module
   if module == 'vmoe_sparse_ot.data':  # argparse prints its usage line first.
     assert proc.returncode == 2 and 'Traceback' not in proc.stderr
@@ -156,8 +172,8 @@ def test_user_errors_are_one_line_without_traceback(index, tmp_path, request):
   assert not (tmp_path / 'w').exists()  # Nothing was created.
 
 
-def test_data_help_prints_only_its_usage():
-  proc = _run('vmoe_sparse_ot.data', '--help')
+def test_data_help_prints_only_its_usage(main_results):
+  _, proc = main_results['data_help']
   assert proc.returncode == 0 and proc.stderr == ''
   assert proc.stdout.startswith('usage: python -m vmoe_sparse_ot.data')
 
@@ -170,11 +186,9 @@ def test_data_prepares_an_embedded_dataset_quietly(tmp_path):
       f'sklearn_digits: test 360, train 1437 in {tmp_path}/sklearn_digits/1.0.0 (')
 
 
-def test_print_config_shows_the_resolved_config_and_exits(tmp_path):
+def test_print_config_shows_the_resolved_config_and_exits(main_results):
   # In one interpreter (tests/main_cases.py), after a case that failed: its flags are gone.
-  bad, proc = main_cases.run_main_cases([
-      [f'--config={TINY}', '--config.model.encoder.num_heads=3', f'--workdir={tmp_path}/w'],
-      [f'--config={TINY}:router=sbase', '--config.train_steps=7', '--print_config']], _env())
+  (_, bad), (_, proc) = main_results['failed'], main_results['print_config']
   assert bad.returncode == 2
   assert proc.returncode == 0, proc.stderr[-2000:]
   import json  # pylint: disable=g-import-not-at-top
