@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from tests import main_cases
-from tests.train.helpers import ROOT, TINY, cli_args
+from tests.train.helpers import ROOT, TINY
 from vmoe_sparse_ot import config as config_lib
 from tests.xla_flags import xla_flags
 
