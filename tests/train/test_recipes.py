@@ -1,5 +1,6 @@
-"""The configs/ recipes train: the paper's B/32 and B/16 and the fine-tuning recipe from a
-reference-format checkpoint, each shrunken, for one step (end to end, through the trainer)."""
+"""The configs/ recipes train: the paper's B/16 (B/32's config differs only in its patch and
+group sizes) and the fine-tuning recipe from a reference-format checkpoint, each shrunken,
+for one step (end to end, through the trainer)."""
 import pytest
 
 from vmoe_sparse_ot import nn
@@ -7,7 +8,17 @@ from vmoe_sparse_ot import config as config_lib
 from tests.config.helpers import load
 
 
-@pytest.mark.parametrize('name', ['vmoe_b32.py', 'vmoe_b16.py'])
+def test_paper_b32_and_b16_configs_differ_only_in_patch_and_group_size():
+  """So the B/16 run below trains B/32's recipe too (both shrink to the same model
+  but for the patch size)."""
+  b32, b16 = (config_lib.flatten(load(name).to_dict()) for name in ('vmoe_b32.py', 'vmoe_b16.py'))
+  assert b32.keys() == b16.keys()
+  assert {k: (b32[k], b16[k]) for k in b32 if b32[k] != b16[k]} == {
+      'model.patch_size': ([32, 32], [16, 16]),
+      'model.encoder.moe.group_size': (8 * (224 // 32) ** 2 + 8, 8 * (224 // 16) ** 2 + 8)}
+
+
+@pytest.mark.parametrize('name', ['vmoe_b16.py'])
 def test_paper_configs_one_step_dry_run_shrunken(name, tmp_path):
   import jax  # pylint: disable=g-import-not-at-top
   from vmoe_sparse_ot.train import trainer  # pylint: disable=g-import-not-at-top
