@@ -26,7 +26,6 @@ os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 
 import jax  # pylint: disable=wrong-import-position
 import numpy as np  # pylint: disable=wrong-import-position
-from absl import logging  # pylint: disable=wrong-import-position
 
 import tiny_mnist  # noqa: E402  (the benchmarks folder is sys.path[0])
 from tiny_mnist import mean_std  # noqa: E402
@@ -63,15 +62,9 @@ def _evaluate(workdir: str, images, labels) -> dict:
 
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__)
-  parser.add_argument('--seeds', default='0,1,2')
   parser.add_argument('--pretrain-steps', type=int, default=300)
   parser.add_argument('--steps', type=int, default=200)
-  parser.add_argument('--json', default=None)
-  args = parser.parse_args()
-  logging.set_verbosity(logging.WARNING)
-  jax.config.update('jax_compilation_cache_dir',
-                    os.path.join(tempfile.gettempdir(), 'vmoe_sparse_ot_bench_xla_cache'))
-  seeds = [int(s) for s in args.seeds.split(',')]
+  args, seeds = tiny_mnist.parse_args(parser)
   start = time.time()
   images, labels = tiny_mnist.test_set()
   runs = {'vmoe': [], 'e3': []}

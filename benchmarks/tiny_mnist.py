@@ -1,15 +1,32 @@
 """Shared by the benchmarks that train this project's tiny configs on the embedded MNIST
-(e3.py, soft_moe_recipe.py): a config for one scored run, the whole test split, and
-the mean ± std they print."""
+(e3.py, soft_moe_recipe.py): their common flags and set-up, a config for one scored
+run, the whole test split, and the mean ± std they print."""
+import argparse
 import os
 import statistics
+import tempfile
 
+import jax
 import numpy as np
+from absl import logging
 
 from vmoe_sparse_ot import config as config_lib
 from vmoe_sparse_ot import data as data_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def parse_args(parser: argparse.ArgumentParser) -> tuple[argparse.Namespace, list[int]]:
+  """`parser`'s arguments plus --seeds (comma-separated) and --json; then quiets the
+  trainer's INFO lines and points JAX's compilation cache at the benchmarks' own
+  directory (runs of one model share their programs). (args, seeds)."""
+  parser.add_argument('--seeds', default='0,1,2')
+  parser.add_argument('--json', default=None)
+  args = parser.parse_args()
+  logging.set_verbosity(logging.WARNING)
+  jax.config.update('jax_compilation_cache_dir',
+                    os.path.join(tempfile.gettempdir(), 'vmoe_sparse_ot_bench_xla_cache'))
+  return args, [int(s) for s in args.seeds.split(',')]
 
 
 def config(name: str, arg: str, steps: int, seed: int):
