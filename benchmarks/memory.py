@@ -2,7 +2,8 @@
 
 Builds configs/vmoe_b32.py or vmoe_b16.py (default router, the paper's batch),
 lowers and compiles the trainer's sharded train step on 8 fake CPU devices
-(`--xla_force_host_platform_device_count=8`) with abstract arguments only
+(`--xla_force_host_platform_device_count=8`), or on an accelerator on the devices
+it has, with abstract arguments only
 (`jax.eval_shape`: no parameter is ever materialised), and reads XLA's
 `memory_analysis()` of the compiled step: per-device argument, output, temp
 (activations and other scratch) and generated-code bytes. The state is donated,
@@ -45,7 +46,7 @@ from vmoe_sparse_ot import config as config_lib  # pylint: disable=wrong-import-
 from vmoe_sparse_ot.train import optimizer as optimizer_lib  # pylint: disable=wrong-import-position
 from vmoe_sparse_ot import parallel  # pylint: disable=wrong-import-position
 from vmoe_sparse_ot.train import state as state_lib  # pylint: disable=wrong-import-position
-from vmoe_sparse_ot.train import trainer  # pylint: disable=wrong-import-position
+from vmoe_sparse_ot.train import step as step_lib  # pylint: disable=wrong-import-position
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GIB = 1024 ** 3
@@ -105,7 +106,7 @@ def compile_step(config):
                                          jnp.float32, sharding=batch_sharding),
            'label': jax.ShapeDtypeStruct((b,), jnp.int32, sharding=batch_sharding)}
   state = state_lib.with_shardings(abstract_state, state_sharding)
-  step = jax.jit(trainer.make_step(model, tx, float(config.label_smoothing),
+  step = jax.jit(step_lib.make_step(model, tx, float(config.label_smoothing),
                                    int(config.microsteps), config.loss.name,
                                    float(config.mixup.p)),
                  in_shardings=(state_sharding, batch_sharding),
@@ -195,7 +196,12 @@ def main() -> None:
       common[key] = json.loads(value)
     except json.JSONDecodeError:
       common[key] = value
-  assert jax.device_count() == 8, jax.devices()
+  devices = jax.devices()
+  if devices[0].platform == 'cpu':  # the forced 8 fake devices
+    assert len(devices) == 8, devices
+  print(f'{len(devices)} x {devices[0].device_kind} ({devices[0].platform}), JAX '
+        f'{jax.__version__}: the global batch is split evenly over the devices\' '
+        "'data' axis, the experts over its 'expert' axis (config.mesh)", flush=True)
   results = []
   for config in args.config.split(','):
     for row in args.rows.split(','):

@@ -45,6 +45,7 @@ def train(config, workdir) -> None:
   """
   from vmoe_sparse_ot import nn  # pylint: disable=g-import-not-at-top
   from vmoe_sparse_ot.train import optimizer, state, trainer  # pylint: disable=g-import-not-at-top
+  from vmoe_sparse_ot.train import step as step_lib  # pylint: disable=g-import-not-at-top
   from vmoe_sparse_ot import checkpoints
   model = nn.build_model(config.model)
   _, root_key = jax.random.split(jax.random.key(config.seed))
@@ -59,7 +60,7 @@ def train(config, workdir) -> None:
   tx = optimizer.make_optimizer(
       config.optimizer, optimizer.make_schedule(config.schedule, config.train_steps), abstract)
   train_state = jax.jit(lambda key: state.create(init(key), tx, root_key))(init_key)
-  step = jax.jit(trainer.make_step(model, tx))
+  step = jax.jit(step_lib.make_step(model, tx))
   batches = trainer._dataset(config, config.dataset.train_split, config.batch_size,  # pylint: disable=protected-access
                              training=True).as_numpy_iterator()
   meta = trainer.run_meta(config, abstract)

@@ -10,6 +10,7 @@ from vmoe_sparse_ot import nn
 from vmoe_sparse_ot import config as config_lib
 from vmoe_sparse_ot.train import state as state_lib
 from vmoe_sparse_ot.train import trainer
+from vmoe_sparse_ot.train import step as step_lib
 
 
 def _model(**keys):
@@ -78,7 +79,7 @@ def test_trains_a_few_steps(keys):
   params = _params(model, batch)
   tx = optax.adam(3e-3)
   state = state_lib.create(params, tx, jax.random.key(1))
-  step = jax.jit(trainer.make_step(model, tx))
+  step = jax.jit(step_lib.make_step(model, tx))
   losses = []
   for _ in range(4):
     state, values = step(state, batch)

@@ -10,7 +10,7 @@ from vmoe_sparse_ot import config as config_lib
 from vmoe_sparse_ot.train import microsteps as microsteps_lib
 from vmoe_sparse_ot import parallel
 from vmoe_sparse_ot.train import state as state_lib
-from vmoe_sparse_ot.train import trainer
+from vmoe_sparse_ot.train import step as step_lib
 from tests.train.helpers import small_config
 
 BATCH = 32
@@ -65,10 +65,10 @@ def test_four_microsteps_on_eight_devices_give_the_full_batch_update_on_one():
                         model__encoder__moe__router__noise_std=0.0)
   tx = optax.sgd(0.5)  # The update is the gradient itself, scaled.
   model, state = _state(config.model, tx, 0)
-  full_step = jax.jit(trainer.make_step(model, tx))
+  full_step = jax.jit(step_lib.make_step(model, tx))
   mesh = parallel.make_mesh({'data': -1, 'expert': 2}, jax.devices()[:8], 4)
   with jax.set_mesh(mesh):
-    micro_step = jax.jit(trainer.make_step(model, tx, microsteps=4))
+    micro_step = jax.jit(step_lib.make_step(model, tx, microsteps=4))
   for seed in (0, 1):
     batch = _batch(seed)
     full, full_values = full_step(state, batch)

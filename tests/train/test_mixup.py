@@ -10,7 +10,7 @@ from vmoe_sparse_ot import parallel
 from vmoe_sparse_ot.train import losses
 from vmoe_sparse_ot.train import mixup
 from vmoe_sparse_ot.train import state as state_lib
-from vmoe_sparse_ot.train import trainer
+from vmoe_sparse_ot.train import step as step_lib
 from tests.train.test_losses import Linear
 
 IMAGES = np.arange(4 * 2 * 2 * 1, dtype=np.float32).reshape(4, 2, 2, 1)
@@ -52,7 +52,7 @@ def _state(seed=0):
 
 
 def test_train_step_mixes_with_a_key_derived_from_the_step():
-  step = jax.jit(trainer.make_step(Linear(), optax.sgd(0.1), loss='sigmoid_xent',
+  step = jax.jit(step_lib.make_step(Linear(), optax.sgd(0.1), loss='sigmoid_xent',
                                    mixup_p=0.5))
   state = _state()
   new, values = step(state, BATCH)
@@ -69,7 +69,7 @@ def test_train_step_mixes_with_a_key_derived_from_the_step():
   _, later = step(new.replace(params=state.params), BATCH)
   assert float(later['cross_entropy']) != float(values['cross_entropy'])
   # p = 0: the batch as given, and the model keeps the whole step key.
-  _, plain = jax.jit(trainer.make_step(Linear(), optax.sgd(0.1), loss='sigmoid_xent'))(
+  _, plain = jax.jit(step_lib.make_step(Linear(), optax.sgd(0.1), loss='sigmoid_xent'))(
       state, BATCH)
   logits = IMAGES.reshape(4, -1) @ np.asarray(state.params['w'])
   assert float(plain['cross_entropy']) == pytest.approx(
@@ -221,7 +221,7 @@ def test_device_granularity_mixes_within_each_devices_shard_of_the_mesh():
     ratios.append(float(r[0]))
   assert len(set(ratios)) == 4 and min(ratios) >= 0.5
   # The train step mixes the same way under the mesh.
-  step = trainer.make_step(Linear(), optax.sgd(0.1), loss='sigmoid_xent', mixup_p=0.5,
+  step = step_lib.make_step(Linear(), optax.sgd(0.1), loss='sigmoid_xent', mixup_p=0.5,
                            mixup_granularity='device', mixup_size=3)
   state = state_lib.create({'w': jax.random.normal(jax.random.key(0), (2, 8))},
                            optax.sgd(0.1), jax.random.key(1))

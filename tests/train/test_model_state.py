@@ -15,7 +15,7 @@ from vmoe_sparse_ot.nn import routers
 from vmoe_sparse_ot.nn.moe import MoeLayer
 from vmoe_sparse_ot import checkpoints
 from vmoe_sparse_ot.train import state as state_lib
-from vmoe_sparse_ot.train import trainer
+from vmoe_sparse_ot.train import step as step_lib
 
 RATE = 0.01
 E = 8
@@ -70,7 +70,7 @@ def setup():
     return state, out[router_state.STATISTICS]['moe']['load']
 
   state, load = init(jax.random.key(0), _batch(0)['image'])
-  return jax.device_put(state, DEVICE), np.asarray(load), jax.jit(trainer.make_step(model, tx))
+  return jax.device_put(state, DEVICE), np.asarray(load), jax.jit(step_lib.make_step(model, tx))
 
 
 def test_bias_moves_once_per_step_by_the_load_of_the_batch(setup):
@@ -131,7 +131,7 @@ def test_on_8_devices_the_bias_is_replicated_global_and_restored(setup, tmp_path
   router = routers.parse_router_options(
       {'name': 'topk_bias', 'topk_bias': {'update_rate': RATE}})
   model = TinyMoe(dict(num_experts=E, group_size=32, router=router))
-  step = jax.jit(trainer.make_step(model, tx),
+  step = jax.jit(step_lib.make_step(model, tx),
                  in_shardings=(shardings, parallel.batch_sharding(mesh)),
                  out_shardings=(shardings, parallel.replicated(mesh)))
   sharded = jax.device_put(state, shardings)

@@ -231,7 +231,7 @@ def test_adafactor_state_follows_the_expert_split_on_eight_devices():
 def test_adafactor_with_bfloat16_momentum_trains_a_few_steps():
   from tests.train.helpers import small_config  # pylint: disable=g-import-not-at-top
   from vmoe_sparse_ot.train import state as state_lib  # pylint: disable=g-import-not-at-top
-  from vmoe_sparse_ot.train import trainer  # pylint: disable=g-import-not-at-top
+  from vmoe_sparse_ot.train import step as step_lib  # pylint: disable=g-import-not-at-top
   config = small_config(model__name='vit', optimizer__name='adafactor',
                         optimizer__mu_dtype='bfloat16')
   model = nn.build_model(config.model)
@@ -243,7 +243,7 @@ def test_adafactor_with_bfloat16_momentum_trains_a_few_steps():
   rng = np.random.default_rng(0)
   batch = {'image': rng.uniform(size=(16, 28, 28, 1)).astype(np.float32),
            'label': rng.integers(0, 10, size=16)}
-  step = jax.jit(trainer.make_step(model, tx))
+  step = jax.jit(step_lib.make_step(model, tx))
   losses = []
   for _ in range(4):
     state, values = step(state, batch)
