@@ -63,6 +63,11 @@ from vmoe_sparse_ot.ot import optim
 Array = jax.Array
 
 
+# 32 warps (1024 threads) gave plans up to 0.76 off 'fast''s on an H200 (JAX 0.11.2);
+# 1-16 matched to 2.4e-7.
+_WARPS = (1, 2, 4, 8, 16)
+
+
 def _next_pow2(x: int) -> int:
   return 1 << max(x - 1, 0).bit_length()
 
@@ -130,12 +135,15 @@ def batched_semi_dual_adam_pallas(C: Array, a: Array, b: Array, k: int, gamma, n
   rounding (module docstring). One kernel program per group.
 
   interpret: run the kernel in Pallas interpret mode; None: on the CPU backend
-    only (there it is for tests: slow). num_warps: Triton warps per program
-    (None: 4, 8 from 4096 entries per padded block, 16 from 16384; a guess, not
-    tuned on a GPU).
+    only (there it is for tests: slow). num_warps: Triton warps per program, 1,
+    2, 4, 8 or 16 (None: 4, the fastest measured on an H200 at the B/32
+    routing shapes; 32 warps gave wrong plans there, so it is refused --
+    benchmarks/RESULTS.md, 2026-11-28).
   """
   if k < 1:
     raise ValueError(f"k must be >= 1, got {k}")
+  if num_warps is not None and num_warps not in _WARPS:
+    raise ValueError(f"num_warps must be one of {_WARPS}, got {num_warps}")
   g, m, n = C.shape
   if interpret is None:
     interpret = jax.default_backend() == "cpu"
@@ -151,7 +159,7 @@ def batched_semi_dual_adam_pallas(C: Array, a: Array, b: Array, k: int, gamma, n
   kernel = functools.partial(_kernel, m=m, n=n, k=min(k, m), num_steps=num_steps)
   compiler_params = None
   if not interpret:
-    warps = num_warps or (4 if mp * np_ < 4096 else 8 if mp * np_ < 16384 else 16)
+    warps = num_warps or 4
     compiler_params = plgpu.CompilerParams(num_warps=warps, num_stages=1)
   plan = pl.pallas_call(
       kernel,
