@@ -1,51 +1,84 @@
 #!/usr/bin/env bash
-# The measurements only an accelerator can show, in one run (at most 8 minutes of
-# time limits on one H100/H200): each router alone at the paper's B/32 routing
-# shapes -- sparse_ot's paths side by side: 'fast', 'candidates' and 'pallas' (the
-# fused kernel, what implementation='auto' picks on a GPU) against topk --, then
-# each router's train step and its ratios (topk/dense, sparse_ot/topk), and the OT
-# solver at large sizes against POT on the same machine's CPU.
+# The measurements only an accelerator can show, in one run of at most 9.5 minutes
+# of limits (about 7.5 expected on one H200, from 2026-11-28), most wanted first (issue 40):
+#   1. router_only  each router alone at the paper's B/32 routing shapes (G = 512):
+#                   topk against sparse_ot's 'fast' and 'pallas' (the fused kernel)
+#   2. pallas       the router's solve alone, 'fast' against the kernel at 4, 8 and 16
+#                   Triton warps, with the plans' largest difference
+#   3. model        the S/32-sized train step: dense, dense_active, topk, sparse_ot
+#                   'fast' and 'pallas', and their ratios
+#   4. ot_probe     where ot.solve's time goes at (10000, 100, k = 100) in float64,
+#                   and the column top-k it runs: radix selection against lax.top_k
+#   5. memory       benchmarks/memory.py's levers at B/16 (plain, all), batch 4096 on
+#                   this device (B/32's plain, remat_bf16 and all: RESULTS.md)
+# benchmarks/ot_solvers.py's rows against POT do not fit in the same 15 minutes
+# of device time: run them alone (`--only ...`).
 #
-#   bash benchmarks/gpu.sh OUT_DIR     # writes OUT_DIR/{router_only,model,ot}.{txt,json}
+#   bash benchmarks/gpu.sh OUT_DIR   # writes OUT_DIR/log.txt (everything printed)
+#                                    # and one OUT_DIR/<part>.json per part
 #
-# Targets (issue 40): sparse_ot:pallas alone <= 3x topk alone (router_only.txt),
-# its train step <= 1.15x topk's (model.txt).
-# Each part has its own time limit, so a failure or overrun in one leaves the
-# others' numbers; a router that fails to build or compile is reported and skipped
-# (benchmarks/routers.py), the others still timed. Sizes: SIZE=small runs the same
-# parts at toy sizes (a check on the CPU that the script works; 'pallas' runs there
-# in Pallas interpret mode).
+# Targets: sparse_ot:pallas alone <= 3x topk alone (router_only), its train step
+# <= 1.15x topk's (model). Each part has its own time limit, so a failure or
+# overrun in one leaves the others' numbers; a router that fails to build or
+# compile is reported and skipped (benchmarks/routers.py). Rows measured on the
+# H200 before (2026-11-26: 'candidates', sbase, expert_choice, sinkhorn_ec,
+# soft_moe) are left out to fit the time. Needs ml_collections beside
+# the machine's JAX (carried as wheels). SIZE=small runs the same parts at toy sizes: a check on the
+# CPU that the script works ('pallas' runs there in Pallas interpret mode).
 set -uo pipefail
 OUT="${1:?usage: bash benchmarks/gpu.sh OUT_DIR}"
 mkdir -p "$OUT"
+OUT="$(cd "$OUT" && pwd)"
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 TF_CPP_MIN_LOG_LEVEL=2
 PY="${PYTHON:-python3}"
-# 'sparse_ot' alone would be 'auto', the same program as sparse_ot:pallas on a GPU.
-ROUTERS_ALONE=topk,sparse_ot:fast,sparse_ot:candidates,sparse_ot:pallas,sbase,expert_choice,sinkhorn_ec,soft_moe
-# Left out of the model part to fit its time limit: 'candidates' (3.9x topk's step
-# on an H200), sinkhorn_ec and soft_moe (their steps are in RESULTS.md, 2026-11-26).
-ROUTERS=topk,sparse_ot:fast,sparse_ot:pallas,sbase,expert_choice
+LOG="$OUT/log.txt"
+START=$SECONDS
+ALONE=topk,sparse_ot:fast,sparse_ot:pallas
+ROUTERS=topk,sparse_ot:fast,sparse_ot:pallas
 if [[ "${SIZE:-full}" == small ]]; then
   MODEL=(--batch 8 --image 32 --patch 8 --hidden 32 --layers 2 --heads 2 --mlp 64 --experts 4 --group_size 17)
   ROUTER=(--batch 8 --image 32 --patch 8 --group_size 17 --experts 4 --k 4)
-  OT=(--quick --only '(100,100' --repeats 1)
-  T_MODEL=300 T_ROUTER=120 T_OT=120 STEPS=(--rounds 2 --steps 2)
+  PROBE=(--groups 4 --group_size 40 --experts 8 --k 4 --warps 4,8 --repeats 1)
+  MEMORY=(--config vmoe_b32 --rows plain --batch_size 16)
+  T_ROUTER=120 T_PALLAS=60 T_MODEL=300 T_OT_PROBE=120 T_MEMORY=240
+  STEPS=(--rounds 2 --steps 2)
 else
+  # The paper's B/32 routing shapes (S = 400, E = 32, C = 28, k = 16), batch 4096: G = 512.
+  ROUTER=(--batch 4096 --image 224 --patch 32 --group_size 400 --experts 32
+          --capacity_factor 1.05 --k 16)
+  PROBE=(--groups 512 --group_size 400 --experts 32 --k 16 --warps 4,8,16 --repeats 10)
   # A V-MoE S/32-sized model (D 512, 8 layers, MLP 2048, E 32, every other block
   # MoE) at 224 px, batch 512: G = 64 groups of S = 400 tokens per MoE layer.
   MODEL=(--batch 512 --image 224 --patch 32 --hidden 512 --layers 8 --heads 8 --mlp 2048
          --experts 32 --group_size 400 --capacity_factor 1.05 --k 16)
-  # The paper's B/32 routing shapes (S = 400, E = 32, C = 28, k = 16), batch 4096: G = 512.
-  ROUTER=(--batch 4096 --image 224 --patch 32 --group_size 400 --experts 32
-          --capacity_factor 1.05 --k 16)
-  OT=(--only '(10000,100' --only '(50000' --only '(1000,1000' --only router --repeats 3)
-  T_ROUTER=100 T_MODEL=260 T_OT=120 STEPS=(--rounds 5 --steps 10)
+  MEMORY=(--config vmoe_b16 --rows plain,all)
+  # Taken on the H200 (2026-11-28): router_only 31 s, pallas 17 s, model 170+ s
+  # (five compiles of ~30 s), ot_probe 65 s, memory 50-67 s a row.
+  T_ROUTER=60 T_PALLAS=40 T_MODEL=210 T_OT_PROBE=80 T_MEMORY=150
+  STEPS=(--rounds 5 --steps 10)
 fi
-"$PY" -c "import jax; print(jax.__version__, jax.devices())" | tee "$OUT/devices.txt"
-timeout "$T_ROUTER" "$PY" benchmarks/routers.py --router-only --routers "$ROUTERS_ALONE" \
-  "${ROUTER[@]}" "${STEPS[@]}" --json "$OUT/router_only.json" 2>&1 \
-  | grep -v "^WARNING\|^I0000\|^W0000" | tee "$OUT/router_only.txt"
-timeout "$T_MODEL" "$PY" benchmarks/routers.py --routers "$ROUTERS" "${MODEL[@]}" "${STEPS[@]}" \
-  --json "$OUT/model.json" 2>&1 | grep -v "^WARNING\|^I0000\|^W0000" | tee "$OUT/model.txt"
-timeout "$T_OT" "$PY" benchmarks/ot_solvers.py "${OT[@]}" --json "$OUT/ot.json" 2>&1 | tee "$OUT/ot.txt"
+
+part() {  # part NAME LIMIT_S COMMAND...: runs COMMAND under its limit, output into the log
+  local name=$1 limit=$2; shift 2
+  echo "== $name (limit ${limit} s, at $((SECONDS - START)) s)" | tee -a "$LOG"
+  timeout "$limit" "$@" 2>&1 | grep --line-buffered -v "^WARNING\|^I0000\|^W0000\|UserWarning\|warnings.warn" \
+    | tee -a "$LOG"
+  local rc=${PIPESTATUS[0]}
+  [[ $rc == 124 ]] && echo "== $name: stopped at its time limit" | tee -a "$LOG"
+  [[ $rc != 0 && $rc != 124 ]] && echo "== $name: exit status $rc" | tee -a "$LOG"
+  return 0
+}
+
+: > "$LOG"
+part devices 30 "$PY" -c "import jax; print('JAX', jax.__version__, jax.devices())"
+part router_only "$T_ROUTER" "$PY" benchmarks/routers.py --router-only --routers "$ALONE" \
+  "${ROUTER[@]}" "${STEPS[@]}" --json "$OUT/router_only.json"
+part pallas "$T_PALLAS" "$PY" benchmarks/gpu_probe.py --part pallas "${PROBE[@]}" \
+  --json "$OUT/pallas.json"
+part model "$T_MODEL" "$PY" benchmarks/routers.py --routers "$ROUTERS" "${MODEL[@]}" \
+  "${STEPS[@]}" --json "$OUT/model.json"
+part ot_probe "$T_OT_PROBE" "$PY" benchmarks/gpu_probe.py --part ot --repeats 1 \
+  --json "$OUT/ot_probe.json"
+part memory "$T_MEMORY" "$PY" benchmarks/memory.py "${MEMORY[@]}" --json "$OUT/memory.json"
+echo "== done at $((SECONDS - START)) s" | tee -a "$LOG"

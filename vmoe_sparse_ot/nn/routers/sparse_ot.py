@@ -49,8 +49,9 @@ class SparseOTOptions(base.CommonOptions):
       "(same plans up to rounding; faster than 'fast' at the B/32 router shapes on CPU, "
       "see benchmarks/RESULTS.md); 'pallas': the same Adam steps as 'fast' in one fused "
       "Pallas kernel per group (ot.pallas_solve; same plans up to rounding), the group's "
-      "block on chip for all its steps: Triton on a GPU (opt-in: not yet measured on a "
-      "GPU, so 'auto' does not pick it; see benchmarks/RESULTS.md); on the CPU it runs in Pallas "
+      "block on chip for all its steps: Triton on a GPU (opt-in: 2.4x faster than 'fast' "
+      "alone at the B/32 shapes on an H200, its train step not yet shown faster, so 'auto' "
+      "does not pick it; see benchmarks/RESULTS.md); on the CPU it runs in Pallas "
       "interpret mode, for tests only (slow; warns once); 'reference': "
       "jax.vmap(ot.solve). L-BFGS always uses "
       "ot.solve. Not compared when a checkpoint resumes (nn.model_config."
@@ -79,12 +80,15 @@ def _auto(m: int, n: int, k: int, backend: str) -> str:
   loses elsewhere at k <= 16 (1.3-2.5x of 'fast's time with n = 8, m up to
   512 -- the tiny config's m = 64, n = 8, k = 16: 1.7x --, 1.1-1.6x with
   n = 32, m <= 256); it needs 2k < m (`ot.candidates.applies`).
-  GPU: one measurement (RESULTS.md, one H200, 2026-11-26: B/32 shapes, G = 512:
-  'candidates' 31.0 ms against 'fast' 26.0 ms), keeps 'fast'. The fused kernel
-  ('pallas') is not picked until a GPU run of benchmarks/gpu.sh shows it wins
-  and compiles there: it has only run in interpret mode, and XLA does not
-  partition a Pallas call over a mesh. Other backends (TPU): unmeasured, keep
-  'fast'.
+  GPU: keeps 'fast' (RESULTS.md, one H200). 'candidates' lost there (B/32
+  shapes, G = 512: 31.0 ms against 'fast''s 26.0 ms, 2026-11-26). The fused
+  kernel ('pallas') compiles and routes like 'fast' there, and alone at G = 512
+  it takes 11.0 ms against 'fast''s 26.0 (4 warps, 2026-11-28); but in the only
+  train step measured with it (S/32, G = 64 per layer, at 16 warps, its default
+  then) it was slower than 'fast' (74.5 against 70.9 ms), its step at 4 warps is
+  unmeasured, and XLA does not partition a Pallas call over a mesh of several
+  devices. So it is not picked until a step measurement shows it wins. Other
+  backends (TPU): unmeasured, keep 'fast'.
   """
   if backend != "cpu" or not 2 * k < m:
     return "fast"
