@@ -10,8 +10,8 @@ device in between.
 
 The loop body is one step followed by periodic actions (clu `PeriodicCallback`):
 the progress line, checkpointing (after checking the state is finite),
-evaluation and few-shot transfer. The step itself (`train.step`: loss,
-mixup, microsteps), the evaluation sets (`train.periodic_eval`) live in their own
+evaluation and few-shot transfer. The step itself (`train.step`: loss, mixup,
+microsteps) and the evaluation sets (`train.periodic_eval`) live in their own
 modules.
 
 Reproducibility: step t draws its keys from `fold_in(root key, t)`, the input
