@@ -31,6 +31,8 @@ import jax.numpy as jnp
 from jax import lax
 import numpy as np
 
+import ot_problems  # (the benchmarks folder is sys.path[0])
+
 
 def _timed(fn, args, repeats):
   """(first call s, best warm s, output)."""
@@ -81,11 +83,8 @@ def ot_part(args, record):
   from vmoe_sparse_ot import ot  # pylint: disable=g-import-not-at-top
   from vmoe_sparse_ot.ot import objectives, selection  # pylint: disable=g-import-not-at-top
   m, n, k, gamma = 10000, 100, 100, 0.1
-  rng = np.random.RandomState(0)  # benchmarks/ot_solvers.py's grid_problem
-  x, y = rng.randn(m, 2), rng.randn(n, 2)
-  C = ((x[:, None] - y[None]) ** 2).sum(-1)
-  C = jnp.asarray(C / C.max())
-  a, b = jnp.full(m, 1.0 / m), jnp.full(n, 1.0 / n)
+  a, b, C = (jnp.asarray(v) for v in ot_problems.grid_problem(m, n))
+  rng = np.random.RandomState(1)
   reg = ot.SparsityConstrained(k=k, gamma=gamma)
   print(f"ot.solve at ({m}, {n}, k={k}, gamma={gamma}), float64, "
         f"{jax.devices()[0].device_kind}, JAX {jax.__version__}", flush=True)
@@ -120,6 +119,10 @@ def ot_part(args, record):
                                                   "evaluations": int(evals)}
 
 
+def warp_counts(text: str) -> list[int]:
+  return [int(w) for w in text.split(",")]
+
+
 def main(argv=None):
   p = argparse.ArgumentParser(description=__doc__,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -128,7 +131,8 @@ def main(argv=None):
   p.add_argument("--group_size", type=int, default=400)
   p.add_argument("--experts", type=int, default=32)
   p.add_argument("--k", type=int, default=16)
-  p.add_argument("--warps", type=lambda v: [int(w) for w in v.split(",")], default=[4, 8, 16])
+  p.add_argument("--warps", type=warp_counts, default=[4, 8, 16],
+                 help="comma-separated Triton warp counts, e.g. 4,8,16")
   p.add_argument("--compiled", action="store_true",
                  help="never Pallas interpret mode (default: interpret on the CPU only)")
   p.add_argument("--repeats", type=int, default=5)

@@ -51,20 +51,13 @@ import ot as pot  # noqa: E402
 import scipy.optimize  # noqa: E402
 
 from vmoe_sparse_ot import ot  # noqa: E402
+from ot_problems import grid_problem  # noqa: E402  (also kink_optimum's, from here)
 
 GRID = [(100, 100, 2, 1.0), (500, 500, 5, 0.1), (1000, 1000, 5, 0.1), (2000, 64, 64, 1.0)]
 LARGE_K = [(2000, 10, 230, 0.1), (5000, 10, 575, 0.1), (10000, 100, 100, 0.1),
            (50000, 10, 5750, 0.1)]
 K_SWEEP = (5000, 10, (5, 50, 575, 2500), 0.1)
 ROUTER = dict(batch=64, m=256, n=32, k=16, gamma=1.0)
-
-
-def grid_problem(m, n, seed=0):
-  """Uniform marginals, squared Euclidean cost between 2-d Gaussian clouds, max 1."""
-  rng = np.random.RandomState(seed)
-  X, Y = rng.randn(m, 2), rng.randn(n, 2)
-  C = ((X[:, None] - Y[None]) ** 2).sum(-1)
-  return np.full(m, 1.0 / m), np.full(n, 1.0 / n), C / C.max()
 
 
 def router_problems(batch, m, n, seed=0):
