@@ -1,6 +1,8 @@
 """Two processes on 127.0.0.1 (gloo CPU collectives) match one process, same global batch."""
 import json
+import logging
 import os
+import re
 import socket
 import subprocess
 
@@ -8,6 +10,7 @@ import jax
 import numpy as np
 
 from vmoe_sparse_ot import checkpoints
+from vmoe_sparse_ot.train import trainer
 from tests.train import helpers
 
 OVERRIDES = helpers.SIX_STEPS  # Those of the shared one-process run, topk_six_steps.
@@ -37,11 +40,11 @@ def _run_two_processes(flags):
   return outs
 
 
-def test_two_processes_match_one_process(tmp_path, topk_six_steps):
+def test_two_processes_match_one_process(tmp_path, topk_six_steps, caplog):
   workdir = str(tmp_path / 'two')
   # One device per process and experts split over the two processes: the MoE
-  # all-to-alls cross the process boundary.
-  flags = helpers.cli_args(workdir, 'router=topk', mesh__expert=2, **OVERRIDES)
+  # all-to-alls cross the process boundary. Seed 1: see the one-process run below.
+  flags = helpers.cli_args(workdir, 'router=topk', mesh__expert=2, seed=1, **OVERRIDES)
   outs = _run_two_processes(flags)
   assert "mesh {'data': 1, 'expert': 2}; 2 process(es)" in outs[0][1]
   # Each process holds its own workdir lock; only process 0 prints progress.
@@ -54,8 +57,17 @@ def test_two_processes_match_one_process(tmp_path, topk_six_steps):
     two = json.load(f)
 
   # One process, one device, the same global batch (test_routers.py shows the
-  # device count does not change the loss).
-  one_workdir, one = topk_six_steps
+  # device count does not change the loss). Its train step is the shared seed-0
+  # run's (topk_six_steps; train.programs: the seed only chooses the initial
+  # state), so this also checks that a kept step trains another seed as a fresh
+  # process does.
+  one_workdir = str(tmp_path / 'one')
+  with caplog.at_level(logging.INFO):
+    one = trainer.train_and_evaluate(helpers.small_config('router=topk', seed=1, **OVERRIDES),
+                                     one_workdir, devices=jax.devices()[:1])
+  assert [r for r in caplog.records if re.fullmatch(
+      r'step 1/6: ran in \d+\.\ds \(already compiled\); .*', r.getMessage())]
+  assert one['final_train_loss'] != topk_six_steps[1]['final_train_loss']
   np.testing.assert_allclose(two['final_train_loss'], one['final_train_loss'], rtol=1e-5)
   assert two['eval']['num_examples'] == one['eval']['num_examples'] == 300
   np.testing.assert_allclose(two['eval']['loss'], one['eval']['loss'], rtol=1e-5)

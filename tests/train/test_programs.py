@@ -16,7 +16,7 @@ def test_key_changes_with_the_config_the_mesh_and_the_components():
   key = programs.run_key(config, mesh, (router,))
   assert key == programs.run_key(small_config(), _mesh(jax.devices()[:1]), (router,))
   assert hash(key) == hash(programs.run_key(small_config(), mesh, (router,)))
-  assert key != programs.run_key(small_config(seed=1), mesh, (router,))
+  assert key != programs.run_key(small_config(optimizer__b2=0.99), mesh, (router,))
   assert key != programs.run_key(small_config(schedule__peak_value=1e-2), mesh, (router,))
   assert key != programs.run_key(config, _mesh(jax.devices()[1:2]), (router,))
   assert key != programs.run_key(config, _mesh(jax.devices()[:2]), (router,))
@@ -40,6 +40,19 @@ def test_key_leaves_out_what_only_drives_the_loop():
                               mesh))
   assert key != programs.run_key(small_config(log_every_steps=4), mesh)
   assert key != programs.run_key(small_config(batch_size=32), mesh)
+
+
+def test_key_leaves_out_where_the_run_starts():
+  """The seed and a source of weights choose the initial state (whose programs are
+  keyed by the seed, below), not the train step: its random keys are state data."""
+  mesh = _mesh(jax.devices()[:1])
+  key = programs.run_key(small_config(), mesh)
+  assert key == programs.run_key(small_config(seed=1), mesh)
+  assert key == programs.run_key(small_config(initialization__path='/w/dense',
+                                              initialization__step=3), mesh)
+  init = programs.INIT_FROM
+  assert (programs.run_key(small_config(seed=1), mesh, only=init)
+          != programs.run_key(small_config(), mesh, only=init))
 
 
 def test_partial_keys_hold_only_what_their_functions_are_built_from():
@@ -82,7 +95,8 @@ def test_get_builds_once_per_key_and_name_and_keeps_the_latest_keys():
     return make
 
   mesh = _mesh(jax.devices()[:1])
-  keys = [programs.run_key(small_config(seed=s), mesh) for s in range(programs.MAX_KEYS + 1)]
+  keys = [programs.run_key(small_config(log_every_steps=s + 1), mesh)
+          for s in range(programs.MAX_KEYS + 1)]
   assert programs.get(keys[0], 'step', build('a')) == 'a'
   assert programs.get(keys[0], 'step', build('b')) == 'a'      # kept
   assert programs.get(keys[0], 'eval', build('c')) == 'c'      # another name

@@ -16,7 +16,9 @@ Left out are the entries that only drive the loop around the functions
 (`LOOP_ONLY`: how many steps, when to checkpoint, evaluate or run few-shot):
 `train_steps` is keyed through the schedule it resolves (a decay that runs
 until the last step), so a longer run of the same schedule, or one that
-checkpoints more often, reuses the programs.
+checkpoints more often, reuses the programs. So are the entries that only
+choose where a run starts (`START_ONLY`: the seed, `initialization`): runs over
+seeds, or from scratch beside one from other weights, share one train step.
 
 Some functions are built from less than the whole config, and are kept under
 a key of only that (`run_key(..., only=...)`): the initializing programs and
@@ -43,6 +45,12 @@ MAX_KEYS = 16
 # Config entries no kept function is built from (the trainer's loop reads them;
 # few-shot evaluators are built per run, outside this cache).
 LOOP_ONLY = ('train_steps', 'checkpoint', 'eval_every_steps', 'fewshot', 'profile')
+# Config entries that only choose where a run starts: its seed and
+# `initialization` (a source of weights). The whole run's functions (the train
+# step, its metrics) are not built from them -- the step's random keys are state
+# (`TrainState.rng`) -- so they are left out of the run's key; the initializing
+# programs are keyed by the seed (`INIT_FROM`).
+START_ONLY = ('seed', 'initialization')
 # What the initializing programs (params, model state, optimizer state) and
 # the abstract shapes are built from: dotted config paths. Not the schedule:
 # the optimizer state starts from a step count, whatever the learning rates
@@ -57,14 +65,16 @@ _runs: collections.OrderedDict[Hashable, dict[str, Any]] = collections.OrderedDi
 def run_key(config, mesh, components: tuple = (), only: tuple[str, ...] | None = None) -> tuple:
   """The key of a run: `config` resolved to JSON (an object JSON cannot write
   is keyed by its repr, which names its address: never shared) less
-  `LOOP_ONLY`, with its schedule resolved for `train_steps`; the mesh's device
-  ids, axis names and sizes, the process count, and `components` (the objects
-  the config names, by identity). only: the key of a function built from these
+  `LOOP_ONLY` and `START_ONLY`, with its schedule resolved for `train_steps`;
+  the mesh's device ids, axis names and sizes, the process count, and
+  `components` (the objects the config names, by identity). only: the key of a function built from these
   dotted config paths alone (`INIT_FROM`, `EVAL_FROM`; () for the mesh alone)."""
   built_from = {k: v for k, v in config.to_dict().items() if k not in LOOP_ONLY}
   built_from['schedule'] = optimizer_lib.resolved_schedule(config.schedule,
                                                            config.train_steps)
-  if only is not None:
+  if only is None:
+    built_from = {k: v for k, v in built_from.items() if k not in START_ONLY}
+  else:
     built_from = {path: _lookup(built_from, path) for path in only}
   return (json.dumps(built_from, sort_keys=True, default=repr),
           tuple(int(d.id) for d in mesh.devices.flat), tuple(dict(mesh.shape).items()),
