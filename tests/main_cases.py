@@ -3,9 +3,10 @@
 Each start of the real command pays Python, absl, JAX and TensorFlow imports
 (several seconds on a loaded 2-core machine); a test of a one-line error needs
 none of that per case. `run_main_cases` starts one child process (this module)
-that imports `vmoe_sparse_ot.main` once and, per command line, calls its entry
-point `main.run()` (what `python -m vmoe_sparse_ot.main` calls) with that
-`sys.argv`, recording the exit status and what reached file descriptors 1 and 2
+that imports `vmoe_sparse_ot.main` once (during the first case, whose output
+is then that of a fresh `python -m vmoe_sparse_ot.main`) and, per command line,
+calls its entry point `main.run()` (what `python -m vmoe_sparse_ot.main` calls)
+with that `sys.argv`, recording the exit status and what reached file descriptors 1 and 2
 (so C++ and library log lines count, as they would on a console). Between
 cases absl's flags are unparsed and the `--config.*` override flags that
 config_flags defined for the previous case are removed.
@@ -61,11 +62,12 @@ def _reset_flags():
   flags.FLAGS.unparse_flags()
 
 
-def _run_one(main, argv, module=None):
-  """main.run() with sys.argv = [main.py, *argv] (or `module.main(argv)`): (exit status,
-  stdout, stderr)."""
+def _run_one(argv, module_name=None):
+  """main.run() with sys.argv = [main.py, *argv] (or `module_name`'s `main(argv)`):
+  (exit status, stdout, stderr). The module is imported with the descriptors
+  redirected, so what its first import prints (the first case's) is that case's."""
+  import importlib  # pylint: disable=g-import-not-at-top
   _reset_flags()
-  sys.argv = [(module or main).__file__, *argv]
   with tempfile.TemporaryFile('w+') as out, tempfile.TemporaryFile('w+') as err:
     sys.stdout.flush()
     sys.stderr.flush()
@@ -73,9 +75,15 @@ def _run_one(main, argv, module=None):
     os.dup2(out.fileno(), 1)
     os.dup2(err.fileno(), 2)
     try:
-      if module is None:
+      if module_name is None:
+        main = importlib.import_module('vmoe_sparse_ot.main')
+        sys.argv = [main.__file__, *argv]
         main.run()
       else:
+        module = importlib.import_module(module_name)
+        if not hasattr(module, 'main'):  # a package: `python -m` runs its __main__
+          module = importlib.import_module(module_name + '.__main__')
+        sys.argv = [module.__file__, *argv]
         module.main(list(argv))
       code = 0
     except SystemExit as e:  # What the interpreter would make of it.
@@ -98,19 +106,14 @@ def _run_one(main, argv, module=None):
 
 
 def _child(cases_path, out_path):
-  from vmoe_sparse_ot import main  # pylint: disable=g-import-not-at-top
   with open(cases_path) as f:
     argvs = json.load(f)
-  import importlib  # pylint: disable=g-import-not-at-top
   results = []
   for case in argvs:
     if case and isinstance(case[0], str) and len(case) == 2 and isinstance(case[1], list):
-      module = importlib.import_module(case[0])
-      if not hasattr(module, 'main'):  # a package: `python -m` runs its __main__
-        module = importlib.import_module(case[0] + '.__main__')
-      results.append(_run_one(main, case[1], module))
+      results.append(_run_one(case[1], case[0]))
     else:
-      results.append(_run_one(main, case))
+      results.append(_run_one(case))
   with open(out_path, 'w') as f:
     json.dump(results, f)
 

@@ -115,6 +115,17 @@ def _fill(args, tmp):
   return [a.replace('{tmp}', str(tmp)) for a in args]
 
 
+# Soft MoE, the one router that trains only here (tests/train/test_routers.py trains
+# the others in-process), with the Soft MoE recipe's model (configs/softmoe_tiny_mnist.py:
+# qk-norm, gap, MoE in the last blocks, num_slots, sigmoid cross-entropy): the first
+# case of main_results, so its console is a fresh process's (the `console` tests).
+CONSOLE_CASE = [
+    f"--config={os.path.join(ROOT, 'configs', 'softmoe_tiny_mnist.py')}:steps=10",
+    '--workdir={tmp}/w', '--config.log_every_steps=5', '--config.batch_size=32',
+    '--config.dataset.eval_split=test[:300]', '--config.eval_batch_size=100',
+    '--config.eval_every_steps=0', '--config.checkpoint.every_steps=10',
+    '--config.schedule.warmup_steps=5']
+
 # Run in main_results' interpreter after USER_ERRORS' cases, in this order (the
 # print_config case right after a failed one: its flags must be gone).
 LATER_CASES = {
@@ -127,15 +138,16 @@ LATER_CASES = {
 
 @pytest.fixture(scope='module')
 def main_results(tmp_path_factory):
-  """USER_ERRORS' main and data command lines, then LATER_CASES, all run in one
-  interpreter (tests/main_cases.py; `vmoe_sparse_ot.data` parses with argparse).
+  """CONSOLE_CASE, USER_ERRORS' main and data command lines, then LATER_CASES, all run
+  in one interpreter (tests/main_cases.py; `vmoe_sparse_ot.data` parses with argparse).
 
   {index or LATER_CASES key: (tmp, result)}; each case has its own fresh {tmp}
   holding 'file'.
   """
   cases = {}
-  named = [(i, module, args) for i, (module, args, _) in enumerate(USER_ERRORS)
-           if module != 'vmoe_sparse_ot.fewshot']
+  named = [('console', 'vmoe_sparse_ot.main', CONSOLE_CASE)]
+  named += [(i, module, args) for i, (module, args, _) in enumerate(USER_ERRORS)
+            if module != 'vmoe_sparse_ot.fewshot']
   named += [(key, *(case if isinstance(case, tuple) else ('vmoe_sparse_ot.main', case)))
             for key, case in LATER_CASES.items()]
   for key, module, args in named:
@@ -156,8 +168,8 @@ def test_user_errors_are_one_line_without_traceback(index, tmp_path, request):
     (tmp_path / 'file').write_text('')
     proc = _run(module, *_fill(args, tmp_path))
   else:
-    # In one interpreter with the others (the console test below starts the
-    # command as a process of its own, and so does the data preparation test).
+    # In one interpreter with the others, after the console case (the data
+    # preparation test starts its command as a process of its own).
     tmp_path, proc = request.getfixturevalue('main_results')[index]
   prog = 'python -m ' + module
   if module == 'vmoe_sparse_ot.data':  # argparse prints its usage line first.
@@ -267,17 +279,10 @@ _NOISE = ('oneDNN', "Unable to initialize backend 'tpu'", 'absl::InitializeLog',
 
 
 @pytest.fixture(scope='module')
-def console(tmp_path_factory):
-  # Soft MoE, the one router that trains only here (tests/train/test_routers.py trains
-  # the others in-process), with the Soft MoE recipe's model (configs/softmoe_tiny_mnist.py:
-  # qk-norm, gap, MoE in the last blocks, num_slots, sigmoid cross-entropy).
-  workdir = tmp_path_factory.mktemp('console') / 'w'
-  recipe = os.path.join(ROOT, 'configs', 'softmoe_tiny_mnist.py')
-  proc = _run('vmoe_sparse_ot.main', f'--config={recipe}:steps=10', f'--workdir={workdir}',
-              '--config.log_every_steps=5', '--config.batch_size=32',
-              '--config.dataset.eval_split=test[:300]', '--config.eval_batch_size=100',
-              '--config.eval_every_steps=0', '--config.checkpoint.every_steps=10',
-              '--config.schedule.warmup_steps=5')
+def console(main_results):
+  """The console of main_results' first case, a 10-step Soft MoE run: its interpreter
+  was fresh (tests/main_cases.py imports the entry point during it)."""
+  _, proc = main_results['console']
   assert proc.returncode == 0, proc.stderr[-3000:]
   return [line for line in (proc.stdout + proc.stderr).splitlines() if line.strip()]
 
