@@ -6,8 +6,9 @@ none of that per case. `run_main_cases` starts one child process (this module)
 that imports `vmoe_sparse_ot.main` once (during the first case, whose output
 is then that of a fresh `python -m vmoe_sparse_ot.main`) and, per command line,
 calls its entry point `main.run()` (what `python -m vmoe_sparse_ot.main` calls)
-with that `sys.argv`, recording the exit status and what reached file descriptors 1 and 2
-(so C++ and library log lines count, as they would on a console). Between
+with that `sys.argv`, recording the exit status and what reached file
+descriptors 1 and 2 (so C++ and library log lines count, as they would on a
+console). Between
 cases absl's flags are unparsed and the `--config.*` override flags that
 config_flags defined for the previous case are removed.
 
@@ -17,6 +18,7 @@ define --config (pytest's workers import the latter while collecting).
 tests/test_cli.py keeps genuine one-process-per-command tests beside these.
 """
 import dataclasses
+import importlib
 import json
 import os
 import subprocess
@@ -66,7 +68,6 @@ def _run_one(argv, module_name=None):
   """main.run() with sys.argv = [main.py, *argv] (or `module_name`'s `main(argv)`):
   (exit status, stdout, stderr). The module is imported with the descriptors
   redirected, so what its first import prints (the first case's) is that case's."""
-  import importlib  # pylint: disable=g-import-not-at-top
   _reset_flags()
   with tempfile.TemporaryFile('w+') as out, tempfile.TemporaryFile('w+') as err:
     sys.stdout.flush()

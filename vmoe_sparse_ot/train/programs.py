@@ -24,7 +24,8 @@ Some functions are built from less than the whole config, and are kept under
 a key of only that (`run_key(..., only=...)`): the initializing programs and
 abstract shapes (`INIT_FROM`: the model, its input shape, the optimizer and
 the seed), the evaluation step (`EVAL_FROM`: the model, its evaluation
-overrides, the image size (it counts tokens per image) and the loss) and the finiteness check of the state (`only=()`: the mesh alone). A
+overrides, the image size (it counts tokens per image) and the loss) and the
+finiteness check of the state (`only=()`: the mesh alone). A
 run that differs elsewhere -- another learning rate, batch size, loss or
 logging interval (each its own train step) -- reuses them: in a sweep over
 learning rates in one process, each run compiles its train step only. At
@@ -67,8 +68,9 @@ def run_key(config, mesh, components: tuple = (), only: tuple[str, ...] | None =
   is keyed by its repr, which names its address: never shared) less
   `LOOP_ONLY` and `START_ONLY`, with its schedule resolved for `train_steps`;
   the mesh's device ids, axis names and sizes, the process count, and
-  `components` (the objects the config names, by identity). only: the key of a function built from these
-  dotted config paths alone (`INIT_FROM`, `EVAL_FROM`; () for the mesh alone)."""
+  `components` (the objects the config names, by identity). only: the key of
+  a function built from these dotted config paths alone (`INIT_FROM`,
+  `EVAL_FROM`; () for the mesh alone)."""
   built_from = {k: v for k, v in config.to_dict().items() if k not in LOOP_ONLY}
   built_from['schedule'] = optimizer_lib.resolved_schedule(config.schedule,
                                                            config.train_steps)
