@@ -163,9 +163,9 @@ COMMANDS = {
     # The quickstart: trains, few-shot, plots.
     'bash scripts/main.sh --config.train_steps=300': Job(
         extra=SHRINK, env=(('WORKDIR', _README_WORKDIR),),
-        stdout=(_FINAL, r'Few-shot .* over 1 seed\(s\)', r'plots'),
+        stdout=(_FINAL, r'Few-shot .* over 1 seed\(s\)', r'Wrote .*/plots/routing\.png'),
         files=(f'{_README_WORKDIR}/checkpoints/2', f'{_README_WORKDIR}/fewshot/results.json',
-               f'{_README_WORKDIR}/plots/curves.png')),
+               f'{_README_WORKDIR}/plots/curves.png', f'{_README_WORKDIR}/plots/fewshot.png')),
     'python -m vmoe_sparse_ot.plot /tmp/run': Job(files=(
         '/tmp/run/plots/curves.png', '/tmp/run/plots/routing.png')),
     'python -m vmoe_sparse_ot.plot workdirs/vmoe_tiny_mnist_sparse_ot [--out DIR]': Job(
@@ -196,6 +196,8 @@ COMMANDS = {
         'tests/evaluate/test_fewshot_job.py::'
         'test_job_evaluates_latest_checkpoint_prints_table_and_writes_json'),
     'bash scripts/main.sh': Covered(
+        'tests/test_docs.py::test_documented_command[bash scripts/main.sh --config.train_steps=300]'),
+    'python -m vmoe_sparse_ot.quickstart': Covered(
         'tests/test_docs.py::test_documented_command[bash scripts/main.sh --config.train_steps=300]'),
     'python -m vmoe_sparse_ot.data': Job(stdout=()),
     'python -m vmoe_sparse_ot.data --help': Job(stdout=('--data_dir',)),

@@ -26,8 +26,8 @@ LAYERS = (
     ('config', ('config',)),
     ('train', ('train',)),
     ('evaluate', ('evaluate',)),
-    ('commands', ('main', 'fewshot', 'export', 'plot', 'plotting_style', 'inference',
-                  'experiments', '__init__', '__main__')),
+    ('commands', ('main', 'quickstart', 'fewshot', 'export', 'plot', 'plotting_style',
+                  'inference', 'experiments', '__init__', '__main__')),
 )
 LEVEL = {name: i for i, (_, names) in enumerate(LAYERS) for name in names}
 

@@ -22,32 +22,22 @@ A config mistake is one line and exit status 2; a missing checkpoint, a model
 mismatch or a dataset that cannot be loaded ends the job with exit status 1 and a
 message naming it.
 """
-import json
 import os
-from typing import Any
 
-from vmoe_sparse_ot import workdir_layout
 from vmoe_sparse_ot import quiet_logs
 
 quiet_logs.setup_environment()  # Before TensorFlow loads (via data).
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
 import jax
-import ml_collections
-import numpy as np
 from absl import app, flags
-from jax.sharding import PartitionSpec
 from ml_collections import config_flags
 
-from vmoe_sparse_ot import nn
 from vmoe_sparse_ot.evaluate import transfer
-from vmoe_sparse_ot.evaluate.checkpoint_config import CheckpointMismatchError
-from vmoe_sparse_ot.evaluate.checkpoint_config import describe_model
-from vmoe_sparse_ot.evaluate.checkpoint_config import resolve_model_config
-from vmoe_sparse_ot import atomic
-from vmoe_sparse_ot import checkpoints
-from vmoe_sparse_ot import parallel
-from vmoe_sparse_ot import config as config_lib
+# The job without its flags lives in evaluate.checkpoint_fewshot; its names stay
+# importable from here.
+from vmoe_sparse_ot.evaluate.checkpoint_fewshot import (  # noqa: F401
+    RESULTS_FILE, CheckpointMismatchError, check_config, check_params_match, format_table, run)
 from vmoe_sparse_ot.config import cli
 from vmoe_sparse_ot.config import reference
 
@@ -64,94 +54,6 @@ _USE_CHECKPOINT_CONFIG = flags.DEFINE_bool(
     "Evaluate with the checkpoint's own model config when --config's model differs "
     '(default: refuse and name the differences).')
 
-RESULTS_FILE = workdir_layout.FEWSHOT_RESULTS
-
-
-def check_params_match(params: Any, model, config: ml_collections.ConfigDict) -> None:
-  """Raises CheckpointMismatchError listing parameters whose shapes differ from the model's."""
-  image = jax.ShapeDtypeStruct(
-      (1, config.dataset.image_size, config.dataset.image_size, config.dataset.channels),
-      np.float32)
-  expected = jax.eval_shape(
-      lambda x: model.init({'params': jax.random.key(0)}, x, train=False)['params'], image)
-  want, have = checkpoints.param_shapes(expected), checkpoints.param_shapes(params)
-  diffs = [f'{k}: checkpoint {have.get(k, "<absent>")}, model {want.get(k, "<absent>")}'
-           for k in sorted(set(want) | set(have)) if want.get(k) != have.get(k)]
-  if diffs:
-    raise CheckpointMismatchError(
-        'The checkpoint does not fit config.model (was it trained with another config?):\n  '
-        + '\n  '.join(diffs[:20]) + (f'\n  ... and {len(diffs) - 20} more' if len(diffs) > 20
-                                     else ''))
-
-
-def run(config: ml_collections.ConfigDict, workdir: str, step: int | None = None, *,
-        use_checkpoint_config: bool = False) -> dict:
-  """Evaluates checkpoint `step` (latest if None) of `workdir`; returns what it writes.
-
-  Raises:
-    FileNotFoundError: no checkpoint (for `step`) under `workdir`.
-    CheckpointMismatchError: `config.model` differs from the checkpoint's model
-      config (and `use_checkpoint_config` is False), or its parameters do not fit.
-    transfer.DatasetError: a dataset of `config.fewshot.datasets` cannot be loaded.
-  """
-  params, meta, step = checkpoints.restore_params_with_meta(workdir, step)
-  config = resolve_model_config(
-      config, meta, use_checkpoint_config=use_checkpoint_config,
-      where=f'checkpoint step {step} in {checkpoints.checkpoint_dir(workdir)}')
-  model = nn.build_model(config.model)
-  check_params_match(params, model, config)
-  # The training layout: expert parameters split over 'expert', the rest replicated.
-  num_experts = config.model.encoder.moe.num_experts if config.model.name == 'vit_moe' else 1
-  mesh = parallel.make_mesh(config.mesh, num_experts=num_experts)
-  params = jax.device_put(params, parallel.param_shardings(
-      mesh, params, [(nn.EXPERT_PARAMS_REGEX, PartitionSpec('expert'))]))
-  # The router state the checkpoint routes with (topk_bias's bias), on every device.
-  image_shape = (config.dataset.image_size, config.dataset.image_size, config.dataset.channels)
-  model_state = jax.device_put(
-      nn.router_state.for_model(model, image_shape,
-                                checkpoints.restore_model_state(workdir, step)),
-      parallel.replicated(mesh))
-  evaluator = transfer.make_evaluator(config, model, mesh=mesh)
-  results = evaluator.run(params, model_state)
-  payload = {
-      'workdir': os.path.abspath(workdir),
-      'step': int(step),
-      'model': describe_model(config.model),
-      'model_config': json.loads(json.dumps(config.model.to_dict())),
-      'protocol': evaluator.protocol,
-      'metrics': transfer.metrics_from_results(results),
-      'datasets': results,
-  }
-  if jax.process_index() == 0:
-    atomic.write_json(os.path.join(workdir, RESULTS_FILE), payload)
-  return payload
-
-
-def format_table(payload: dict) -> str:
-  """A text table: dataset, shots, top-1 % (mean ± std over seeds), chosen log2 L2 per seed."""
-  num_seeds = len(payload['protocol']['seeds'])
-  rows = [('dataset', 'shots', 'top-1 %', 'log2 L2 per seed')]
-  for key, ds in payload['datasets'].items():
-    for shot, r in ds['shots'].items():
-      rows.append((key, str(shot),
-                   f"{100 * r['accuracy_mean']:6.2f} ± {100 * r['accuracy_std']:5.2f}",
-                   ','.join(f'{np.log2(v):g}' for v in r['l2_reg'])))
-  widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-  lines = ['  '.join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
-  lines.insert(1, '  '.join('-' * w for w in widths))
-  model = payload.get('model') or {}
-  router = f", router {model['router']}" if model.get('router') else ''
-  selection = payload['protocol']['l2_selection']
-  if selection == 'reference':
-    chosen = ("L2 chosen by 'reference', the reference V-MoE code's rule: on the test "
-              'split, one per shot for every dataset and seed')
-  else:
-    chosen = f'L2 chosen by {selection} on the few-shot examples'
-  title = (f"Few-shot linear transfer of {payload['workdir']} at step {payload['step']} "
-           f"({model.get('name', 'model')}{router}; "
-           f'top-1 on the test split, mean ± std over {num_seeds} seed(s); {chosen})')
-  return '\n'.join([title] + lines)
-
 
 def main(argv):
   if len(argv) > 1:
@@ -164,14 +66,7 @@ def main(argv):
   if not _WORKDIR.value:
     cli.fail(PROG, 'flag --workdir is required')
   try:
-    config_lib.validate(config)
-    if config.dataset.data_dir:
-      config_lib.check_directory(config.dataset.data_dir, 'config.dataset.data_dir')
-    # Before the checkpoint is read or a model built: every few-shot dataset exists.
-    config_lib.check_datasets(config, training=False, fewshot=True)
-    if config.fewshot.batch_size % jax.device_count():
-      raise ValueError(f'config.fewshot.batch_size={config.fewshot.batch_size}: must be a '
-                       f'multiple of the number of devices ({jax.device_count()})')
+    check_config(config)
   except (OSError, ValueError) as e:
     cli.fail(PROG, e)
   try:

@@ -130,12 +130,18 @@ def _exit_lost_peer(error: BaseException, workdir: str) -> None:
   os._exit(1)  # pylint: disable=protected-access
 
 
+def flag_config():
+  """The config the parsed flags give: --config, its overrides, a reference config
+  translated (`config.reference.resolve`); ValueError names what does not resolve."""
+  return reference.resolve(_CONFIG.value)
+
+
 def main(argv: list[str]) -> None:
   if len(argv) > 1:
     cli.fail(PROG, f'unexpected arguments {argv[1:]}')
   quiet_logs.quiet_library_logs()
   try:
-    config = reference.resolve(_CONFIG.value)
+    config = flag_config()
   except ValueError as e:
     cli.fail(PROG, e)
   if _PRINT_CONFIG.value:

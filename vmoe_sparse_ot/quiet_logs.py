@@ -5,16 +5,17 @@ Two parts, both called by every entry point (main, fewshot, data, plot):
   start-up lines (oneDNN notice, CPU feature guard) are switched off with
   environment variables; `TF_CPP_MIN_LOG_LEVEL` alone does not stop the oneDNN one.
 - `quiet_library_logs()`, once logging is set up: drops the libraries' routine
-  chatter — Orbax's and TFDS's INFO lines, JAX's probe for a TPU on a machine
-  without one, Orbax's notes that a restore-only checkpoint manager is read-only,
-  and TFDS's notes while it writes an embedded dataset. Every other warning and
+  chatter — Orbax's, TFDS's and TensorBoard's (its event reader) INFO lines,
+  JAX's probe for a TPU on a machine without one, Orbax's notes that a
+  restore-only checkpoint manager is read-only, and TFDS's notes while it writes
+  an embedded dataset. Every other warning and
   the jobs' own lines stay.
 """
 import logging as std_logging
 import os
 import re
 
-_CHATTY_LIBRARIES = ('/orbax/', '/tensorflow_datasets/')
+_CHATTY_LIBRARIES = ('/orbax/', '/tensorflow_datasets/', '/tensorboard/')
 # (logger-independent) messages that say nothing to a user of these jobs.
 _NOISE = (
     # jax: probing backends that are not installed (e.g. libtpu on a CPU machine).

@@ -30,8 +30,8 @@ router has the same expert buffer size (E C = K S x 0.75 slots per group).
 
 Each (budget, router, seed) trains in a temporary work directory through the
 trainer's Python API (`train.trainer.train_and_evaluate`) and is then evaluated
-by `fewshot.run`. Routers the installed model does not know are skipped with a
-printed note, so the same list works before and after a router lands.
+by `evaluate.checkpoint_fewshot.run`. Routers the installed model does not know are
+skipped with a printed note, so the same list works before and after a router lands.
 """
 from __future__ import annotations
 
@@ -157,12 +157,12 @@ def routing_summary(workdir: str) -> dict[str, float]:
 def train_one(config, workdir: str) -> dict[str, float]:
   """Trains, then few-shot evaluates; top-1 and 10-shot in %, training wall seconds,
   and the routing metrics of `routing_summary`."""
-  from vmoe_sparse_ot import fewshot  # pylint: disable=g-import-not-at-top
+  from vmoe_sparse_ot.evaluate import checkpoint_fewshot  # pylint: disable=g-import-not-at-top
   from vmoe_sparse_ot.train import trainer  # pylint: disable=g-import-not-at-top
   start = time.perf_counter()
   summary = trainer.train_and_evaluate(config, workdir)
   wall = time.perf_counter() - start
-  payload = fewshot.run(config, workdir)
+  payload = checkpoint_fewshot.run(config, workdir)
   shot = payload['datasets']['digits']['shots']
   shot = shot.get(FEWSHOT_SHOTS, shot.get(str(FEWSHOT_SHOTS)))
   return {'top1': 100.0 * float(summary['eval']['accuracy']),

@@ -1,0 +1,73 @@
+r"""Train, then few-shot transfer, then plots: the quickstart in one process.
+
+  python -m vmoe_sparse_ot.quickstart --config=configs/vmoe_tiny_mnist.py:router=sparse_ot \
+      --workdir=workdirs/tiny [--config.train_steps=300 ...]
+
+What scripts/main.sh runs. It takes every flag of `python -m vmoe_sparse_ot.main`
+and trains as that command does (or resumes, or with --print_config only prints).
+Then, from the checkpoint it just wrote, it runs the few-shot linear transfer of
+`python -m vmoe_sparse_ot.fewshot --use_checkpoint_config` (the model is the
+checkpoint's; the few-shot settings, input size and data_dir are this config's,
+overrides included) and prints its table; then it writes the pictures of
+`python -m vmoe_sparse_ot.plot WORKDIR` into WORKDIR/plots. One process instead
+of three: Python, JAX, TensorFlow and the data load once.
+
+A mistake in the flags or the config is one line and exit status 2 before
+anything trains. An error of a later step is reported as that step's command
+reports it (the few-shot job's, the plot command's), after the training kept its
+checkpoint: rerunning resumes, so only the failed steps run again.
+"""
+from __future__ import annotations
+
+import os
+
+from absl import app
+from absl import flags
+
+from vmoe_sparse_ot import main as train_command
+from vmoe_sparse_ot.config import cli
+
+PROG = 'python -m vmoe_sparse_ot.quickstart'
+FEWSHOT_PROG = 'python -m vmoe_sparse_ot.fewshot'
+
+
+def fewshot_step(config, workdir: str) -> None:
+  """Few-shot transfer of `workdir`'s latest checkpoint with its own model config;
+  prints the table and the results file, or fails as the few-shot job would."""
+  from vmoe_sparse_ot.evaluate import checkpoint_fewshot  # pylint: disable=g-import-not-at-top
+  from vmoe_sparse_ot.evaluate import transfer  # pylint: disable=g-import-not-at-top
+  try:
+    checkpoint_fewshot.check_config(config)
+  except (OSError, ValueError) as e:
+    cli.fail(FEWSHOT_PROG, e)
+  try:
+    payload = checkpoint_fewshot.run(config, workdir, use_checkpoint_config=True)
+  except (FileNotFoundError, checkpoint_fewshot.CheckpointMismatchError,
+          transfer.DatasetError) as e:
+    cli.fail(FEWSHOT_PROG, e, status=1, first_line_only=False)
+  import jax  # pylint: disable=g-import-not-at-top
+  if jax.process_index() == 0:
+    print(checkpoint_fewshot.format_table(payload))
+    print(f'Wrote {os.path.join(workdir, checkpoint_fewshot.RESULTS_FILE)}', flush=True)
+
+
+def main(argv: list[str]) -> None:
+  train_command.main(argv)  # Exits on a mistake or a failed run.
+  if flags.FLAGS.print_config:
+    return
+  config, workdir = train_command.flag_config(), flags.FLAGS.workdir
+  print('== Few-shot linear transfer', flush=True)
+  fewshot_step(config, workdir)
+  import jax  # pylint: disable=g-import-not-at-top
+  if jax.process_index() == 0:
+    print(f'== Plots (curves, expert load, routing, few-shot) in {workdir}/plots', flush=True)
+    from vmoe_sparse_ot import plot  # pylint: disable=g-import-not-at-top
+    plot.main([workdir])
+
+
+def run() -> None:
+  app.run(main, flags_parser=lambda argv: cli.parse_flags(PROG, argv))
+
+
+if __name__ == '__main__':
+  run()
