@@ -18,6 +18,7 @@ define --config (pytest's workers import the latter while collecting).
 tests/test_cli.py keeps genuine one-process-per-command tests beside these.
 """
 import dataclasses
+import gc
 import importlib
 import json
 import os
@@ -107,6 +108,7 @@ def _run_one(argv, module_name=None):
 
 
 def _child(cases_path, out_path):
+  gc.set_threshold(10000, 20, 10)  # As in the test workers (tests/conftest.py).
   with open(cases_path) as f:
     argvs = json.load(f)
   results = []
