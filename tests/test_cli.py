@@ -184,6 +184,16 @@ def test_user_errors_are_one_line_without_traceback(index, tmp_path, request):
   assert not (tmp_path / 'w').exists()  # Nothing was created.
 
 
+def test_quickstart_refuses_a_mistake_before_anything_trains(tmp_path):
+  """`python -m vmoe_sparse_ot.quickstart` (scripts/main.sh) parses the trainer's flags:
+  a wrong few-shot key is its one line, before a workdir exists."""
+  proc = _run('vmoe_sparse_ot.quickstart', f'--config={TINY}', f'--workdir={tmp_path}/w',
+              '--config.fewshot.shot=(1,)')
+  line = _one_line_error(proc, 'python -m vmoe_sparse_ot.quickstart')
+  assert "Unknown config key 'shot' in --config.fewshot.shot" in line
+  assert not (tmp_path / 'w').exists()
+
+
 def test_data_help_prints_only_its_usage(main_results):
   _, proc = main_results['data_help']
   assert proc.returncode == 0 and proc.stderr == ''
