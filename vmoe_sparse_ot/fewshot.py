@@ -22,22 +22,19 @@ A config mistake is one line and exit status 2; a missing checkpoint, a model
 mismatch or a dataset that cannot be loaded ends the job with exit status 1 and a
 message naming it.
 """
-import os
-
 from vmoe_sparse_ot import quiet_logs
 
 quiet_logs.setup_environment()  # Before TensorFlow loads (via data).
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
-import jax
 from absl import app, flags
 from ml_collections import config_flags
 
-from vmoe_sparse_ot.evaluate import transfer
 # The job without its flags lives in evaluate.checkpoint_fewshot; its names stay
 # importable from here.
 from vmoe_sparse_ot.evaluate.checkpoint_fewshot import (  # noqa: F401
-    RESULTS_FILE, CheckpointMismatchError, check_config, check_params_match, format_table, run)
+    RESULTS_FILE, CheckpointMismatchError, check_config, check_params_match, format_table, run,
+    run_command)
 from vmoe_sparse_ot.config import cli
 from vmoe_sparse_ot.config import reference
 
@@ -65,18 +62,8 @@ def main(argv):
     cli.fail(PROG, e)
   if not _WORKDIR.value:
     cli.fail(PROG, 'flag --workdir is required')
-  try:
-    check_config(config)
-  except (OSError, ValueError) as e:
-    cli.fail(PROG, e)
-  try:
-    payload = run(config, _WORKDIR.value, _STEP.value,
-                  use_checkpoint_config=_USE_CHECKPOINT_CONFIG.value)
-  except (FileNotFoundError, CheckpointMismatchError, transfer.DatasetError) as e:
-    cli.fail(PROG, e, status=1, first_line_only=False)
-  if jax.process_index() == 0:
-    print(format_table(payload))
-    print(f'Wrote {os.path.join(_WORKDIR.value, RESULTS_FILE)}')
+  run_command(PROG, config, _WORKDIR.value, _STEP.value,
+              use_checkpoint_config=_USE_CHECKPOINT_CONFIG.value)
 
 
 if __name__ == '__main__':

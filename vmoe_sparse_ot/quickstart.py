@@ -12,14 +12,12 @@ overrides included) and prints its table; then it writes the pictures of
 `python -m vmoe_sparse_ot.plot WORKDIR` into WORKDIR/plots. One process instead
 of three: Python, JAX, TensorFlow and the data load once.
 
-A mistake in the flags or the config is one line and exit status 2 before
-anything trains. An error of a later step is reported as that step's command
+A mistake in the flags or in the config's values is one line and exit status 2
+before anything trains (the few-shot datasets and batch are checked after it). An error of a later step is reported as that step's command
 reports it (the few-shot job's, the plot command's), after the training kept its
 checkpoint: rerunning resumes, so only the failed steps run again.
 """
 from __future__ import annotations
-
-import os
 
 from absl import app
 from absl import flags
@@ -31,33 +29,14 @@ PROG = 'python -m vmoe_sparse_ot.quickstart'
 FEWSHOT_PROG = 'python -m vmoe_sparse_ot.fewshot'
 
 
-def fewshot_step(config, workdir: str) -> None:
-  """Few-shot transfer of `workdir`'s latest checkpoint with its own model config;
-  prints the table and the results file, or fails as the few-shot job would."""
-  from vmoe_sparse_ot.evaluate import checkpoint_fewshot  # pylint: disable=g-import-not-at-top
-  from vmoe_sparse_ot.evaluate import transfer  # pylint: disable=g-import-not-at-top
-  try:
-    checkpoint_fewshot.check_config(config)
-  except (OSError, ValueError) as e:
-    cli.fail(FEWSHOT_PROG, e)
-  try:
-    payload = checkpoint_fewshot.run(config, workdir, use_checkpoint_config=True)
-  except (FileNotFoundError, checkpoint_fewshot.CheckpointMismatchError,
-          transfer.DatasetError) as e:
-    cli.fail(FEWSHOT_PROG, e, status=1, first_line_only=False)
-  import jax  # pylint: disable=g-import-not-at-top
-  if jax.process_index() == 0:
-    print(checkpoint_fewshot.format_table(payload))
-    print(f'Wrote {os.path.join(workdir, checkpoint_fewshot.RESULTS_FILE)}', flush=True)
-
-
 def main(argv: list[str]) -> None:
   train_command.main(argv)  # Exits on a mistake or a failed run.
   if flags.FLAGS.print_config:
     return
   config, workdir = train_command.flag_config(), flags.FLAGS.workdir
   print('== Few-shot linear transfer', flush=True)
-  fewshot_step(config, workdir)
+  from vmoe_sparse_ot.evaluate import checkpoint_fewshot  # pylint: disable=g-import-not-at-top
+  checkpoint_fewshot.run_command(FEWSHOT_PROG, config, workdir, use_checkpoint_config=True)
   import jax  # pylint: disable=g-import-not-at-top
   if jax.process_index() == 0:
     print(f'== Plots (curves, expert load, routing, few-shot) in {workdir}/plots', flush=True)

@@ -3,10 +3,10 @@
 `run(config, workdir, step)` restores a checkpoint, builds its model, evaluates
 `config.fewshot`'s datasets with `evaluate.transfer`'s protocol and writes
 WORKDIR/fewshot/results.json; `format_table` is its text table and `check_config`
-the checks that come before it. `python -m vmoe_sparse_ot.fewshot` is this module
-behind flags; `python -m vmoe_sparse_ot.quickstart` calls it after training, in
-the same process (a module that defines no flags, so it can sit beside another
-command's).
+the checks that come before it. `run_command` is all three as a command line
+reports them: `python -m vmoe_sparse_ot.fewshot` calls it behind its flags, and
+`python -m vmoe_sparse_ot.quickstart` after training, in the same process (this
+module defines no flags, so it can sit beside another command's).
 """
 import json
 import os
@@ -23,6 +23,7 @@ from vmoe_sparse_ot import config as config_lib
 from vmoe_sparse_ot import nn
 from vmoe_sparse_ot import parallel
 from vmoe_sparse_ot import workdir_layout
+from vmoe_sparse_ot.config import cli
 from vmoe_sparse_ot.evaluate import transfer
 from vmoe_sparse_ot.evaluate.checkpoint_config import CheckpointMismatchError
 from vmoe_sparse_ot.evaluate.checkpoint_config import describe_model
@@ -128,3 +129,24 @@ def check_config(config: ml_collections.ConfigDict) -> None:
   if config.fewshot.batch_size % jax.device_count():
     raise ValueError(f'config.fewshot.batch_size={config.fewshot.batch_size}: must be a '
                      f'multiple of the number of devices ({jax.device_count()})')
+
+
+def run_command(prog: str, config: ml_collections.ConfigDict, workdir: str,
+                step: int | None = None, *, use_checkpoint_config: bool = False) -> None:
+  """`check_config`, `run`, then the table and the results path on process 0's stdout.
+
+  A config mistake is one line naming `prog` and exit status 2; a missing or
+  unfitting checkpoint, or a dataset that cannot be loaded, exits with status 1 and
+  the whole message.
+  """
+  try:
+    check_config(config)
+  except (OSError, ValueError) as e:
+    cli.fail(prog, e)
+  try:
+    payload = run(config, workdir, step, use_checkpoint_config=use_checkpoint_config)
+  except (FileNotFoundError, CheckpointMismatchError, transfer.DatasetError) as e:
+    cli.fail(prog, e, status=1, first_line_only=False)
+  if jax.process_index() == 0:
+    print(format_table(payload))
+    print(f'Wrote {os.path.join(workdir, RESULTS_FILE)}', flush=True)
