@@ -185,12 +185,13 @@ def test_user_errors_are_one_line_without_traceback(index, tmp_path, request):
 
 
 def test_quickstart_refuses_a_mistake_before_anything_trains(tmp_path):
-  """`python -m vmoe_sparse_ot.quickstart` (scripts/main.sh) parses the trainer's flags:
-  a wrong few-shot key is its one line, before a workdir exists."""
+  """`python -m vmoe_sparse_ot.quickstart` (scripts/main.sh) checks its few-shot step's
+  datasets before training: a dataset that does not exist is its one line, before a
+  workdir exists (its flags parse as the trainer's: cli.parse_flags, tested above)."""
   proc = _run('vmoe_sparse_ot.quickstart', f'--config={TINY}', f'--workdir={tmp_path}/w',
-              '--config.fewshot.shot=(1,)')
+              '--config.fewshot.datasets.mnist.name=nope')
   line = _one_line_error(proc, 'python -m vmoe_sparse_ot.quickstart')
-  assert "Unknown config key 'shot' in --config.fewshot.shot" in line
+  assert "config.fewshot.datasets.mnist: dataset 'nope' is neither embedded" in line
   assert not (tmp_path / 'w').exists()
 
 

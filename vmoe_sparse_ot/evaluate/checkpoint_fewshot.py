@@ -118,15 +118,16 @@ def format_table(payload: dict) -> str:
   return '\n'.join([title] + lines)
 
 
-def check_config(config: ml_collections.ConfigDict) -> None:
+def check_config(config: ml_collections.ConfigDict, *, devices: bool = True) -> None:
   """Raises ValueError or OSError naming the key when `config` cannot run the few-shot
-  evaluation: its values, data_dir, every few-shot dataset, the batch over the devices."""
+  evaluation: its values, data_dir, every few-shot dataset and, with `devices`, the
+  batch over the devices (False: before jax.distributed starts, which must come first)."""
   config_lib.validate(config)
   if config.dataset.data_dir:
     config_lib.check_directory(config.dataset.data_dir, 'config.dataset.data_dir')
   # Before the checkpoint is read or a model built: every few-shot dataset exists.
   config_lib.check_datasets(config, training=False, fewshot=True)
-  if config.fewshot.batch_size % jax.device_count():
+  if devices and config.fewshot.batch_size % jax.device_count():
     raise ValueError(f'config.fewshot.batch_size={config.fewshot.batch_size}: must be a '
                      f'multiple of the number of devices ({jax.device_count()})')
 
