@@ -14,10 +14,11 @@ from vmoe_sparse_ot.ot import pallas_solve
 STEPS, LR = 10, 1e-2
 
 
-def _both(C, a, b, k, gamma):
+def _both(C, a, b, k, gamma, layout="mn"):
   """(pallas, fast) plans, one program."""
-  f = jax.jit(lambda C, a, b: (ot.batched_semi_dual_adam_pallas(C, a, b, k, gamma, STEPS, LR),
-                               ot.batched_semi_dual_adam(C, a, b, k, gamma, STEPS, LR)))
+  f = jax.jit(lambda C, a, b: (
+      ot.batched_semi_dual_adam_pallas(C, a, b, k, gamma, STEPS, LR, block_layout=layout),
+      ot.batched_semi_dual_adam(C, a, b, k, gamma, STEPS, LR)))
   return map(np.asarray, f(C, a, b))
 
 
@@ -42,26 +43,35 @@ def _has_boundary_tie(u, k):
 
 
 @pytest.mark.float32
-def test_matches_fast_in_float32_with_ties_padding_and_groups():
+@pytest.mark.parametrize("layout", ["mn", "nm"])
+def test_matches_fast_in_float32_with_ties_padding_and_groups(layout):
   C, a, b = _router_problem(np.float32)
   k = 4
   assert _has_boundary_tie(-C[0], k)          # at alpha = 0, the first step's u
-  got, want = _both(C, a, b, k, 1.0)
+  got, want = _both(C, a, b, k, 1.0, layout)
   assert got.dtype == np.float32 and got.shape == (3, 12, 3)
   np.testing.assert_allclose(got, want, atol=1e-5)
   np.testing.assert_array_equal(got > 0, want > 0)
   assert ((got > 0).sum(axis=1) <= k).all() and (got[2, 9:] == 0).all()
 
 
-def test_matches_fast_in_float64_with_ties_and_k_that_does_not_bind():
+@pytest.mark.parametrize("layout", ["mn", "nm"])
+def test_matches_fast_in_float64_with_ties_and_k_that_does_not_bind(layout):
   # k = 4 binds; k = 20 > m = 12 does not (the kernel clamps it to m: all rows
   # members, the plain simplex projection, which 'fast' computes without selection).
   # The token choice form's transposed shapes: tests/nn/test_sparse_ot_pallas.py.
   C, a, b = _router_problem(np.float64)
   for k, gamma in ((4, 0.5), (20, 1.0)):
-    got, want = _both(C, a, b, k, gamma)
+    got, want = _both(C, a, b, k, gamma, layout)
     assert got.dtype == np.float64
     np.testing.assert_allclose(got, want, atol=1e-10)
+  # Wide: 3 rows, 12 columns (m < n, as in the token choice form), padded columns
+  # carrying no mass; at most k = 2 of the 3 rows per column.
+  wide_C, wide_a, wide_b = np.swapaxes(C, 1, 2), b, a
+  got, want = _both(wide_C, wide_a, wide_b, 2, 0.5, layout)
+  np.testing.assert_allclose(got, want, atol=1e-10)
+  assert ((got > 0).sum(axis=1) <= 2).all() and (got[2, :, 9:] == 0).all()
+  assert (got > 0).any(axis=(1, 2)).all()
 
 
 @pytest.mark.float32
@@ -77,9 +87,16 @@ def test_lowers_to_triton_for_a_gpu():
   assert "__gpu$xla.gpu.triton" in text and "grid_x = 2" in text
   # 4 warps by default: the fastest measured on an H200 at the B/32 shapes.
   assert "num_warps = 4 :" in text
+  # The transposed block lowers too (its reductions along the block's last axis).
+  nm = jax.jit(lambda C, a, b: pallas_solve.batched_semi_dual_adam_pallas(
+      C, a, b, 3, 1.0, STEPS, LR, interpret=False, block_layout="nm"))
+  assert "__gpu$xla.gpu.triton" in nm.trace(shape(2, 12, 3), shape(2, 12), shape(2, 3)).lower(
+      lowering_platforms=("cuda",)).as_text()
 
 
-def test_refuses_a_warp_count_that_gave_wrong_plans():
+def test_refuses_a_warp_count_that_gave_wrong_plans_and_an_unknown_layout():
   C, a, b = _router_problem(np.float32)
   with pytest.raises(ValueError, match=r"num_warps must be one of \(1, 2, 4, 8, 16\), got 32"):
     pallas_solve.batched_semi_dual_adam_pallas(C, a, b, 3, 1.0, STEPS, LR, num_warps=32)
+  with pytest.raises(ValueError, match=r"block_layout must be one of \('mn', 'nm'\), got 'mk'"):
+    pallas_solve.batched_semi_dual_adam_pallas(C, a, b, 3, 1.0, STEPS, LR, block_layout="mk")

@@ -33,6 +33,11 @@ supports, on random problems, quantised costs with ties at the k-th value,
 padding tokens and k >= m. As for 'fast', a column whose k-th and (k+1)-th
 values agree only up to rounding may pick a different member.
 
+Layout: each program holds its group's (m, n) block as it comes ("mn", the
+default), or transposed, (n, m) ("nm"), so that the k passes reduce along the
+block's contiguous axis (`block_layout`). Same plans up to rounding; which is
+faster on a GPU is for `benchmarks/gpu.sh` to measure.
+
 Padding: Triton wants power-of-two block shapes, so the wrapper pads m and n
 up to powers of two (costs 0, masses 0); inside the kernel the padded rows
 and columns are masked to u = -inf and t = 0 from their static positions, so
@@ -66,57 +71,61 @@ Array = jax.Array
 # 32 warps (1024 threads) gave plans up to 0.76 off 'fast''s on an H200 (JAX 0.11.2);
 # 1-16 matched to 2.4e-7.
 _WARPS = (1, 2, 4, 8, 16)
+_LAYOUTS = ("mn", "nm")
 
 
 def _next_pow2(x: int) -> int:
   return 1 << max(x - 1, 0).bit_length()
 
 
-def _project(u: Array, b: Array, k: int) -> Array:
-  """(m, n): the top-k sparse projections of u's columns onto the b-scaled simplex.
+def _project(u: Array, b: Array, k: int, axis: int) -> Array:
+  """The top-k sparse projections of u's lines along `axis` onto the b-scaled simplex.
 
-  u (m, n) with -inf at padded entries; b (1, n). k <= the number of real rows,
-  so every real column has k finite entries to take.
+  u (m, n) with the lines along axis 0 (the "mn" layout), or (n, m) with them along
+  axis 1 ("nm"); -inf at padded entries; b (1, n) or (n, 1), its size 1 along
+  `axis`. k <= the number of real entries of a line, so every real line has k
+  finite entries to take.
   """
-  m = u.shape[0]
-  rows = lax.broadcasted_iota(jnp.int32, u.shape, 0)
+  positions = lax.broadcasted_iota(jnp.int32, u.shape, axis)
   neg_inf = jnp.full_like(u, -jnp.inf)
 
   def take(r, carry):
     x, total, tau = carry
-    v = jnp.max(x, axis=0, keepdims=True)                              # (1, n)
-    at = lax.argmax(x, 0, jnp.int32)                                   # lowest row of v
-    x = jnp.where(rows == at[None, :], neg_inf, x)
+    v = jnp.max(x, axis=axis, keepdims=True)                           # b's shape
+    at = jnp.expand_dims(lax.argmax(x, axis, jnp.int32), axis)         # lowest position of v
+    x = jnp.where(positions == at, neg_inf, x)
     total = total + v
     tau = jnp.maximum(tau, (total - b) / (r + 1).astype(u.dtype))
     return x, total, tau
 
   zeros = jnp.zeros_like(b)
-  x, _, tau = lax.fori_loop(0, min(k, m), take, (u, zeros, zeros - jnp.inf))
+  x, _, tau = lax.fori_loop(0, min(k, u.shape[axis]), take, (u, zeros, zeros - jnp.inf))
   member = (x == -jnp.inf) & (u > -jnp.inf)
-  # tau is -inf only in padded columns (all -inf); the where keeps their NaN out.
+  # tau is -inf only in padded lines (all -inf); the where keeps their NaN out.
   return jnp.where(member, jnp.maximum(u - tau, 0), 0)
 
 
 def _kernel(ct_ref, a_ref, b_ref, gamma_ref, lr_ref, plan_ref, *, m: int, n: int, k: int,
-            num_steps: int):
-  ct = ct_ref[...]                                                     # (M, N) C / gamma
-  a = a_ref[...]                                                       # (M, 1)
-  b = b_ref[...]                                                       # (1, N)
+            num_steps: int, axis: int):
+  """One group; `axis` is where the m rows lie in the block: 0 ("mn": ct (M, N),
+  a (M, 1), b (1, N)) or 1 ("nm": ct (N, M), a (1, M), b (N, 1))."""
+  ct = ct_ref[...]                                                     # C / gamma
+  a = a_ref[...]
+  b = b_ref[...]
   gamma = gamma_ref[...]                                               # (1, 1)
   lr = lr_ref[...]                                                     # (1, 1)
-  rows = lax.broadcasted_iota(jnp.int32, ct.shape, 0)
-  cols = lax.broadcasted_iota(jnp.int32, ct.shape, 1)
+  rows = lax.broadcasted_iota(jnp.int32, ct.shape, axis)
+  cols = lax.broadcasted_iota(jnp.int32, ct.shape, 1 - axis)
   # +inf at the padded entries, so that u = alpha / gamma - ct is -inf there
   # (alpha is finite) and equals 'fast''s u elsewhere.
   ct = jnp.where((rows < m) & (cols < n), ct, jnp.inf)
 
   def plan(alpha):
-    return _project(alpha / gamma - ct, b, k)
+    return _project(alpha / gamma - ct, b, k, axis)
 
   def step(i, carry):
     alpha, mu, nu = carry
-    grad = a - jnp.sum(plan(alpha), axis=1, keepdims=True)
+    grad = a - jnp.sum(plan(alpha), axis=1 - axis, keepdims=True)
     return optim.adam_update(i, alpha, mu, nu, grad, lr)
 
   zeros = jnp.zeros_like(a)
@@ -126,7 +135,8 @@ def _kernel(ct_ref, a_ref, b_ref, gamma_ref, lr_ref, plan_ref, *, m: int, n: int
 
 def batched_semi_dual_adam_pallas(C: Array, a: Array, b: Array, k: int, gamma, num_steps: int,
                                   learning_rate, *, interpret: Optional[bool] = None,
-                                  num_warps: Optional[int] = None) -> Array:
+                                  num_warps: Optional[int] = None,
+                                  block_layout: str = "mn") -> Array:
   """Plans (G, m, n) of G sparsity-constrained semi-duals, `num_steps` Adam steps each.
 
   The arguments and the result are `ot.batched_semi_dual_adam`'s (C (G, m, n),
@@ -139,7 +149,17 @@ def batched_semi_dual_adam_pallas(C: Array, a: Array, b: Array, k: int, gamma, n
     2, 4, 8 or 16 (None: 4, the fastest measured on an H200 at the B/32
     routing shapes; 32 warps gave wrong plans there, so it is refused --
     benchmarks/RESULTS.md, 2026-11-28).
+  block_layout: how a program holds its group: "mn" (the default), the (m, n)
+    costs as they come, so the k passes reduce along the block's first axis; or
+    "nm", the transpose (n, m), so they reduce along its last (contiguous) axis,
+    and only the gradient's row sums cross the first. The same arithmetic: the
+    selections are exact either way, and the plans agree up to the rounding of
+    those row sums (the tests check both layouts against 'fast'). Which is
+    faster is the GPU's to say (Triton lays the block over the warps by its
+    shape); "nm" is unmeasured there.
   """
+  if block_layout not in _LAYOUTS:
+    raise ValueError(f"block_layout must be one of {_LAYOUTS}, got {block_layout!r}")
   if k < 1:
     raise ValueError(f"k must be >= 1, got {k}")
   if num_warps is not None and num_warps not in _WARPS:
@@ -156,25 +176,31 @@ def batched_semi_dual_adam_pallas(C: Array, a: Array, b: Array, k: int, gamma, n
   ct = jnp.pad(C / gamma, ((0, 0), (0, mp - m), (0, np_ - n)))
   a_col = jnp.pad(a.astype(dtype), ((0, 0), (0, mp - m)))[:, :, None]    # (G, M, 1)
   b_row = jnp.pad(b.astype(dtype), ((0, 0), (0, np_ - n)))[:, None, :]   # (G, 1, N)
-  kernel = functools.partial(_kernel, m=m, n=n, k=min(k, m), num_steps=num_steps)
+  axis = _LAYOUTS.index(block_layout)
+  if axis == 1:
+    ct, a_col, b_row = (jnp.swapaxes(x, 1, 2) for x in (ct, a_col, b_row))
+  block, a_block, b_block = ct.shape[1:], a_col.shape[1:], b_row.shape[1:]
+  kernel = functools.partial(_kernel, m=m, n=n, k=min(k, m), num_steps=num_steps, axis=axis)
   compiler_params = None
   if not interpret:
     warps = num_warps or 4
     compiler_params = plgpu.CompilerParams(num_warps=warps, num_stages=1)
   plan = pl.pallas_call(
       kernel,
-      out_shape=jax.ShapeDtypeStruct((g, mp, np_), dtype),
+      out_shape=jax.ShapeDtypeStruct((g, *block), dtype),
       grid=(g,),
       in_specs=[
-          pl.BlockSpec((None, mp, np_), lambda i: (i, 0, 0)),
-          pl.BlockSpec((None, mp, 1), lambda i: (i, 0, 0)),
-          pl.BlockSpec((None, 1, np_), lambda i: (i, 0, 0)),
+          pl.BlockSpec((None, *block), lambda i: (i, 0, 0)),
+          pl.BlockSpec((None, *a_block), lambda i: (i, 0, 0)),
+          pl.BlockSpec((None, *b_block), lambda i: (i, 0, 0)),
           pl.BlockSpec((1, 1), lambda i: (0, 0)),
           pl.BlockSpec((1, 1), lambda i: (0, 0)),
       ],
-      out_specs=pl.BlockSpec((None, mp, np_), lambda i: (i, 0, 0)),
+      out_specs=pl.BlockSpec((None, *block), lambda i: (i, 0, 0)),
       interpret=interpret,
       compiler_params=compiler_params,
       name="sparse_ot_semi_dual_adam",
   )(ct, a_col, b_row, gamma, lr)
+  if axis == 1:
+    plan = jnp.swapaxes(plan, 1, 2)
   return plan[:, :m, :n]
