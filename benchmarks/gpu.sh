@@ -1,15 +1,21 @@
 #!/usr/bin/env bash
-# The measurements only an accelerator can show, in one run of at most 9.5 minutes
-# of limits (about 7.5 expected on one H200, from 2026-11-28), most wanted first (issue 40):
+# The measurements only an accelerator can show, in one run of at most 9.8 minutes
+# of limits (about 8 expected on one H200, from 2026-11-28), most wanted first (issue 40):
 #   1. router_only  each router alone at the paper's B/32 routing shapes (G = 512):
 #                   topk against sparse_ot's 'fast' and 'pallas' (the fused kernel)
-#   2. pallas       the router's solve alone, 'fast' against the kernel at 4, 8 and 16
-#                   Triton warps, with the plans' largest difference
+#   2. pallas       the router's solve alone, 'fast' against the kernel in both block
+#                   layouts (mn, nm) at 4, 8 and 16 Triton warps, with the plans'
+#                   largest difference, at G = 512 and at G = 64 (one MoE layer of
+#                   the model below: fewer programs than SMs)
 #   3. model        the S/32-sized train step: dense, dense_active, topk, sparse_ot
 #                   'fast' and 'pallas', and their ratios
-#   4. ot_probe     where ot.solve's time goes at (10000, 100, k = 100) in float64,
+#   4. moe          where one TopK MoE layer's time goes beyond a dense MLP's at the
+#                   model's shapes: the layer with each dispatcher (indices, einsum,
+#                   einsum in bfloat16), and its router, dispatch + combine and
+#                   experts alone (item 5: topk / dense <= 1.25x, or where the rest goes)
+#   5. ot_probe     where ot.solve's time goes at (10000, 100, k = 100) in float64,
 #                   and the column top-k it runs: radix selection against lax.top_k
-#   5. memory       benchmarks/memory.py's levers at B/16 (plain, all), batch 4096 on
+#   6. memory       benchmarks/memory.py's levers at B/16 (all, then plain), batch 4096 on
 #                   this device (B/32's plain, remat_bf16 and all: RESULTS.md)
 # benchmarks/ot_solvers.py's rows against POT do not fit in the same 15 minutes
 # of device time: run them alone (`--only ...`).
@@ -39,23 +45,27 @@ ROUTERS=topk,sparse_ot:fast,sparse_ot:pallas
 if [[ "${SIZE:-full}" == small ]]; then
   MODEL=(--batch 8 --image 32 --patch 8 --hidden 32 --layers 2 --heads 2 --mlp 64 --experts 4 --group_size 17)
   ROUTER=(--batch 8 --image 32 --patch 8 --group_size 17 --experts 4 --k 4)
-  PROBE=(--groups 4 --group_size 40 --experts 8 --k 4 --warps 4,8 --repeats 1)
+  PROBE=(--groups 4,2 --group_size 40 --experts 8 --k 4 --warps 4,8 --repeats 1)
+  MOE=(--batch 8 --tokens 50 --hidden 32 --mlp 64 --experts 4 --group_size 40 --repeats 2)
   MEMORY=(--config vmoe_b32 --rows plain --batch_size 16)
-  T_ROUTER=120 T_PALLAS=60 T_MODEL=300 T_OT_PROBE=120 T_MEMORY=240
+  T_ROUTER=120 T_PALLAS=60 T_MODEL=300 T_MOE=120 T_OT_PROBE=120 T_MEMORY=240
   STEPS=(--rounds 2 --steps 2)
 else
   # The paper's B/32 routing shapes (S = 400, E = 32, C = 28, k = 16), batch 4096: G = 512.
   ROUTER=(--batch 4096 --image 224 --patch 32 --group_size 400 --experts 32
           --capacity_factor 1.05 --k 16)
-  PROBE=(--groups 512 --group_size 400 --experts 32 --k 16 --warps 4,8,16 --repeats 10)
+  PROBE=(--groups 512,64 --group_size 400 --experts 32 --k 16 --warps 4,8,16 --repeats 10)
   # A V-MoE S/32-sized model (D 512, 8 layers, MLP 2048, E 32, every other block
   # MoE) at 224 px, batch 512: G = 64 groups of S = 400 tokens per MoE layer.
   MODEL=(--batch 512 --image 224 --patch 32 --hidden 512 --layers 8 --heads 8 --mlp 2048
          --experts 32 --group_size 400 --capacity_factor 1.05 --k 16)
-  MEMORY=(--config vmoe_b16 --rows plain,all)
-  # Taken on the H200 (2026-11-28): router_only 31 s, pallas 17 s, model 170+ s
-  # (five compiles of ~30 s), ot_probe 65 s, memory 50-67 s a row.
-  T_ROUTER=60 T_PALLAS=40 T_MODEL=210 T_OT_PROBE=80 T_MEMORY=150
+  # The same model's MoE layer alone: batch 512 x 50 tokens (the defaults of --part moe).
+  MOE=(--repeats 10)
+  MEMORY=(--config vmoe_b16 --rows all,plain)   # "all" first: the 16 GiB target
+  # Taken on the H200 (2026-11-28): router_only 31 s, pallas 17 s (then one G, one
+  # layout), model 170+ s (five compiles of ~30 s), ot_probe 65 s, memory 50-67 s
+  # a row (so B/16's second row may not fit); moe is new (ten one-layer compiles).
+  T_ROUTER=60 T_PALLAS=70 T_MODEL=210 T_MOE=60 T_OT_PROBE=70 T_MEMORY=90
   STEPS=(--rounds 5 --steps 10)
 fi
 
@@ -78,6 +88,7 @@ part pallas "$T_PALLAS" "$PY" benchmarks/gpu_probe.py --part pallas "${PROBE[@]}
   --json "$OUT/pallas.json"
 part model "$T_MODEL" "$PY" benchmarks/routers.py --routers "$ROUTERS" "${MODEL[@]}" \
   "${STEPS[@]}" --json "$OUT/model.json"
+part moe "$T_MOE" "$PY" benchmarks/gpu_probe.py --part moe "${MOE[@]}" --json "$OUT/moe.json"
 part ot_probe "$T_OT_PROBE" "$PY" benchmarks/gpu_probe.py --part ot --repeats 1 \
   --json "$OUT/ot_probe.json"
 part memory "$T_MEMORY" "$PY" benchmarks/memory.py "${MEMORY[@]}" --json "$OUT/memory.json"
