@@ -3,10 +3,11 @@
 # of limits (about 8 expected on one H200, from 2026-11-28), most wanted first (issue 40):
 #   1. router_only  each router alone at the paper's B/32 routing shapes (G = 512):
 #                   topk against sparse_ot's 'fast' and 'pallas' (the fused kernel)
-#   2. pallas       the router's solve alone, 'fast' against the kernel in both block
-#                   layouts (mn, nm) at 4, 8 and 16 Triton warps, with the plans'
-#                   largest difference, at G = 512 and at G = 64 (one MoE layer of
-#                   the model below: fewer programs than SMs)
+#   2. pallas       the router's solve alone, 'fast' against the kernel's variants
+#                   (block layout mn, nm; nm-reload: costs read at each use) at 4, 8
+#                   and 16 Triton warps, with the plans' largest difference, at
+#                   G = 512 and at G = 64 (one MoE layer of the model below: fewer
+#                   programs than SMs)
 #   3. model        the S/32-sized train step: dense, dense_active, topk, sparse_ot
 #                   'fast' and 'pallas', and their ratios
 #   4. moe          where one TopK MoE layer's time goes beyond a dense MLP's at the

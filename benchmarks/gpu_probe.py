@@ -5,9 +5,10 @@ off by its time limit keeps what it printed).
   (expert choice, G groups of S tokens x E experts, k nonzeros per expert
   column, 50 Adam steps, the router's costs 1 - softmax of random logits):
   'fast' (ot.batched_semi_dual_adam) against the fused kernel
-  (ot.batched_semi_dual_adam_pallas) in each block layout ("mn": the group's
-  (tokens, experts) block, "nm": its transpose) at several Triton warp counts
-  (1-16), at each G of --groups, forward only
+  (ot.batched_semi_dual_adam_pallas) in each variant of --variants (block
+  layout "mn": the group's (tokens, experts) block, "nm": its transpose;
+  "-reload": reload_costs=True) at several Triton warp counts (1-16), at each G
+  of --groups, forward only
   (the router stops the gradient before the solve), jitted and warm, best of
   --repeats; with each kernel's largest plan difference from 'fast'. Says which
   warp count to use and whether the kernel beats 'fast' on this device.
@@ -75,23 +76,25 @@ def pallas_part(args, record):
     fast = jax.jit(lambda c, a, b: ot.batched_semi_dual_adam(c, a, b, k, 1.0, 50, 1e-2))
     first, best, ref = _timed(fast, (cost, a, b), args.repeats)
     fast_ms = 1e3 * best
-    print(f"{'fast':<18} first {first:7.2f} s   warm {fast_ms:8.3f} ms", flush=True)
+    print(f"{'fast':<24} first {first:7.2f} s   warm {fast_ms:8.3f} ms", flush=True)
     record[f"G{g}/fast_ms"] = fast_ms
-    for layout in args.layouts:
+    for variant in args.variants:
+      layout, _, reload = variant.partition("-")
       for warps in args.warps:
-        label, key = f"pallas {layout} w={warps}", f"G{g}/pallas_{layout}_w{warps}"
-        fn = jax.jit(lambda c, a, b, w=warps, lay=layout: ot.batched_semi_dual_adam_pallas(
-            c, a, b, k, 1.0, 50, 1e-2, interpret=False if args.compiled else None,
-            num_warps=w, block_layout=lay))
+        label, key = f"pallas {variant} w={warps}", f"G{g}/pallas_{variant}_w{warps}"
+        fn = jax.jit(lambda c, a, b, w=warps, lay=layout, rel=bool(reload):
+                     ot.batched_semi_dual_adam_pallas(
+                         c, a, b, k, 1.0, 50, 1e-2, interpret=False if args.compiled else None,
+                         num_warps=w, block_layout=lay, reload_costs=rel))
         try:
           first, best, plan = _timed(fn, (cost, a, b), args.repeats)
         except Exception as err:  # pylint: disable=broad-except
           first_line = (str(err).strip().splitlines() or [""])[0][:300]
-          print(f"{label:<18} FAILED: {type(err).__name__}: {first_line}", flush=True)
+          print(f"{label:<24} FAILED: {type(err).__name__}: {first_line}", flush=True)
           record[key] = f"failed: {type(err).__name__}"
           continue
         diff = float(jnp.max(jnp.abs(plan - ref)))
-        print(f"{label:<18} first {first:7.2f} s   warm {1e3 * best:8.3f} ms   "
+        print(f"{label:<24} first {first:7.2f} s   warm {1e3 * best:8.3f} ms   "
               f"vs fast {best * 1e3 / fast_ms:5.2f}x   max |plan - fast's| {diff:.2e}",
               flush=True)
         record[key + "_ms"] = 1e3 * best
@@ -240,6 +243,15 @@ def moe_part(args, record):
     record[name.strip()] = ms
 
 
+def variant_list(text: str) -> list[str]:
+  variants = text.split(",")
+  for v in variants:
+    if v not in ("mn", "nm", "mn-reload", "nm-reload"):
+      raise argparse.ArgumentTypeError(f"unknown kernel variant {v!r}: mn, nm, mn-reload "
+                                       "or nm-reload")
+  return variants
+
+
 def int_list(text: str) -> list[int]:
   return [int(w) for w in text.split(",")]
 
@@ -261,8 +273,9 @@ def main(argv=None):
   p.add_argument("--capacity_factor", type=float, default=1.05, help="--part moe")
   p.add_argument("--warps", type=int_list, default=[4, 8, 16],
                  help="comma-separated Triton warp counts, e.g. 4,8,16")
-  p.add_argument("--layouts", type=lambda t: t.split(","), default=["mn", "nm"],
-                 help="--part pallas: the kernel's block layouts, comma-separated (mn, nm)")
+  p.add_argument("--variants", type=variant_list, default=["mn", "nm", "nm-reload"],
+                 help="--part pallas: the kernel's variants, comma-separated: a block layout "
+                 "(mn, nm), '-reload' for reload_costs=True")
   p.add_argument("--compiled", action="store_true",
                  help="never Pallas interpret mode (default: interpret on the CPU only)")
   p.add_argument("--repeats", type=int, default=5)

@@ -14,10 +14,16 @@ from vmoe_sparse_ot.ot import pallas_solve
 STEPS, LR = 10, 1e-2
 
 
-def _both(C, a, b, k, gamma, layout="mn"):
+# The kernel's variants: (block_layout, reload_costs).
+VARIANTS = [("mn", False), ("nm", False), ("nm", True)]
+
+
+def _both(C, a, b, k, gamma, variant=VARIANTS[0]):
   """(pallas, fast) plans, one program."""
+  layout, reload = variant
   f = jax.jit(lambda C, a, b: (
-      ot.batched_semi_dual_adam_pallas(C, a, b, k, gamma, STEPS, LR, block_layout=layout),
+      ot.batched_semi_dual_adam_pallas(C, a, b, k, gamma, STEPS, LR, block_layout=layout,
+                                       reload_costs=reload),
       ot.batched_semi_dual_adam(C, a, b, k, gamma, STEPS, LR)))
   return map(np.asarray, f(C, a, b))
 
@@ -43,32 +49,32 @@ def _has_boundary_tie(u, k):
 
 
 @pytest.mark.float32
-@pytest.mark.parametrize("layout", ["mn", "nm"])
-def test_matches_fast_in_float32_with_ties_padding_and_groups(layout):
+@pytest.mark.parametrize("variant", VARIANTS, ids=["mn", "nm", "nm-reload"])
+def test_matches_fast_in_float32_with_ties_padding_and_groups(variant):
   C, a, b = _router_problem(np.float32)
   k = 4
   assert _has_boundary_tie(-C[0], k)          # at alpha = 0, the first step's u
-  got, want = _both(C, a, b, k, 1.0, layout)
+  got, want = _both(C, a, b, k, 1.0, variant)
   assert got.dtype == np.float32 and got.shape == (3, 12, 3)
   np.testing.assert_allclose(got, want, atol=1e-5)
   np.testing.assert_array_equal(got > 0, want > 0)
   assert ((got > 0).sum(axis=1) <= k).all() and (got[2, 9:] == 0).all()
 
 
-@pytest.mark.parametrize("layout", ["mn", "nm"])
-def test_matches_fast_in_float64_with_ties_and_k_that_does_not_bind(layout):
+@pytest.mark.parametrize("variant", VARIANTS, ids=["mn", "nm", "nm-reload"])
+def test_matches_fast_in_float64_with_ties_and_k_that_does_not_bind(variant):
   # k = 4 binds; k = 20 > m = 12 does not (the kernel clamps it to m: all rows
   # members, the plain simplex projection, which 'fast' computes without selection).
   # The token choice form's transposed shapes: tests/nn/test_sparse_ot_pallas.py.
   C, a, b = _router_problem(np.float64)
   for k, gamma in ((4, 0.5), (20, 1.0)):
-    got, want = _both(C, a, b, k, gamma, layout)
+    got, want = _both(C, a, b, k, gamma, variant)
     assert got.dtype == np.float64
     np.testing.assert_allclose(got, want, atol=1e-10)
   # Wide: 3 rows, 12 columns (m < n, as in the token choice form), padded columns
   # carrying no mass; at most k = 2 of the 3 rows per column.
   wide_C, wide_a, wide_b = np.swapaxes(C, 1, 2), b, a
-  got, want = _both(wide_C, wide_a, wide_b, 2, 0.5, layout)
+  got, want = _both(wide_C, wide_a, wide_b, 2, 0.5, variant)
   np.testing.assert_allclose(got, want, atol=1e-10)
   assert ((got > 0).sum(axis=1) <= 2).all() and (got[2, :, 9:] == 0).all()
   assert (got > 0).any(axis=(1, 2)).all()
@@ -87,11 +93,14 @@ def test_lowers_to_triton_for_a_gpu():
   assert "__gpu$xla.gpu.triton" in text and "grid_x = 2" in text
   # 4 warps by default: the fastest measured on an H200 at the B/32 shapes.
   assert "num_warps = 4 :" in text
-  # The transposed block lowers too (its reductions along the block's last axis).
-  nm = jax.jit(lambda C, a, b: pallas_solve.batched_semi_dual_adam_pallas(
-      C, a, b, 3, 1.0, STEPS, LR, interpret=False, block_layout="nm"))
-  assert "__gpu$xla.gpu.triton" in nm.trace(shape(2, 12, 3), shape(2, 12), shape(2, 3)).lower(
-      lowering_platforms=("cuda",)).as_text()
+  # The other variants lower too (the transposed block; costs read at each use).
+  for layout, reload in VARIANTS[1:]:
+    other = jax.jit(lambda C, a, b, lay=layout, rel=reload:
+                    pallas_solve.batched_semi_dual_adam_pallas(
+                        C, a, b, 3, 1.0, STEPS, LR, interpret=False, block_layout=lay,
+                        reload_costs=rel))
+    assert "__gpu$xla.gpu.triton" in other.trace(
+        shape(2, 12, 3), shape(2, 12), shape(2, 3)).lower(lowering_platforms=("cuda",)).as_text()
 
 
 def test_refuses_a_warp_count_that_gave_wrong_plans_and_an_unknown_layout():
