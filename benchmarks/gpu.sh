@@ -9,7 +9,8 @@
 #                   G = 512 and at G = 64 (one MoE layer of the model below: fewer
 #                   programs than SMs)
 #   3. model        the S/32-sized train step: dense, dense_active, topk, sparse_ot
-#                   'fast' and 'pallas', and their ratios
+#                   'fast' and 'pallas' (the kernel as part 2 found fastest at the
+#                   model's G = 64), and their ratios
 #   4. moe          where one TopK MoE layer's time goes beyond a dense MLP's at the
 #                   model's shapes: the layer with each dispatcher (indices, einsum,
 #                   einsum in bfloat16), and its router, dispatch + combine and
@@ -47,6 +48,7 @@ if [[ "${SIZE:-full}" == small ]]; then
   MODEL=(--batch 8 --image 32 --patch 8 --hidden 32 --layers 2 --heads 2 --mlp 64 --experts 4 --group_size 17)
   ROUTER=(--batch 8 --image 32 --patch 8 --group_size 17 --experts 4 --k 4)
   PROBE=(--groups 4,2 --group_size 40 --experts 8 --k 4 --warps 4,8 --repeats 1)
+  KERNEL_G=2
   MOE=(--batch 8 --tokens 50 --hidden 32 --mlp 64 --experts 4 --group_size 40 --repeats 2)
   MEMORY=(--config vmoe_b32 --rows plain --batch_size 16)
   T_ROUTER=120 T_PALLAS=60 T_MODEL=300 T_MOE=120 T_OT_PROBE=120 T_MEMORY=240
@@ -56,6 +58,7 @@ else
   ROUTER=(--batch 4096 --image 224 --patch 32 --group_size 400 --experts 32
           --capacity_factor 1.05 --k 16)
   PROBE=(--groups 512,64 --group_size 400 --experts 32 --k 16 --warps 4,8,16 --repeats 10)
+  KERNEL_G=64   # the model's groups per MoE layer
   # A V-MoE S/32-sized model (D 512, 8 layers, MLP 2048, E 32, every other block
   # MoE) at 224 px, batch 512: G = 64 groups of S = 400 tokens per MoE layer.
   MODEL=(--batch 512 --image 224 --patch 32 --hidden 512 --layers 8 --heads 8 --mlp 2048
@@ -87,8 +90,13 @@ part router_only "$T_ROUTER" "$PY" benchmarks/routers.py --router-only --routers
   "${ROUTER[@]}" "${STEPS[@]}" --json "$OUT/router_only.json"
 part pallas "$T_PALLAS" "$PY" benchmarks/gpu_probe.py --part pallas "${PROBE[@]}" \
   --json "$OUT/pallas.json"
+# The model's step runs the fused kernel as the pallas part found fastest with
+# correct plans at the model's G (its default if that part measured none).
+KERNEL=$("$PY" -c 'import json, sys; print(json.load(open(sys.argv[1])).get(sys.argv[2], ""))' \
+  "$OUT/pallas.json" "G$KERNEL_G/fastest" 2>/dev/null)
+echo "== model: sparse_ot:pallas runs the kernel as ${KERNEL:-its defaults}" | tee -a "$LOG"
 part model "$T_MODEL" "$PY" benchmarks/routers.py --routers "$ROUTERS" "${MODEL[@]}" \
-  "${STEPS[@]}" --json "$OUT/model.json"
+  ${KERNEL:+--pallas_kernel "$KERNEL"} "${STEPS[@]}" --json "$OUT/model.json"
 part moe "$T_MOE" "$PY" benchmarks/gpu_probe.py --part moe "${MOE[@]}" --json "$OUT/moe.json"
 part ot_probe "$T_OT_PROBE" "$PY" benchmarks/gpu_probe.py --part ot --repeats 1 \
   --json "$OUT/ot_probe.json"

@@ -41,6 +41,7 @@ fuses the router with its neighbours).
 Targets (issue 3): sparse_ot <= 1.10x topk; topk MoE <= 1.25x dense ViT.
 """
 import argparse
+import functools
 import json
 import statistics
 import time
@@ -56,6 +57,28 @@ import optax
 from vmoe_sparse_ot import nn as vnn
 from vmoe_sparse_ot.nn import routers as vrouters
 from vmoe_sparse_ot.nn.model_config import default_model_config, default_router_config
+
+
+def pallas_kernel(spec: str) -> str:
+  """`spec`, checked: the fused kernel as "VARIANT:WARPS" (e.g. "nm-reload:8"; variants
+  mn, nm, mn-reload, nm-reload as in gpu_probe.py)."""
+  variant, _, warps = spec.partition(":")
+  layout, _, reload = variant.partition("-")
+  if layout not in ("mn", "nm") or reload not in ("", "reload") or not warps.isdigit():
+    raise argparse.ArgumentTypeError(f"expected VARIANT:WARPS, e.g. nm-reload:8, got {spec!r}")
+  return spec
+
+
+def use_pallas_kernel(spec: str) -> None:
+  """Makes sparse_ot's fused kernel ('pallas') run as `spec` (`pallas_kernel`) in this
+  process: the router calls `ot.batched_semi_dual_adam_pallas` through the `ot`
+  module, so that name is rebound with the kernel's arguments fixed."""
+  from vmoe_sparse_ot import ot  # pylint: disable=g-import-not-at-top
+  variant, _, warps = spec.partition(":")
+  layout, _, reload = variant.partition("-")
+  ot.batched_semi_dual_adam_pallas = functools.partial(
+      ot.batched_semi_dual_adam_pallas, num_warps=int(warps), block_layout=layout,
+      reload_costs=bool(reload))
 
 
 def make_config(args, name: str, router: str = "topk", mlp_dim=None):
@@ -275,6 +298,9 @@ def main(argv=None):
   p.add_argument("--experts", type=int, default=8)
   p.add_argument("--group_size", type=int, default=64)
   p.add_argument("--dispatcher", default="indices")
+  p.add_argument("--pallas_kernel", default=None, type=pallas_kernel,
+                 help="sparse_ot:pallas's kernel as VARIANT:WARPS, e.g. nm-reload:8 "
+                 "(default: the kernel's own defaults)")
   p.add_argument("--capacity_factor", type=float, default=1.0)
   p.add_argument("--k", type=int, default=None,
                  help="sparse_ot nonzeros per expert (and its buffer size); None: C")
@@ -298,6 +324,8 @@ def main(argv=None):
   p.add_argument("--tokens", type=int, default=6400,
                  help="with --grid: tokens per MoE layer (6400: B/32 at batch 128)")
   args = p.parse_args(argv)
+  if args.pallas_kernel:
+    use_pallas_kernel(args.pallas_kernel)
   clock = time.perf_counter if args.clock == "wall" else time.process_time
   if args.grid:
     if args.routers == p.get_default("routers"):
@@ -380,7 +408,8 @@ def main(argv=None):
   print(f"\nbatch {args.batch}, {tokens} tokens/image, D={args.hidden}, L={args.layers}, "
         f"H={args.mlp} (dense_active: {active_mlp}), E={args.experts}, S={args.group_size}, "
         f"K={k}, "
-        f"dispatcher={args.dispatcher}, {jax.devices()[0].platform}, "
+        f"dispatcher={args.dispatcher}, pallas kernel={args.pallas_kernel or 'its defaults'}, "
+        f"{jax.devices()[0].platform}, "
         f"threads={args.threads or 'default'}, clock={args.clock}")
   print(f"{'model':<18}{'best ms/step':>14}{'median ms/step':>16}{'best vs dense':>15}"
         f"{'router ms x L':>15}{'router share':>14}")
