@@ -19,11 +19,18 @@
 #                   and the column top-k it runs: radix selection against lax.top_k
 #   6. memory       benchmarks/memory.py's levers at B/16 (all, then plain), batch 4096 on
 #                   this device (B/32's plain, remat_bf16 and all: RESULTS.md)
-# benchmarks/ot_solvers.py's rows against POT do not fit in the same 15 minutes
-# of device time: run them alone (`--only ...`).
+# Two more parts do not fit in the same call; a second call in the same lease
+# (a few minutes of device time left) runs them by name:
+#   ot_solvers      benchmarks/ot_solvers.py's grid rows, (2000, 10, 230) and the
+#                   router batch, each first call and warm, POT on the host (POT
+#                   carried as a wheel, like ml_collections)
+#   levers          benchmarks/memory.py's single levers at B/32 (remat, bf16,
+#                   microsteps4)
 #
-#   bash benchmarks/gpu.sh OUT_DIR   # writes OUT_DIR/log.txt (everything printed)
-#                                    # and one OUT_DIR/<part>.json per part
+#   bash benchmarks/gpu.sh OUT_DIR [PARTS]   # writes OUT_DIR/log.txt (everything
+#       # printed) and one OUT_DIR/<part>.json per part; PARTS: comma-separated
+#       # names (default: router_only,pallas,model,moe,ot_probe,memory), e.g.
+#   bash benchmarks/gpu.sh OUT_DIR2 ot_solvers,levers
 #
 # Targets: sparse_ot:pallas alone <= 3x topk alone (router_only), its train step
 # <= 1.15x topk's (model). Each part has its own time limit, so a failure or
@@ -31,10 +38,19 @@
 # compile is reported and skipped (benchmarks/routers.py). Rows measured on the
 # H200 before (2026-11-26: 'candidates', sbase, expert_choice, sinkhorn_ec,
 # soft_moe) are left out to fit the time. Needs ml_collections beside
-# the machine's JAX (carried as wheels). SIZE=small runs the same parts at toy sizes: a check on the
+# the machine's JAX (carried as wheels), and POT for ot_solvers. SIZE=small runs the same parts at toy sizes: a check on the
 # CPU that the script works ('pallas' runs there in Pallas interpret mode).
 set -uo pipefail
-OUT="${1:?usage: bash benchmarks/gpu.sh OUT_DIR}"
+OUT="${1:?usage: bash benchmarks/gpu.sh OUT_DIR [PARTS]}"
+PARTS="${2:-router_only,pallas,model,moe,ot_probe,memory}"
+for p in ${PARTS//,/ }; do
+  case "$p" in
+    router_only|pallas|model|moe|ot_probe|memory|ot_solvers|levers) ;;
+    *) echo "gpu.sh: unknown part '$p' in PARTS; parts: router_only, pallas, model, moe," \
+         "ot_probe, memory, ot_solvers, levers" >&2; exit 2 ;;
+  esac
+done
+wanted() { [[ ",$PARTS," == *",$1,"* ]]; }
 mkdir -p "$OUT"
 OUT="$(cd "$OUT" && pwd)"
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -51,7 +67,10 @@ if [[ "${SIZE:-full}" == small ]]; then
   KERNEL_G=2
   MOE=(--batch 8 --tokens 50 --hidden 32 --mlp 64 --experts 4 --group_size 40 --repeats 2)
   MEMORY=(--config vmoe_b32 --rows plain --batch_size 16)
+  LEVERS=(--config vmoe_b32 --rows remat --batch_size 16)
+  SOLVERS=(--quick --repeats 1 --only '(100,100' --only router)
   T_ROUTER=120 T_PALLAS=60 T_MODEL=300 T_MOE=120 T_OT_PROBE=120 T_MEMORY=240
+  T_SOLVERS=240 T_LEVERS=240
   STEPS=(--rounds 2 --steps 2)
 else
   # The paper's B/32 routing shapes (S = 400, E = 32, C = 28, k = 16), batch 4096: G = 512.
@@ -70,6 +89,11 @@ else
   # layout), model 170+ s (five compiles of ~30 s), ot_probe 65 s, memory 50-67 s
   # a row (so B/16's second row may not fit); moe is new (ten one-layer compiles).
   T_ROUTER=60 T_PALLAS=70 T_MODEL=210 T_MOE=60 T_OT_PROBE=70 T_MEMORY=90
+  # The second call's parts (the (10000, 100) and larger rows: ot_probe's study).
+  LEVERS=(--config vmoe_b32 --rows remat,bf16,microsteps4)
+  SOLVERS=(--repeats 1 --only '(100,100' --only '(500,500' --only '(1000,1000'
+           --only '(2000,64' --only '(2000,10,' --only router)
+  T_SOLVERS=150 T_LEVERS=180
   STEPS=(--rounds 5 --steps 10)
 fi
 
@@ -86,19 +110,27 @@ part() {  # part NAME LIMIT_S COMMAND...: runs COMMAND under its limit, output i
 
 : > "$LOG"
 part devices 30 "$PY" -c "import jax; print('JAX', jax.__version__, jax.devices())"
-part router_only "$T_ROUTER" "$PY" benchmarks/routers.py --router-only --routers "$ALONE" \
-  "${ROUTER[@]}" "${STEPS[@]}" --json "$OUT/router_only.json"
-part pallas "$T_PALLAS" "$PY" benchmarks/gpu_probe.py --part pallas "${PROBE[@]}" \
-  --json "$OUT/pallas.json"
-# The model's step runs the fused kernel as the pallas part found fastest with
-# correct plans at the model's G (its default if that part measured none).
-KERNEL=$("$PY" -c 'import json, sys; print(json.load(open(sys.argv[1])).get(sys.argv[2], ""))' \
-  "$OUT/pallas.json" "G$KERNEL_G/fastest" 2>/dev/null)
-echo "== model: sparse_ot:pallas runs the kernel as ${KERNEL:-its defaults}" | tee -a "$LOG"
-part model "$T_MODEL" "$PY" benchmarks/routers.py --routers "$ROUTERS" "${MODEL[@]}" \
-  ${KERNEL:+--pallas_kernel "$KERNEL"} "${STEPS[@]}" --json "$OUT/model.json"
-part moe "$T_MOE" "$PY" benchmarks/gpu_probe.py --part moe "${MOE[@]}" --json "$OUT/moe.json"
-part ot_probe "$T_OT_PROBE" "$PY" benchmarks/gpu_probe.py --part ot --repeats 1 \
-  --json "$OUT/ot_probe.json"
-part memory "$T_MEMORY" "$PY" benchmarks/memory.py "${MEMORY[@]}" --json "$OUT/memory.json"
+wanted router_only && part router_only "$T_ROUTER" "$PY" benchmarks/routers.py --router-only \
+  --routers "$ALONE" "${ROUTER[@]}" "${STEPS[@]}" --json "$OUT/router_only.json"
+wanted pallas && part pallas "$T_PALLAS" "$PY" benchmarks/gpu_probe.py --part pallas \
+  "${PROBE[@]}" --json "$OUT/pallas.json"
+if wanted model; then
+  # The model's step runs the fused kernel as the pallas part found fastest with
+  # correct plans at the model's G (its default if that part measured none).
+  KERNEL=$("$PY" -c 'import json, sys; print(json.load(open(sys.argv[1])).get(sys.argv[2], ""))' \
+    "$OUT/pallas.json" "G$KERNEL_G/fastest" 2>/dev/null)
+  echo "== model: sparse_ot:pallas runs the kernel as ${KERNEL:-its defaults}" | tee -a "$LOG"
+  part model "$T_MODEL" "$PY" benchmarks/routers.py --routers "$ROUTERS" "${MODEL[@]}" \
+    ${KERNEL:+--pallas_kernel "$KERNEL"} "${STEPS[@]}" --json "$OUT/model.json"
+fi
+wanted moe && part moe "$T_MOE" "$PY" benchmarks/gpu_probe.py --part moe "${MOE[@]}" \
+  --json "$OUT/moe.json"
+wanted ot_probe && part ot_probe "$T_OT_PROBE" "$PY" benchmarks/gpu_probe.py --part ot \
+  --repeats 1 --json "$OUT/ot_probe.json"
+wanted memory && part memory "$T_MEMORY" "$PY" benchmarks/memory.py "${MEMORY[@]}" \
+  --json "$OUT/memory.json"
+wanted ot_solvers && part ot_solvers "$T_SOLVERS" "$PY" benchmarks/ot_solvers.py \
+  "${SOLVERS[@]}" --json "$OUT/ot_solvers.json"
+wanted levers && part levers "$T_LEVERS" "$PY" benchmarks/memory.py "${LEVERS[@]}" \
+  --json "$OUT/levers.json"
 echo "== done at $((SECONDS - START)) s" | tee -a "$LOG"
