@@ -37,9 +37,10 @@
 # overrun in one leaves the others' numbers; a router that fails to build or
 # compile is reported and skipped (benchmarks/routers.py). Rows measured on the
 # H200 before (2026-11-26: 'candidates', sbase, expert_choice, sinkhorn_ec,
-# soft_moe) are left out to fit the time. Needs ml_collections beside
-# the machine's JAX (carried as wheels), and POT for ot_solvers. SIZE=small runs the same parts at toy sizes: a check on the
-# CPU that the script works ('pallas' runs there in Pallas interpret mode).
+# soft_moe) are left out to fit the time. Needs ml_collections beside the
+# machine's JAX (carried as wheels), and POT for ot_solvers. SIZE=small runs the
+# same parts at toy sizes: a check on the CPU that the script works ('pallas'
+# runs there in Pallas interpret mode).
 set -uo pipefail
 OUT="${1:?usage: bash benchmarks/gpu.sh OUT_DIR [PARTS]}"
 PARTS="${2:-router_only,pallas,model,moe,ot_probe,memory}"
