@@ -38,7 +38,11 @@
 # compile is reported and skipped (benchmarks/routers.py). Rows measured on the
 # H200 before (2026-11-26: 'candidates', sbase, expert_choice, sinkhorn_ec,
 # soft_moe) are left out to fit the time. Needs ml_collections beside the
-# machine's JAX (carried as wheels), and POT for ot_solvers. SIZE=small runs the
+# machine's JAX, and POT for ot_solvers, carried as wheels for its Python, e.g.
+#   pip download --no-deps --only-binary=:all: --python-version 3.12 \
+#     --platform manylinux_2_28_x86_64 -d .whl ml-collections==1.1.0 pot==0.9.7.post1
+# and installed there with pip install --no-index --no-deps --target DIR .whl/*.whl
+# (DIR on PYTHONPATH). SIZE=small runs the
 # same parts at toy sizes: a check on the CPU that the script works ('pallas'
 # runs there in Pallas interpret mode).
 set -uo pipefail
