@@ -14,9 +14,10 @@ of three: Python, JAX, TensorFlow and the data load once.
 
 A mistake in the flags or the config, the few-shot datasets included, is one
 line and exit status 2 before anything trains (only the few-shot batch against
-the device count is checked after it, once the devices are known). An error of a later step is reported as that step's command
-reports it (the few-shot job's, the plot command's), after the training kept its
-checkpoint: rerunning resumes, so only the failed steps run again.
+the device count is checked after it, once the devices are known). An error of
+a later step is reported as that step's command reports it (the few-shot job's,
+the plot command's), after the training kept its checkpoint: rerunning resumes,
+so only the failed steps run again.
 """
 from __future__ import annotations
 
@@ -33,21 +34,21 @@ FEWSHOT_PROG = 'python -m vmoe_sparse_ot.fewshot'
 
 def main(argv: list[str]) -> None:
   from vmoe_sparse_ot.evaluate import checkpoint_fewshot  # pylint: disable=g-import-not-at-top
-  quiet_logs.quiet_library_logs()  # train_command.main does too, after these checks.
-  if not flags.FLAGS.print_config:
-    try:  # The few-shot datasets too, before training rather than after it.
-      config = train_command.flag_config()
-    except ValueError:
-      config = None  # train_command.main names it, in one line.
-    if config is not None:
-      try:
-        checkpoint_fewshot.check_config(config, devices=False)
-      except (OSError, ValueError) as e:
-        cli.fail(PROG, e)
-  train_command.main(argv)  # Exits on a mistake or a failed run.
   if flags.FLAGS.print_config:
+    train_command.main(argv)
     return
-  config, workdir = train_command.flag_config(), flags.FLAGS.workdir
+  quiet_logs.quiet_library_logs()  # train_command.main does too, after these checks.
+  try:  # The few-shot datasets too, before training rather than after it.
+    config = train_command.flag_config()
+  except ValueError:
+    config = None  # train_command.main names it, in one line, and exits.
+  if config is not None:
+    try:
+      checkpoint_fewshot.check_config(config, devices=False)
+    except (OSError, ValueError) as e:
+      cli.fail(PROG, e)
+  train_command.main(argv)  # Exits on a mistake or a failed run.
+  workdir = flags.FLAGS.workdir
   print('== Few-shot linear transfer', flush=True)
   checkpoint_fewshot.run_command(FEWSHOT_PROG, config, workdir, use_checkpoint_config=True)
   import jax  # pylint: disable=g-import-not-at-top
