@@ -47,15 +47,15 @@
 # runs there in Pallas interpret mode).
 set -uo pipefail
 OUT="${1:?usage: bash benchmarks/gpu.sh OUT_DIR [PARTS]}"
-PARTS="${2:-router_only,pallas,model,moe,ot_probe,memory}"
+FIRST_CALL=router_only,pallas,model,moe,ot_probe,memory
+ALL_PARTS=$FIRST_CALL,ot_solvers,levers
+PARTS="${2:-$FIRST_CALL}"
+listed() { [[ ",$2," == *",$1,"* ]]; }   # listed NAME LIST: NAME is in the comma list
 for p in ${PARTS//,/ }; do
-  case "$p" in
-    router_only|pallas|model|moe|ot_probe|memory|ot_solvers|levers) ;;
-    *) echo "gpu.sh: unknown part '$p' in PARTS; parts: router_only, pallas, model, moe," \
-         "ot_probe, memory, ot_solvers, levers" >&2; exit 2 ;;
-  esac
+  listed "$p" "$ALL_PARTS" || {
+    echo "gpu.sh: unknown part '$p' in PARTS; parts: ${ALL_PARTS//,/, }" >&2; exit 2; }
 done
-wanted() { [[ ",$PARTS," == *",$1,"* ]]; }
+wanted() { listed "$1" "$PARTS"; }
 mkdir -p "$OUT"
 OUT="$(cd "$OUT" && pwd)"
 cd "$(dirname "${BASH_SOURCE[0]}")/.."

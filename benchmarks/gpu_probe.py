@@ -79,13 +79,12 @@ def pallas_part(args, record):
     print(f"{'fast':<24} first {first:7.2f} s   warm {fast_ms:8.3f} ms", flush=True)
     record[f"G{g}/fast_ms"] = fast_ms
     for variant in args.variants:
-      layout, _, reload = variant.partition("-")
       for warps in args.warps:
         label, key = f"pallas {variant} w={warps}", f"G{g}/pallas_{variant}_w{warps}"
-        fn = jax.jit(lambda c, a, b, w=warps, lay=layout, rel=bool(reload):
+        fn = jax.jit(lambda c, a, b, kw=kernel_args(variant, warps):
                      ot.batched_semi_dual_adam_pallas(
                          c, a, b, k, 1.0, 50, 1e-2, interpret=False if args.compiled else None,
-                         num_warps=w, block_layout=lay, reload_costs=rel))
+                         **kw))
         try:
           first, best, plan = _timed(fn, (cost, a, b), args.repeats)
         except Exception as err:  # pylint: disable=broad-except
@@ -191,21 +190,22 @@ def moe_part(args, record):
     return layer(moe.MoeLayer(e, h, s, router_cfg, dispatcher=dispatcher,
                               routed_tokens_dtype=dtype), x)
 
-  tokens = x.reshape(-1, d)[: g * s].reshape(g, s, d) if b * n >= g * s else \
-      jnp.pad(x.reshape(-1, d), ((0, g * s - b * n), (0, 0))).reshape(g, s, d)
+  # The layer's groups: the last one padded with masked tokens (as MoeLayer does).
+  tokens = jnp.pad(x.reshape(-1, d), ((0, g * s - b * n), (0, 0))).reshape(g, s, d)
   logits_layer = router.logits_module(router_cfg.options, e, capacity, "router")
   logits_params = logits_layer.init(next(keys), tokens)["params"]
   mask = (jnp.arange(g * s) < b * n).reshape(g, s)
   ct_w = jax.random.normal(next(keys), (g, e, capacity), jnp.float32)
 
+  def route(p, v, mask, rng):
+    return vrouters.route(logits_layer.apply({"params": p}, v).astype(jnp.float32), mask,
+                          router_cfg, capacity, True, rng)
+
   def router_loss(p, v, mask, ct_w, rng):
-    r = vrouters.route(logits_layer.apply({"params": p}, v).astype(jnp.float32), mask,
-                       router_cfg, capacity, True, rng)
+    r = route(p, v, mask, rng)
     return jnp.vdot(r.combine_weight, ct_w) + r.auxiliary_loss
 
-  routing = jax.jit(lambda v: vrouters.route(
-      logits_layer.apply({"params": logits_params}, v).astype(jnp.float32), mask, router_cfg,
-      capacity, True, rngs["gating"]))(tokens)
+  routing = jax.jit(route)(logits_params, tokens, mask, rngs["gating"])
   ct_y = jax.random.normal(next(keys), tokens.shape, jnp.float32)
 
   def dispatch_combine(name, dtype=None):
@@ -248,12 +248,26 @@ def moe_part(args, record):
     record[name.strip()] = ms
 
 
+VARIANTS = ("mn", "nm", "mn-reload", "nm-reload")
+
+
+def kernel_args(variant: str, warps: int) -> dict:
+  """`ot.batched_semi_dual_adam_pallas`'s keyword arguments for a variant of VARIANTS
+  (a block layout, "-reload" for reload_costs=True) at `warps` Triton warps;
+  ValueError for another name."""
+  if variant not in VARIANTS:
+    raise ValueError(f"unknown kernel variant {variant!r}: {', '.join(VARIANTS)}")
+  layout, _, reload = variant.partition("-")
+  return {"num_warps": warps, "block_layout": layout, "reload_costs": bool(reload)}
+
+
 def variant_list(text: str) -> list[str]:
   variants = text.split(",")
   for v in variants:
-    if v not in ("mn", "nm", "mn-reload", "nm-reload"):
-      raise argparse.ArgumentTypeError(f"unknown kernel variant {v!r}: mn, nm, mn-reload "
-                                       "or nm-reload")
+    try:
+      kernel_args(v, 4)
+    except ValueError as e:
+      raise argparse.ArgumentTypeError(str(e)) from None
   return variants
 
 

@@ -60,13 +60,22 @@ from vmoe_sparse_ot.nn.model_config import default_model_config, default_router_
 
 
 def pallas_kernel(spec: str) -> str:
-  """`spec`, checked: the fused kernel as "VARIANT:WARPS" (e.g. "nm-reload:8"; variants
-  mn, nm, mn-reload, nm-reload as in gpu_probe.py)."""
-  variant, _, warps = spec.partition(":")
-  layout, _, reload = variant.partition("-")
-  if layout not in ("mn", "nm") or reload not in ("", "reload") or not warps.isdigit():
-    raise argparse.ArgumentTypeError(f"expected VARIANT:WARPS, e.g. nm-reload:8, got {spec!r}")
+  """`spec`, checked: the fused kernel as "VARIANT:WARPS" (e.g. "nm-reload:8"; the
+  variants of gpu_probe.VARIANTS)."""
+  _pallas_kernel_args(spec)
   return spec
+
+
+def _pallas_kernel_args(spec: str) -> dict:
+  import gpu_probe  # pylint: disable=g-import-not-at-top  (the benchmarks folder is sys.path[0])
+  variant, _, warps = spec.partition(":")
+  try:
+    if not warps.isdigit():
+      raise ValueError(f"no warp count after {variant!r}")
+    return gpu_probe.kernel_args(variant, int(warps))
+  except ValueError as e:
+    raise argparse.ArgumentTypeError(
+        f"expected VARIANT:WARPS, e.g. nm-reload:8, got {spec!r} ({e})") from None
 
 
 def use_pallas_kernel(spec: str) -> None:
@@ -74,11 +83,8 @@ def use_pallas_kernel(spec: str) -> None:
   process: the router calls `ot.batched_semi_dual_adam_pallas` through the `ot`
   module, so that name is rebound with the kernel's arguments fixed."""
   from vmoe_sparse_ot import ot  # pylint: disable=g-import-not-at-top
-  variant, _, warps = spec.partition(":")
-  layout, _, reload = variant.partition("-")
-  ot.batched_semi_dual_adam_pallas = functools.partial(
-      ot.batched_semi_dual_adam_pallas, num_warps=int(warps), block_layout=layout,
-      reload_costs=bool(reload))
+  ot.batched_semi_dual_adam_pallas = functools.partial(ot.batched_semi_dual_adam_pallas,
+                                                       **_pallas_kernel_args(spec))
 
 
 def make_config(args, name: str, router: str = "topk", mlp_dim=None):
