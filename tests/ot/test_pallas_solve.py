@@ -14,16 +14,18 @@ from vmoe_sparse_ot.ot import pallas_solve
 STEPS, LR = 10, 1e-2
 
 
-# The kernel's variants: (block_layout, reload_costs).
-VARIANTS = [("mn", False), ("nm", False), ("nm", True)]
+# The kernel's variants: (block_layout, reload_costs, selection).
+VARIANTS = [("mn", False, "passes"), ("nm", False, "passes"), ("nm", True, "passes"),
+            ("mn", False, "incremental"), ("nm", True, "incremental")]
+IDS = ["mn", "nm", "nm-reload", "mn-inc", "nm-reload-inc"]
 
 
 def _both(C, a, b, k, gamma, variant=VARIANTS[0]):
   """(pallas, fast) plans, one program."""
-  layout, reload = variant
+  layout, reload, selection = variant
   f = jax.jit(lambda C, a, b: (
       ot.batched_semi_dual_adam_pallas(C, a, b, k, gamma, STEPS, LR, block_layout=layout,
-                                       reload_costs=reload),
+                                       reload_costs=reload, selection=selection),
       ot.batched_semi_dual_adam(C, a, b, k, gamma, STEPS, LR)))
   return map(np.asarray, f(C, a, b))
 
@@ -49,7 +51,7 @@ def _has_boundary_tie(u, k):
 
 
 @pytest.mark.float32
-@pytest.mark.parametrize("variant", VARIANTS, ids=["mn", "nm", "nm-reload"])
+@pytest.mark.parametrize("variant", VARIANTS, ids=IDS)
 def test_matches_fast_in_float32_with_ties_padding_and_groups(variant):
   C, a, b = _router_problem(np.float32)
   k = 4
@@ -61,7 +63,7 @@ def test_matches_fast_in_float32_with_ties_padding_and_groups(variant):
   assert ((got > 0).sum(axis=1) <= k).all() and (got[2, 9:] == 0).all()
 
 
-@pytest.mark.parametrize("variant", VARIANTS, ids=["mn", "nm", "nm-reload"])
+@pytest.mark.parametrize("variant", VARIANTS, ids=IDS)
 def test_matches_fast_in_float64_with_ties_and_k_that_does_not_bind(variant):
   # k = 4 binds; k = 20 > m = 12 does not (the kernel clamps it to m: all rows
   # members, the plain simplex projection, which 'fast' computes without selection).
@@ -71,6 +73,12 @@ def test_matches_fast_in_float64_with_ties_and_k_that_does_not_bind(variant):
     got, want = _both(C, a, b, k, gamma, variant)
     assert got.dtype == np.float64
     np.testing.assert_allclose(got, want, atol=1e-10)
+  # Masses 40x smaller: members without mass (t = 0) in most columns, which the
+  # incremental selection's threshold (Michelot's rule) must drop.
+  got, want = _both(C, a / 40, b / 40, 4, 0.5, variant)
+  assert ((want > 0).sum(axis=1) < 4).mean() > 0.5
+  np.testing.assert_allclose(got, want, atol=1e-10)
+  np.testing.assert_array_equal(got > 0, want > 0)
   # Wide: 3 rows, 12 columns (m < n, as in the token choice form), padded columns
   # carrying no mass; at most k = 2 of the 3 rows per column.
   wide_C, wide_a, wide_b = np.swapaxes(C, 1, 2), b, a
@@ -93,19 +101,23 @@ def test_lowers_to_triton_for_a_gpu():
   assert "__gpu$xla.gpu.triton" in text and "grid_x = 2" in text
   # 4 warps by default: the fastest measured on an H200 at the B/32 shapes.
   assert "num_warps = 4 :" in text
-  # The other variants lower too (the transposed block; costs read at each use).
-  for layout, reload in VARIANTS[1:]:
-    other = jax.jit(lambda C, a, b, lay=layout, rel=reload:
+  # The other variants lower too (the transposed block; costs read at each use; the
+  # incremental selection's while loops).
+  for layout, reload, selection in VARIANTS[1:]:
+    other = jax.jit(lambda C, a, b, lay=layout, rel=reload, sel=selection:
                     pallas_solve.batched_semi_dual_adam_pallas(
                         C, a, b, 3, 1.0, STEPS, LR, interpret=False, block_layout=lay,
-                        reload_costs=rel))
+                        reload_costs=rel, selection=sel))
     assert "__gpu$xla.gpu.triton" in other.trace(
         shape(2, 12, 3), shape(2, 12), shape(2, 3)).lower(lowering_platforms=("cuda",)).as_text()
 
 
-def test_refuses_a_warp_count_that_gave_wrong_plans_and_an_unknown_layout():
+def test_refuses_a_warp_count_that_gave_wrong_plans_an_unknown_layout_and_selection():
   C, a, b = _router_problem(np.float32)
   with pytest.raises(ValueError, match=r"num_warps must be one of \(1, 2, 4, 8, 16\), got 32"):
     pallas_solve.batched_semi_dual_adam_pallas(C, a, b, 3, 1.0, STEPS, LR, num_warps=32)
   with pytest.raises(ValueError, match=r"block_layout must be one of \('mn', 'nm'\), got 'mk'"):
     pallas_solve.batched_semi_dual_adam_pallas(C, a, b, 3, 1.0, STEPS, LR, block_layout="mk")
+  with pytest.raises(ValueError, match=r"selection must be one of \('passes', 'incremental'\), "
+                     r"got 'sort'"):
+    pallas_solve.batched_semi_dual_adam_pallas(C, a, b, 3, 1.0, STEPS, LR, selection="sort")
