@@ -7,7 +7,9 @@ off by its time limit keeps what it printed).
   'fast' (ot.batched_semi_dual_adam) against the fused kernel
   (ot.batched_semi_dual_adam_pallas) in each variant of --variants (block
   layout "mn": the group's (tokens, experts) block, "nm": its transpose;
-  "-reload": reload_costs=True) at several Triton warp counts (1-16), at each G
+  "-reload": reload_costs=True; "-inc": selection="incremental", each step's
+  members reached from the previous step's) at several Triton warp counts
+  (1-16), at each G
   of --groups, forward only
   (the router stops the gradient before the solve), jitted and warm, best of
   --repeats; with each kernel's largest plan difference from 'fast'. Says which
@@ -248,17 +250,20 @@ def moe_part(args, record):
     record[name.strip()] = ms
 
 
-VARIANTS = ("mn", "nm", "mn-reload", "nm-reload")
+# A block layout, then "-reload" for reload_costs=True, then "-inc" for
+# selection="incremental".
+VARIANTS = tuple(layout + reload + inc for inc in ("", "-inc") for reload in ("", "-reload")
+                 for layout in ("mn", "nm"))
 
 
 def kernel_args(variant: str, warps: int) -> dict:
   """`ot.batched_semi_dual_adam_pallas`'s keyword arguments for a variant of VARIANTS
-  (a block layout, "-reload" for reload_costs=True) at `warps` Triton warps;
-  ValueError for another name."""
+  at `warps` Triton warps; ValueError for another name."""
   if variant not in VARIANTS:
     raise ValueError(f"unknown kernel variant {variant!r}: {', '.join(VARIANTS)}")
-  layout, _, reload = variant.partition("-")
-  return {"num_warps": warps, "block_layout": layout, "reload_costs": bool(reload)}
+  layout, *options = variant.split("-")
+  return {"num_warps": warps, "block_layout": layout, "reload_costs": "reload" in options,
+          "selection": "incremental" if "inc" in options else "passes"}
 
 
 def variant_list(text: str) -> list[str]:
@@ -292,9 +297,11 @@ def main(argv=None):
   p.add_argument("--capacity_factor", type=float, default=1.05, help="--part moe")
   p.add_argument("--warps", type=int_list, default=[4, 8, 16],
                  help="comma-separated Triton warp counts, e.g. 4,8,16")
-  p.add_argument("--variants", type=variant_list, default=["mn", "nm", "nm-reload"],
-                 help="--part pallas: the kernel's variants, comma-separated: a block layout "
-                 "(mn, nm), '-reload' for reload_costs=True")
+  p.add_argument("--variants", type=variant_list,
+                 default=["mn-inc", "nm-inc", "mn", "nm", "nm-reload"],
+                 help="--part pallas: the kernel's variants, comma-separated, timed in this "
+                 "order: a block layout (mn, nm), then '-reload' for reload_costs=True, "
+                 "then '-inc' for selection='incremental'")
   p.add_argument("--compiled", action="store_true",
                  help="never Pallas interpret mode (default: interpret on the CPU only)")
   p.add_argument("--repeats", type=int, default=5)
