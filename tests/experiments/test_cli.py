@@ -7,10 +7,10 @@ import pytest
 from vmoe_sparse_ot import experiments
 
 
-def test_unknown_name_is_one_line_error_and_nonzero_exit():
+def test_unknown_name_is_one_line_error_and_exit_status_2():
   proc = subprocess.run([sys.executable, '-m', 'vmoe_sparse_ot.experiments', 'nope'],
                         capture_output=True, text=True, timeout=120)
-  assert proc.returncode != 0
+  assert proc.returncode == 2
   lines = proc.stderr.strip().splitlines()
   assert len(lines) == 1, proc.stderr
   assert 'nope' in lines[0] and 'formulations_2d' in lines[0]

@@ -2,8 +2,8 @@
 
 Runs one experiment (or all, in order), prints its table and wall time, and
 writes `DIR/NAME*.png` and `DIR/NAME.json`; `--resume` skips those already done
-(`experiments.finished`), e.g. to finish an `all` that stopped part way. An unknown NAME prints one line and
-exits with status 1.
+(`experiments.finished`), e.g. to finish an `all` that stopped part way. An unknown
+NAME, or none, prints one line and exits with status 2.
 """
 import glob
 import os
@@ -33,7 +33,7 @@ def main(argv):
   if len(argv) != 2:
     print(f"experiments: error: give one experiment name ({', '.join(experiments.NAMES)}) "
           'or all', file=sys.stderr)
-    sys.exit(1)
+    sys.exit(2)
   name = argv[1]
   names = experiments.NAMES if name == 'all' else (name,)
   try:
@@ -41,7 +41,7 @@ def main(argv):
       experiments.load(n)
   except ValueError as e:
     print(f'experiments: error: {e}', file=sys.stderr)
-    sys.exit(1)
+    sys.exit(2)
   for n in names:
     payload = experiments.run_experiment(n, _OUT.value, quick=_QUICK.value, seeds=_SEEDS.value,
                                          resume=_RESUME.value)
