@@ -11,7 +11,7 @@
 #                   topk against sparse_ot's 'fast' and 'pallas' (the fused kernel
 #                   as part 1 found fastest at G = 512)
 #   3. model        the S/32-sized train step: dense, dense_active, topk, sparse_ot
-#                   'fast' and 'pallas' (the kernel as part 2 found fastest at the
+#                   'fast' and 'pallas' (the kernel as part 1 found fastest at the
 #                   model's G = 64), and their ratios
 #   4. moe          where one TopK MoE layer's time goes beyond a dense MLP's at the
 #                   model's shapes: the layer with each dispatcher (indices, einsum,
