@@ -71,15 +71,14 @@ def michelot_rounds(members, mass):
 
 
 def count(seed, g, s, e, k, steps):
-  u, values, rows = replay(seed, g, s, e, k, steps)[:3]
+  u, values, rows, b = replay(seed, g, s, e, k, steps)
   kth, kth_row = values[..., -1], rows[..., -1]                       # (T, G, E)
   position = np.arange(s)[None, None, :, None]
   at_or_above = (u[1:] > kth[:-1, :, None]) | (
       (u[1:] == kth[:-1, :, None]) & (position <= kth_row[:-1, :, None]))
   moves = np.abs(at_or_above.sum(2) - k)                              # (T - 1, G, E)
   moves = np.concatenate([np.full((1, g, e), k), moves])              # the first step: k
-  mass = np.full(values.shape[:-1], s / e, np.float32)
-  rounds = michelot_rounds(values, mass)                              # (T, G, E)
+  rounds = michelot_rounds(values, b)                                 # (T, G, E)
   group_moves, group_rounds = moves.max(-1), rounds.max(-1)           # lockstep: (T, G)
   return {"passes": 2 * k, "moves": group_moves, "rounds": group_rounds,
           "incremental": 1 + 2 * group_moves + 2 + 3 * group_rounds}
@@ -93,13 +92,14 @@ def main(argv=None):
   p.add_argument("--experts", type=int, default=32)
   p.add_argument("--k", type=int, default=16)
   p.add_argument("--steps", type=int, default=50)
-  p.add_argument("--seeds", default="0,1")
+  p.add_argument("--seeds", type=lambda text: [int(x) for x in text.split(",")],
+                 default=[0, 1], help="comma-separated seeds of the logits")
   args = p.parse_args(argv)
   print(f"G={args.groups}, S={args.group_size}, E={args.experts}, k={args.k}, "
         f"{args.steps} Adam steps; per group and step, the largest over its columns")
   print(f"{'seed':>4} {'moves mean':>10} {'p90':>4} {'max':>4} {'Michelot rounds mean':>20} "
         f"{'max':>4} {'reductions: passes':>18} {'incremental':>11} {'ratio':>6}")
-  for seed in (int(x) for x in args.seeds.split(",")):
+  for seed in args.seeds:
     c = count(seed, args.groups, args.group_size, args.experts, args.k, args.steps)
     later = c["moves"][1:]       # after the first step, which makes k either way
     inc = c["incremental"].mean()
