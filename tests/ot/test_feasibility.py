@@ -263,16 +263,22 @@ def _scaled_like_unscaled(dtype, regs, tol, atol):
   """C and gamma multiplied by the same s: every regularizer here is gamma times
   a function of the plan (gamma <t, log t>, gamma / 2 ||t||^2, gamma Psi(t) with
   at most k nonzeros), so the objective is s times the unscaled one and the
-  optimal plan is the same; `solve` (L-BFGS) reaches it at s = 1e30 and 1e-28."""
+  optimal plan is the same; `solve` (L-BFGS) reaches it at s = 1e30 and 1e-28.
+
+  Each plan is compared with the float64 optimum of the unscaled problem, not
+  with the unscaled solve in the same dtype: two float32 solves each within tol
+  of the optimum can differ by twice that, by how the CPU rounds."""
   a, b, cost = np.full(4, 0.25, dtype), np.full(3, 1 / 3, dtype), C.astype(dtype)
   for reg in regs:
-    unit = ot.solve(a, b, cost, reg, tol=tol)
-    for s in (1e30, 1e-28):
+    with jax.enable_x64(True):
+      best = ot.solve(np.full(4, 0.25), np.full(3, 1 / 3), C, reg, tol=1e-12)
+      best_plan, best_value = np.asarray(best.plan), float(best.value)
+    for s in (1.0, 1e30, 1e-28):
       out = ot.solve(a, b, (cost * s).astype(dtype),
                      jax.tree_util.tree_map(lambda g, s=s: g * s, reg), tol=tol)
-      assert out.reason() == unit.reason() == "converged", (reg, s)
-      np.testing.assert_allclose(np.asarray(out.plan), np.asarray(unit.plan), atol=atol)
-      assert float(out.value) == pytest.approx(float(unit.value) * s, rel=atol)
+      assert out.reason() == "converged", (reg, s)
+      np.testing.assert_allclose(np.asarray(out.plan), best_plan, atol=atol)
+      assert float(out.value) == pytest.approx(best_value * s, rel=atol)
 
 
 def test_c_and_gamma_scaled_together_give_the_unscaled_plan_in_float64():
@@ -283,4 +289,4 @@ def test_c_and_gamma_scaled_together_give_the_unscaled_plan_in_float64():
 
 @pytest.mark.float32
 def test_c_and_gamma_scaled_together_give_the_unscaled_plan_in_float32():
-  _scaled_like_unscaled(np.float32, (ot.SparsityConstrained(3, 0.1),), tol=1e-5, atol=1e-5)
+  _scaled_like_unscaled(np.float32, (ot.SparsityConstrained(3, 0.1),), tol=1e-5, atol=2e-5)
