@@ -7,11 +7,15 @@ import jax
 from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
 from vmoe_sparse_ot import nn as vnn
+from vmoe_sparse_ot.nn import sharding
 from tests.nn.helpers import tiny_config
 
 
 def _config(router):
-  cfg = tiny_config(router)
+  """router: a router's name, or 'sparse_ot:IMPLEMENTATION'."""
+  name, _, implementation = router.partition(":")
+  cfg = tiny_config(name, **({"sparse_ot.implementation": implementation}
+                             if implementation else {}))
   cfg.encoder.moe.num_experts = 8
   cfg.encoder.moe.group_size = 8           # 16 images x 4 tokens = 8 groups
   return cfg
@@ -40,7 +44,12 @@ def inputs():
   return get
 
 
-@pytest.mark.parametrize("router", ["topk", "sbase", "sparse_ot", "expert_choice", "soft_moe"])
+@pytest.mark.parametrize("router", [
+    "topk", "sbase", "sparse_ot",
+    # The fused kernel, split over the devices by hand (nn.sharding.per_shard).
+    pytest.param("sparse_ot:pallas", marks=pytest.mark.filterwarnings(
+        "ignore:sparse_ot implementation='pallas' on the CPU")),
+    "expert_choice", "soft_moe"])
 def test_sharded_forward_equals_single_device(router, inputs, mesh_shape=(2, 4)):
   if jax.device_count() < 8:
     pytest.skip("needs 8 (fake) devices")
@@ -75,3 +84,24 @@ def test_sharded_forward_equals_single_device(router, inputs, mesh_shape=(2, 4))
   np.testing.assert_allclose(aux["pre_logits"], want_aux["pre_logits"], rtol=1e-4, atol=1e-5)
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6),
                aux["routing"], want_aux["routing"])
+
+
+def _auto_mesh(shape=(4, 2)):
+  return jax.make_mesh(shape, ("data", "expert"), axis_types=(AxisType.Auto,) * 2)
+
+
+@pytest.mark.parametrize("groups, shard", [(8, 1), (16, 2), (4, 1), (6, 6)],
+                         ids=["both-axes", "two-per-device", "data-only", "unsplit"])
+def test_per_shard_gives_each_device_its_slice_of_the_groups(groups, shard):
+  """fn sees the leading size of one device's slice (`shard`) on the (4, 2) mesh:
+  8 and 16 groups split over ('data', 'expert'); 4 only over 'data' (8 does not
+  divide 4), each 'data' row's two devices holding the same slice; 6 divides by
+  neither, so fn runs on all 6, as without a mesh."""
+  if jax.device_count() < 8:
+    pytest.skip("needs 8 (fake) devices")
+  x = np.arange(groups * 2, dtype=np.float32).reshape(groups, 2)
+  fn = lambda x, y: x * x.shape[0] + y
+  np.testing.assert_array_equal(sharding.per_shard(fn, x, x), x * groups + x)   # no mesh
+  with jax.set_mesh(_auto_mesh()):
+    got = jax.jit(lambda x: sharding.per_shard(fn, x, x))(x)
+  np.testing.assert_array_equal(got, x * shard + x)

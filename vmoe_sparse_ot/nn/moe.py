@@ -40,11 +40,11 @@ from vmoe_sparse_ot.nn import router_state
 from vmoe_sparse_ot.nn.dispatch import get_dispatcher
 from vmoe_sparse_ot.nn.routing import expert_weights
 from vmoe_sparse_ot.nn.routing_metrics import common_metrics
+from vmoe_sparse_ot.nn.sharding import EXPERT_AXIS
+from vmoe_sparse_ot.nn.sharding import GROUP_AXES
 from vmoe_sparse_ot.nn.sharding import constrain
 
 Array = jax.Array
-GROUP_AXES = ("data", "expert")   # groups are split over every device
-EXPERT_AXIS = "expert"
 
 
 def _alike(init: Callable) -> Callable:
