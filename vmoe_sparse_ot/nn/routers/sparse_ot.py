@@ -19,6 +19,7 @@ import jax.numpy as jnp
 
 from vmoe_sparse_ot import ot
 from vmoe_sparse_ot.nn import routing as rt
+from vmoe_sparse_ot.nn import sharding
 from vmoe_sparse_ot.nn.routers import base
 
 Array = jax.Array
@@ -85,9 +86,10 @@ def _auto(m: int, n: int, k: int, backend: str) -> str:
   kernel ('pallas') compiles and routes like 'fast' there, and alone at G = 512
   it takes 11.0 ms against 'fast''s 26.0 (4 warps, 2026-11-28); but in the only
   train step measured with it (S/32, G = 64 per layer, at 16 warps, its default
-  then) it was slower than 'fast' (74.5 against 70.9 ms), its step at 4 warps is
-  unmeasured, and XLA does not partition a Pallas call over a mesh of several
-  devices. So it is not picked until a step measurement shows it wins. Other
+  then) it was slower than 'fast' (74.5 against 70.9 ms), and its step at 4 warps
+  is unmeasured (as is any run on several GPUs, where each device solves its own
+  groups: `_solve_plans`). So it is not picked until a step measurement shows it
+  wins. Other
   backends (TPU): unmeasured, keep 'fast'.
   """
   if backend != "cpu" or not 2 * k < m:
@@ -130,8 +132,12 @@ def _solve_plans(cost: Array, a: Array, b: Array, k: int, opts: SparseOTOptions)
   if opts.solver == "adam" and opts.implementation == "pallas":
     if jax.default_backend() == "cpu":
       _warn_interpret_once()
-    return ot.batched_semi_dual_adam_pallas(cost, a, b, k, opts.gamma, opts.num_steps,
-                                            opts.learning_rate)
+    # One custom call: split by hand over the devices that hold the groups, or XLA
+    # gathers every group onto every device and solves them all there.
+    return sharding.per_shard(
+        lambda c, a, b: ot.batched_semi_dual_adam_pallas(c, a, b, k, opts.gamma,
+                                                         opts.num_steps, opts.learning_rate),
+        cost, a, b)
   if opts.solver == "adam" and opts.implementation == "candidates":
     return ot.batched_semi_dual_adam_candidates(cost, a, b, k, opts.gamma, opts.num_steps,
                                                 opts.learning_rate)
