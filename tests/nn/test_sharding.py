@@ -105,3 +105,15 @@ def test_per_shard_gives_each_device_its_slice_of_the_groups(groups, shard):
   with jax.set_mesh(_auto_mesh()):
     got = jax.jit(lambda x: sharding.per_shard(fn, x, x))(x)
   np.testing.assert_array_equal(got, x * shard + x)
+
+
+def test_per_shard_on_one_device_leaves_the_program_as_it_is():
+  """A mesh of size 1 (a single-GPU run) gets fn itself: no shard_map in the program."""
+  if jax.device_count() < 8:
+    pytest.skip("needs 8 (fake) devices")
+  x = np.ones((4, 2), np.float32)
+  with jax.set_mesh(_auto_mesh((1, 1))):
+    jaxpr = jax.make_jaxpr(lambda x: sharding.per_shard(lambda x: 2 * x, x))(x)
+  assert "shard_map" not in str(jaxpr) and "mul" in str(jaxpr)
+  with jax.set_mesh(_auto_mesh()):
+    assert "shard_map" in str(jax.make_jaxpr(lambda x: sharding.per_shard(lambda x: 2 * x, x))(x))

@@ -69,13 +69,13 @@ def per_shard(fn: Callable[..., jax.Array], *args: jax.Array,
   The axis is split over the mesh axes `axes`, kept as `constrain` keeps them
   (axes the current mesh lacks, or whose size does not divide the leading
   dimension, are dropped), and so is the result. Without a mesh, or when nothing
-  is left to split over, this is fn(*args).
+  is left to split over (or only axes of size 1), this is fn(*args).
   """
   mesh = jax.sharding.get_abstract_mesh()
   if mesh.empty:
     return fn(*args)
   kept = _kept_spec(mesh, args[0].shape[:1], (axes,))
-  if kept is None:
+  if kept is None or _axis_size(mesh, kept[0]) == 1:   # one device: the program as is
     return fn(*args)
   # check_vma=False: a pallas_call's output type does not say how it varies over
   # the mesh axes, which check_vma=True requires.
