@@ -89,8 +89,7 @@ def _auto(m: int, n: int, k: int, backend: str) -> str:
   then) it was slower than 'fast' (74.5 against 70.9 ms), and its step at 4 warps
   is unmeasured (as is any run on several GPUs, where each device solves its own
   groups: `_solve_plans`). So it is not picked until a step measurement shows it
-  wins. Other
-  backends (TPU): unmeasured, keep 'fast'.
+  wins. Other backends (TPU): unmeasured, keep 'fast'.
   """
   if backend != "cpu" or not 2 * k < m:
     return "fast"
