@@ -19,10 +19,15 @@
 #                   experts alone (item 5: topk / dense <= 1.25x, or where the rest goes)
 #   5. memory       benchmarks/memory.py's levers at B/16 (all, then plain), batch 4096 on
 #                   this device (B/32's plain, remat_bf16 and all: RESULTS.md)
-# Three more parts do not fit in the same call; a second call in the same lease
-# (a few minutes of device time left) runs them by name:
+# Four more parts do not fit in the same call; a second call in the same lease
+# (a few minutes of device time left) runs them by name, in this order:
 #   ot_probe        where ot.solve's time goes at (10000, 100, k = 100) in float64,
 #                   and the column top-k it runs: radix selection against lax.top_k
+#   share           B/32 with all levers at batch 512 on this one device: the share
+#                   of each of 8 devices in the paper's batch of 4096, with all 32
+#                   experts held here (on 8 devices each holds 32 / its 'expert'
+#                   axis), so a bound on the 8-device split's memory up to the
+#                   buffers of its collectives (the 16 GiB target)
 #   ot_solvers      benchmarks/ot_solvers.py's grid rows, (2000, 10, 230) and the
 #                   router batch, each first call and warm, POT on the host (POT
 #                   carried as a wheel, like ml_collections)
@@ -32,7 +37,7 @@
 #   bash benchmarks/gpu.sh OUT_DIR [PARTS]   # writes OUT_DIR/log.txt (everything
 #       # printed) and one OUT_DIR/<part>.json per part; PARTS: comma-separated
 #       # names (default: pallas,router_only,model,moe,memory), e.g.
-#   bash benchmarks/gpu.sh OUT_DIR2 ot_probe,ot_solvers,levers
+#   bash benchmarks/gpu.sh OUT_DIR2 ot_probe,share,ot_solvers,levers
 #
 # Targets: sparse_ot:pallas alone <= 3x topk alone (router_only), its train step
 # <= 1.15x topk's (model). Each part has its own time limit, so a failure or
@@ -50,7 +55,7 @@
 set -uo pipefail
 OUT="${1:?usage: bash benchmarks/gpu.sh OUT_DIR [PARTS]}"
 FIRST_CALL=pallas,router_only,model,moe,memory
-ALL_PARTS=$FIRST_CALL,ot_probe,ot_solvers,levers
+ALL_PARTS=$FIRST_CALL,ot_probe,share,ot_solvers,levers
 PARTS="${2:-$FIRST_CALL}"
 listed() { [[ ",$2," == *",$1,"* ]]; }   # listed NAME LIST: NAME is in the comma list
 for p in ${PARTS//,/ }; do
@@ -75,9 +80,10 @@ if [[ "${SIZE:-full}" == small ]]; then
   MOE=(--batch 8 --tokens 50 --hidden 32 --mlp 64 --experts 4 --group_size 40 --repeats 2)
   MEMORY=(--config vmoe_b32 --rows plain --batch_size 16)
   LEVERS=(--config vmoe_b32 --rows remat --batch_size 16)
+  SHARE=(--config vmoe_b32 --rows all --batch_size 32)
   SOLVERS=(--quick --repeats 1 --only '(100,100' --only router)
   T_ROUTER=120 T_PALLAS=60 T_MODEL=300 T_MOE=120 T_OT_PROBE=120 T_MEMORY=240
-  T_SOLVERS=240 T_LEVERS=240
+  T_SOLVERS=240 T_LEVERS=240 T_SHARE=240
   STEPS=(--rounds 2 --steps 2)
 else
   # The paper's B/32 routing shapes (S = 400, E = 32, C = 28, k = 16), batch 4096: G = 512.
@@ -98,7 +104,8 @@ else
   # row may not fit); moe is new (ten one-layer compiles).
   T_ROUTER=60 T_PALLAS=140 T_MODEL=210 T_MOE=60 T_MEMORY=90
   # The second call's parts (the (10000, 100) and larger rows: ot_probe's study).
-  T_OT_PROBE=70
+  T_OT_PROBE=70 T_SHARE=80
+  SHARE=(--config vmoe_b32 --rows all --batch_size 512)
   LEVERS=(--config vmoe_b32 --rows remat,bf16,microsteps4)
   SOLVERS=(--repeats 1 --only '(100,100' --only '(500,500' --only '(1000,1000'
            --only '(2000,64' --only '(2000,10,' --only router)
@@ -146,6 +153,8 @@ wanted ot_probe && part ot_probe "$T_OT_PROBE" "$PY" benchmarks/gpu_probe.py --p
   --repeats 1 --json "$OUT/ot_probe.json"
 wanted memory && part memory "$T_MEMORY" "$PY" benchmarks/memory.py "${MEMORY[@]}" \
   --json "$OUT/memory.json"
+wanted share && part share "$T_SHARE" "$PY" benchmarks/memory.py "${SHARE[@]}" \
+  --json "$OUT/share.json"
 wanted ot_solvers && part ot_solvers "$T_SOLVERS" "$PY" benchmarks/ot_solvers.py \
   "${SOLVERS[@]}" --json "$OUT/ot_solvers.json"
 wanted levers && part levers "$T_LEVERS" "$PY" benchmarks/memory.py "${LEVERS[@]}" \
