@@ -86,24 +86,29 @@ def test_sharded_forward_equals_single_device(router, inputs, mesh_shape=(2, 4))
                aux["routing"], want_aux["routing"])
 
 
-def _auto_mesh(shape=(4, 2)):
-  return jax.make_mesh(shape, ("data", "expert"), axis_types=(AxisType.Auto,) * 2)
+def _auto_mesh(shape=(4, 2), axis_type=AxisType.Auto):
+  return jax.make_mesh(shape, ("data", "expert"), axis_types=(axis_type,) * 2)
 
 
+@pytest.mark.parametrize("axis_type", [AxisType.Auto, AxisType.Explicit], ids=str)
 @pytest.mark.parametrize("groups, shard", [(8, 1), (16, 2), (4, 1), (6, 6)],
                          ids=["both-axes", "two-per-device", "data-only", "unsplit"])
-def test_per_shard_gives_each_device_its_slice_of_the_groups(groups, shard):
+def test_per_shard_gives_each_device_its_slice_of_the_groups(groups, shard, axis_type):
   """fn sees the leading size of one device's slice (`shard`) on the (4, 2) mesh:
   8 and 16 groups split over ('data', 'expert'); 4 only over 'data' (8 does not
   divide 4), each 'data' row's two devices holding the same slice; 6 divides by
-  neither, so fn runs on all 6, as without a mesh."""
+  neither, so fn runs on all 6, as without a mesh. The arguments come laid out
+  otherwise (one replicated, one split over 'data' when it divides); on Explicit
+  axes per_shard reshards them."""
   if jax.device_count() < 8:
     pytest.skip("needs 8 (fake) devices")
   x = np.arange(groups * 2, dtype=np.float32).reshape(groups, 2)
   fn = lambda x, y: x * x.shape[0] + y
   np.testing.assert_array_equal(sharding.per_shard(fn, x, x), x * groups + x)   # no mesh
-  with jax.set_mesh(_auto_mesh()):
-    got = jax.jit(lambda x: sharding.per_shard(fn, x, x))(x)
+  mesh = _auto_mesh(axis_type=axis_type)
+  with jax.set_mesh(mesh):
+    y = jax.device_put(x, NamedSharding(mesh, P("data" if groups % 4 == 0 else None)))
+    got = jax.jit(lambda x, y: sharding.per_shard(fn, x, y))(jax.device_put(x), y)
   np.testing.assert_array_equal(got, x * shard + x)
 
 

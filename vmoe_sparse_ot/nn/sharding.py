@@ -68,7 +68,8 @@ def per_shard(fn: Callable[..., jax.Array], *args: jax.Array,
   slice of every argument only), and return one array with the same leading axis.
   The axis is split over the mesh axes `axes`, kept as `constrain` keeps them
   (axes the current mesh lacks, or whose size does not divide the leading
-  dimension, are dropped), and so is the result. Without a mesh, or when nothing
+  dimension, are dropped), and so is the result; on Explicit mesh axes the
+  arguments are resharded to that split first. Without a mesh, or when nothing
   is left to split over (or only axes of size 1), this is fn(*args).
   """
   mesh = jax.sharding.get_abstract_mesh()
@@ -77,6 +78,8 @@ def per_shard(fn: Callable[..., jax.Array], *args: jax.Array,
   kept = _kept_spec(mesh, args[0].shape[:1], (axes,))
   if kept is None or _axis_size(mesh, kept[0]) == 1:   # one device: the program as is
     return fn(*args)
+  if mesh.explicit_axes:   # Explicit axes: the arguments' types must match in_specs
+    args = tuple(jax.sharding.reshard(a, kept) for a in args)
   # check_vma=False: a pallas_call's output type does not say how it varies over
   # the mesh axes, which check_vma=True requires.
   return jax.shard_map(fn, mesh=mesh, in_specs=(kept,) * len(args), out_specs=kept,
