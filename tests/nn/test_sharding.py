@@ -11,6 +11,10 @@ from vmoe_sparse_ot.nn import sharding
 from tests.nn.helpers import tiny_config
 
 
+def _mesh(shape=(4, 2), axis_type=AxisType.Auto):
+  return jax.make_mesh(shape, ("data", "expert"), axis_types=(axis_type,) * 2)
+
+
 def _config(router):
   """router: a router's name, or 'sparse_ot:IMPLEMENTATION'."""
   name, _, implementation = router.partition(":")
@@ -58,7 +62,7 @@ def test_sharded_forward_equals_single_device(router, inputs, mesh_shape=(2, 4))
   fwd = lambda p, x: model.apply({"params": p}, x, train=False)
   want_logits, want_aux = jax.jit(fwd)(params, images)
 
-  mesh = jax.make_mesh(mesh_shape, ("data", "expert"), axis_types=(AxisType.Auto,) * 2)
+  mesh = _mesh(mesh_shape)
 
   def spec(path, _):
     name = "/".join(str(getattr(k, "key", k)) for k in path)
@@ -86,10 +90,6 @@ def test_sharded_forward_equals_single_device(router, inputs, mesh_shape=(2, 4))
                aux["routing"], want_aux["routing"])
 
 
-def _auto_mesh(shape=(4, 2), axis_type=AxisType.Auto):
-  return jax.make_mesh(shape, ("data", "expert"), axis_types=(axis_type,) * 2)
-
-
 @pytest.mark.parametrize("axis_type", [AxisType.Auto, AxisType.Explicit], ids=str)
 @pytest.mark.parametrize("groups, shard", [(8, 1), (16, 2), (4, 1), (6, 6)],
                          ids=["both-axes", "two-per-device", "data-only", "unsplit"])
@@ -105,7 +105,7 @@ def test_per_shard_gives_each_device_its_slice_of_the_groups(groups, shard, axis
   x = np.arange(groups * 2, dtype=np.float32).reshape(groups, 2)
   fn = lambda x, y: x * x.shape[0] + y
   np.testing.assert_array_equal(sharding.per_shard(fn, x, x), x * groups + x)   # no mesh
-  mesh = _auto_mesh(axis_type=axis_type)
+  mesh = _mesh(axis_type=axis_type)
   with jax.set_mesh(mesh):
     y = jax.device_put(x, NamedSharding(mesh, P("data" if groups % 4 == 0 else None)))
     got = jax.jit(lambda x, y: sharding.per_shard(fn, x, y))(jax.device_put(x), y)
@@ -117,8 +117,8 @@ def test_per_shard_on_one_device_leaves_the_program_as_it_is():
   if jax.device_count() < 8:
     pytest.skip("needs 8 (fake) devices")
   x = np.ones((4, 2), np.float32)
-  with jax.set_mesh(_auto_mesh((1, 1))):
+  with jax.set_mesh(_mesh((1, 1))):
     jaxpr = jax.make_jaxpr(lambda x: sharding.per_shard(lambda x: 2 * x, x))(x)
   assert "shard_map" not in str(jaxpr) and "mul" in str(jaxpr)
-  with jax.set_mesh(_auto_mesh()):
+  with jax.set_mesh(_mesh()):
     assert "shard_map" in str(jax.make_jaxpr(lambda x: sharding.per_shard(lambda x: 2 * x, x))(x))
