@@ -53,7 +53,8 @@
 # same parts at toy sizes: a check on the CPU that the script works ('pallas'
 # runs there in Pallas interpret mode).
 set -uo pipefail
-OUT="${1:?usage: bash benchmarks/gpu.sh OUT_DIR [PARTS]}"
+[[ $# -ge 1 && -n "$1" ]] || { echo "usage: bash benchmarks/gpu.sh OUT_DIR [PARTS]" >&2; exit 2; }
+OUT="$1"
 FIRST_CALL=pallas,router_only,model,moe,memory
 ALL_PARTS=$FIRST_CALL,ot_probe,share,ot_solvers,levers
 PARTS="${2:-$FIRST_CALL}"
