@@ -105,16 +105,24 @@ def test_s32_model_optimizer_and_schedule_by_hand():
       'warmup_linear_decay', 3e-3, 1e-5, 10_000, None)
 
 
-def _param_count(config) -> int:
+def _abstract_variables(config):
   import jax
   import jax.numpy as jnp
   from vmoe_sparse_ot import nn as vnn
   model = vnn.build_model(config.model)
   size = config.dataset.image_size
-  shapes = jax.eval_shape(lambda k: model.init(
+  return jax.eval_shape(lambda k: model.init(
       {'params': k}, jnp.zeros((1, size, size, config.dataset.channels)), train=False),
       jax.random.key(0))
-  return sum(int(np.prod(x.shape)) for x in jax.tree.leaves(shapes))
+
+
+def _leaves(tree):
+  import jax
+  return jax.tree.leaves(tree)
+
+
+def _param_count(config) -> int:
+  return sum(int(np.prod(x.shape)) for x in _leaves(_abstract_variables(config)))
 
 
 def test_translated_models_have_the_reference_parameter_counts():
@@ -126,6 +134,42 @@ def test_translated_models_have_the_reference_parameter_counts():
   b16, _ = _translate(files.load_config_file(B16_FT, translate=False))
   # V-MoE B/16, E=8, 6 MoE blocks, no pre-logits, 10 classes, at 384 px.
   assert _param_count(b16) == _reference_param_count(768, 12, 3072, 16, 384, 10, 8, 6, None)
+
+
+def test_weight_decay_regexes_are_matched_against_the_reference_names():
+  """The S/32 file's [('.*/kernel', 0.1)] decays every kernel the reference's does,
+  the experts' (Moe/Mlp/Dense_{0,1}/kernel there, moe/experts/w{i,o}_kernel here)
+  included. Counted by hand for V-MoE S/32 (D 512, MLP 2048, 8 blocks, MoE in 5
+  and 7 with E = 8, 1000 classes): embedding 32*32*3*512, attention 8 * 4*512*512,
+  dense MLPs 6 * 2*512*2048, experts 2 * 8 * 2*512*2048, routers 2 * 512*8,
+  pre-logits 512*512, head 512*1000."""
+  ours, _ = _translate(_s32())
+  assert ours.optimizer.param_naming == 'vmoe'
+  params = _abstract_variables(ours)['params']
+  factors = optimizer.weight_decay_factors(params, ours.optimizer.weight_decay,
+                                           ours.optimizer.param_naming)
+  decayed = sum(int(np.prod(x.shape)) for x, f in zip(_leaves(params), _leaves(factors))
+                if f == 0.1)
+  assert decayed == (32 * 32 * 3 * 512 + 8 * 4 * 512 * 512 + 6 * 2 * 512 * 2048
+                     + 2 * 8 * 2 * 512 * 2048 + 2 * 512 * 8 + 512 * 512 + 512 * 1000)
+  block = factors['encoder']['encoderblock_5']
+  assert (block['moe']['experts']['wi_kernel'], block['moe']['experts']['wo_kernel'],
+          block['moe']['experts']['wi_bias'], block['norm_mlp']['scale']) == (0.1, 0.1, 0.0, 0.0)
+  # Matched against our names, '.*/kernel' would miss the experts (the bug this fixes).
+  ours_naming = optimizer.weight_decay_factors(params, ours.optimizer.weight_decay)
+  assert ours_naming['encoder']['encoderblock_5']['moe']['experts']['wi_kernel'] == 0.0
+
+
+def test_frozen_patterns_are_matched_against_the_reference_names():
+  config = _s32()
+  config.optimizer.frozen_pattern = ('Encoder/encoderblock_[0-6]/', 'Moe/Mlp/Dense_0')
+  ours, _ = _translate(config)
+  params = _abstract_variables(ours)['params']
+  frozen = optimizer.frozen_names(params, ours.optimizer.freeze, ours.optimizer.param_naming)
+  assert {name.split('/')[1] for name in frozen} == {f'encoderblock_{i}' for i in range(8)}
+  # Block 7: its first expert layer alone (Moe/Mlp/Dense_0 there).
+  assert sorted(n for n in frozen if 'encoderblock_7' in n) == [
+      'encoder/encoderblock_7/moe/experts/wi_bias', 'encoder/encoderblock_7/moe/experts/wi_kernel']
 
 
 def test_e3_s32_config_translates_and_has_its_parameter_count_by_hand():

@@ -45,6 +45,8 @@ BAD_CONFIGS = [
     ('optimizer.gradient_clip_norm', -1.0,
      'config.optimizer.gradient_clip_norm=-1.0: must be > 0 or None'),
     ('optimizer.weight_decay', -0.1, 'config.optimizer.weight_decay=-0.1: must be >= 0'),
+    ('optimizer.param_naming', 'vit', "config.optimizer.param_naming='vit': must be one of "
+     "['ours', 'vmoe']"),
     ('optimizer.b2', 1.0, 'config.optimizer.b2=1.0: must be in [0, 1)'),
     ('optimizer.eps', 0.0, 'config.optimizer.eps=0.0: must be > 0'),
     ('optimizer.weight_decay_regex', '(kernel',

@@ -94,6 +94,32 @@ def test_weight_decay_per_regex_takes_the_first_match_as_the_reference_does():
   np.testing.assert_allclose(updates['head']['kernel'], [-2.5, -2.5], rtol=1e-6)
 
 
+def test_param_naming_vmoe_matches_regexes_against_the_reference_names():
+  """With param_naming='vmoe', weight decay and freezing read the reference V-MoE's
+  names: our experts' wi_kernel is its Moe/Mlp/Dense_0/kernel, our attention its
+  SelfAttention."""
+  block = {'moe': {'experts': {'wi_kernel': jnp.full((2,), 2.0),
+                               'wo_kernel': jnp.full((2,), 3.0)}},
+           'attention': {'query': {'kernel': jnp.full((2,), 5.0)}}}
+  params = {'encoder': {'encoderblock_1': block}}
+  cfg = dict(config_lib.base_config().optimizer.to_dict(), name='sgd', momentum=0.0,
+             weight_decay=[('Moe/Mlp/Dense_0/kernel', 0.5), ('.*/kernel', 0.1)],
+             freeze='SelfAttention/', param_naming='vmoe')
+  tx = opt.make_optimizer(cfg, optax.constant_schedule(1.0), params)
+  grads = jax.tree.map(jnp.ones_like, params)
+  updates, _ = jax.jit(tx.update)(grads, jax.jit(tx.init)(params), params)
+  # SGD at learning rate 1: the update is -(grad + factor * param); frozen: 0.
+  got = updates['encoder']['encoderblock_1']
+  np.testing.assert_allclose(got['moe']['experts']['wi_kernel'], [-2.0, -2.0], rtol=1e-6)
+  np.testing.assert_allclose(got['moe']['experts']['wo_kernel'], [-1.3, -1.3], rtol=1e-6)
+  np.testing.assert_allclose(got['attention']['query']['kernel'], [0.0, 0.0])
+  assert opt.frozen_names(params, 'SelfAttention/', 'vmoe') == [
+      'encoder/encoderblock_1/attention/query/kernel']
+  # In our naming none of these regexes matches the experts.
+  assert opt.weight_decay_factors(params, cfg['weight_decay'])['encoder']['encoderblock_1'][
+      'moe']['experts'] == {'wi_kernel': 0.0, 'wo_kernel': 0.0}
+
+
 @pytest.mark.parametrize('value,message', [
     ([('kernel', -1.0)], "got the entry ('kernel', -1.0)"),
     ([('(kernel', 0.1)], "'(kernel' is not a regular expression"),

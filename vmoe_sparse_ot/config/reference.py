@@ -168,10 +168,18 @@ def _weight_decay(value, ctx):
   if isinstance(value, (int, float)) and not isinstance(value, bool):
     # The reference decays every parameter with a float; ours, those matching a regex.
     return {'optimizer.weight_decay': float(value), 'optimizer.weight_decay_regex': '.*'}
-  # The reference's router module name, as its Soft MoE configs decay the
-  # router's scale ('.*/Moe/Router/scale'): ours is moe/router.
-  return {'optimizer.weight_decay': [(str(pair[0]).replace('Moe/Router', 'moe/router'),
-                                      *pair[1:]) for pair in value]}
+  # Its regexes are written against its parameter names ('.*/kernel' matches
+  # its experts' Moe/Mlp/Dense_0/kernel, not our moe/experts/wi_kernel).
+  return {'optimizer.weight_decay': [tuple(pair) for pair in value],
+          'optimizer.param_naming': 'vmoe'}
+
+
+def _frozen_pattern(value, ctx):
+  if value is None:
+    return {}
+  if not isinstance(value, str):  # A sequence: any of them, as the reference joins them.
+    value = '|'.join(f'(?:{pattern})' for pattern in value)
+  return {'optimizer.freeze': value, 'optimizer.param_naming': 'vmoe'}
 
 
 def _learning_rate(value, ctx):
@@ -529,9 +537,12 @@ TABLE: tuple[Row, ...] = (
         _zero_only('optimizer.nesterov', 'Nesterov momentum is not implemented here')),
     Row('optimizer.weight_decay', MAPPED, 'optimizer.weight_decay',
         "a float decays every parameter there: weight_decay_regex='.*'; a list of "
-        "(regex, value) as it is, its Moe/Router written moe/router", _weight_decay),
+        "(regex, value) as it is, matched against the reference's parameter names "
+        "(optimizer.param_naming='vmoe')", _weight_decay),
     Row('optimizer.gradient_clip.global_norm', MAPPED, 'optimizer.gradient_clip_norm'),
-    Row('optimizer.frozen_pattern', MAPPED, 'optimizer.freeze', 'a regex string'),
+    Row('optimizer.frozen_pattern', MAPPED, 'optimizer.freeze',
+        "a regex, or several joined as there (any matches); matched against the "
+        "reference's parameter names (optimizer.param_naming='vmoe')", _frozen_pattern),
     Row('optimizer.learning_rate.schedule', MAPPED, 'schedule.name',
         'the same names: constant, warmup_linear_decay, warmup_cosine_decay, '
         'warmup_polynomial_decay, warmup_exponential_decay, big_vision_rsqrt; each tested '

@@ -12,6 +12,8 @@ from vmoe_sparse_ot.config.fewshot_section import default_fewshot_config
 from vmoe_sparse_ot.nn.model_config import default_model_config
 
 OPTIMIZERS = ('adam', 'adamw', 'sgd', 'adafactor')
+# optimizer.param_naming: this project's parameter names, or the reference V-MoE's.
+PARAM_NAMINGS = ('ours', 'vmoe')
 AUGMENTATIONS = ('none', 'inception_crop_flip')
 SAMPLINGS = ('index', 'stream')  # data/pipeline.py
 # Each schedule and the `config.schedule` keys it reads beside SCHEDULE_KEYS.
@@ -109,6 +111,12 @@ def base_config() -> ml_collections.ConfigDict:
           # Parameters whose '/'-joined path matches (re.search) are kept fixed:
           # no update, no weight decay, left out of clipping. None: train all.
           'freeze': ml_collections.FieldReference(None, field_type=str),
+          # The names the regexes of weight_decay, weight_decay_regex and freeze
+          # are matched against: 'ours' (encoder/encoderblock_1/moe/experts/wi_kernel)
+          # or 'vmoe', the reference V-MoE's (Encoder/encoderblock_1/Moe/Mlp/
+          # Dense_0/kernel), as its config files write them (set when one is
+          # translated).
+          'param_naming': 'ours',
       },
       # Cross-entropy against (1 - s) one-hot + s / num_classes (training only;
       # softmax_xent only).

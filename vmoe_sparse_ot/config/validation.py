@@ -32,6 +32,7 @@ from vmoe_sparse_ot.config.schema import EVAL_DATASET_KEYS
 from vmoe_sparse_ot.config.schema import LOSSES
 from vmoe_sparse_ot.config.schema import MIXUP_GRANULARITIES
 from vmoe_sparse_ot.config.schema import OPTIMIZERS
+from vmoe_sparse_ot.config.schema import PARAM_NAMINGS
 from vmoe_sparse_ot.config.schema import SAMPLINGS
 from vmoe_sparse_ot.config.schema import SCHEDULES
 from vmoe_sparse_ot.config.schema import base_config
@@ -330,6 +331,7 @@ def validate(config: Mapping[str, Any]) -> None:
   _number(config, 'optimizer.eps', low=0, low_open=True)
   _choice(config, 'optimizer.mu_dtype', ('bfloat16', 'float32'), optional=True)
   _weight_decay(config['optimizer']['weight_decay'])
+  _choice(config, 'optimizer.param_naming', PARAM_NAMINGS)
   _number(config, 'optimizer.gradient_clip_norm', low=0, low_open=True, optional=True)
   regex = config['optimizer']['weight_decay_regex']
   try:

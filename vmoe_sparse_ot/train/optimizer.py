@@ -9,6 +9,7 @@ import optax
 
 from vmoe_sparse_ot import trees
 from vmoe_sparse_ot.config.schema import SCHEDULE_EXTRA_KEYS
+from vmoe_sparse_ot.initialization import names
 
 
 def resolved_schedule(schedule: Mapping[str, Any], train_steps: int) -> dict[str, Any]:
@@ -91,12 +92,19 @@ def _rsqrt_with_cooldown(peak: float, decay_steps: int, timescale: float,
   return optax.join_schedules([rsqrt, cooldown], [main])
 
 
-def path_mask(params: Any, regex: str) -> Any:
-  """Bool tree: True where the '/'-joined parameter path matches `regex`."""
+def param_name(path, naming: str = 'ours') -> str:
+  """The '/'-joined name of the parameter at jax key `path`, written in `naming`:
+  'ours' ('encoder/encoderblock_1/moe/experts/wi_kernel') or 'vmoe', the reference
+  V-MoE's ('Encoder/encoderblock_1/Moe/Mlp/Dense_0/kernel'), which the regexes of
+  its config files are written against (`optimizer.param_naming`)."""
+  return names.from_ours(trees.path_name(path), naming)
+
+
+def path_mask(params: Any, regex: str, naming: str = 'ours') -> Any:
+  """Bool tree: True where the parameter's name in `naming` matches `regex` (re.search)."""
   pattern = re.compile(regex)
   return jax.tree_util.tree_map_with_path(
-      lambda path, _: bool(pattern.search(trees.path_name(path))),
-      params)
+      lambda path, _: bool(pattern.search(param_name(path, naming))), params)
 
 
 def make_optimizer(optimizer: Mapping[str, Any], schedule: optax.Schedule,
@@ -104,7 +112,9 @@ def make_optimizer(optimizer: Mapping[str, Any], schedule: optax.Schedule,
   """Gradient clipping (optional), then Adam/AdamW, SGD or Adafactor, with decoupled
   weight decay.
 
-  Parameters matching `freeze` (a regex, or None) are not updated.
+  Parameters matching `freeze` (a regex, or None) are not updated. The regexes of
+  `freeze`, `weight_decay` and `weight_decay_regex` are matched (re.search)
+  against each parameter's name written in `param_naming` (`param_name`).
 
   Weight decay is decoupled from the adaptive moments and scaled by the learning
   rate (AdamW; V-MoE's "Adam, weight decay 0.1"), applied to the parameters
@@ -116,6 +126,7 @@ def make_optimizer(optimizer: Mapping[str, Any], schedule: optax.Schedule,
   """
   name = optimizer['name']
   wd = optimizer['weight_decay']
+  naming = optimizer.get('param_naming', 'ours')
   mu_dtype = optimizer.get('mu_dtype')
   if name in ('adam', 'adamw'):
     core = [optax.scale_by_adam(b1=float(optimizer['b1']), b2=float(optimizer['b2']),
@@ -134,10 +145,10 @@ def make_optimizer(optimizer: Mapping[str, Any], schedule: optax.Schedule,
     chain.append(optax.clip_by_global_norm(float(clip)))
   chain += core
   if isinstance(wd, (list, tuple)):
-    chain.append(add_decayed_weights_by_path(weight_decay_factors(params, wd)))
+    chain.append(add_decayed_weights_by_path(weight_decay_factors(params, wd, naming)))
   elif wd:
     chain.append(optax.add_decayed_weights(
-        float(wd), mask=path_mask(params, optimizer['weight_decay_regex'])))
+        float(wd), mask=path_mask(params, optimizer['weight_decay_regex'], naming)))
   chain.append(optax.scale_by_learning_rate(schedule))
   freeze = optimizer.get('freeze')
   if freeze is None:
@@ -146,17 +157,17 @@ def make_optimizer(optimizer: Mapping[str, Any], schedule: optax.Schedule,
   # only the trained ones), updates zeroed last (weight decay would move them).
   # The optimizer state keeps its usual structure, so its sharding and
   # checkpoints are those of a run without freezing.
-  zero = _zero_where(path_mask(params, freeze))
+  zero = _zero_where(path_mask(params, freeze, naming))
   return optax.chain(zero, *chain, zero)
 
 
-def weight_decay_factors(params: Any, pairs) -> Any:
+def weight_decay_factors(params: Any, pairs, naming: str = 'ours') -> Any:
   """Float tree: each parameter's factor, the value of the first regex of `pairs`
-  ((regex, value), ...) its '/'-joined path matches; 0 when none does."""
+  ((regex, value), ...) its name in `naming` matches; 0 when none does."""
   compiled = [(re.compile(regex), float(value)) for regex, value in pairs]
 
   def factor(path, _):
-    name = trees.path_name(path)
+    name = param_name(path, naming)
     return next((value for pattern, value in compiled if pattern.search(name)), 0.0)
 
   return jax.tree_util.tree_map_with_path(factor, params)
@@ -201,11 +212,11 @@ def _zero_where(mask: Any) -> optax.GradientTransformation:
   return optax.stateless(update)
 
 
-def frozen_names(params: Any, regex: str | None) -> list[str]:
-  """'/'-joined paths of the parameters `optimizer.freeze` keeps fixed."""
+def frozen_names(params: Any, regex: str | None, naming: str = 'ours') -> list[str]:
+  """'/'-joined paths (this project's names) of the parameters `optimizer.freeze`
+  keeps fixed, `regex` matched against their names in `naming`."""
   if regex is None:
     return []
   pattern = re.compile(regex)
-  return [name for name in (trees.path_name(p) for p, _ in
-                            jax.tree_util.tree_flatten_with_path(params)[0])
-          if pattern.search(name)]
+  return [trees.path_name(p) for p, _ in jax.tree_util.tree_flatten_with_path(params)[0]
+          if pattern.search(param_name(p, naming))]

@@ -90,7 +90,8 @@ def run_meta(config: ml_collections.ConfigDict, abstract_params: Any) -> dict[st
       # Keys added later are left out at their defaults, so the record is what
       # it was before they existed and older workdirs still resume.
       'optimizer': {k: v for k, v in _json(config.optimizer.to_dict()).items()
-                    if not (k in ('freeze', 'mu_dtype') and v is None)},
+                    if not (k in ('freeze', 'mu_dtype') and v is None)
+                    and not (k == 'param_naming' and v == 'ours')},
       'schedule': _json(config_lib.schedule_record(config.schedule.to_dict())),
       'train_steps': int(config.train_steps),
   }
@@ -255,7 +256,8 @@ def _train_and_evaluate(config, workdir, model, devices, allow_schedule_change, 
   abstract_params = programs.get(keys['init'], 'abstract_params',
                                  lambda: jax.eval_shape(init_params, init_key))
   tx = optimizer_lib.make_optimizer(config.optimizer, schedule, abstract_params)
-  frozen = optimizer_lib.frozen_names(abstract_params, config.optimizer.freeze)
+  frozen = optimizer_lib.frozen_names(abstract_params, config.optimizer.freeze,
+                                      config.optimizer.param_naming)
   if frozen:
     logging.info('optimizer.freeze keeps %d parameter arrays fixed: %s', len(frozen),
                  ', '.join(frozen[:6]) + (', ...' if len(frozen) > 6 else ''))
