@@ -294,6 +294,40 @@ def test_a_float_learning_rate_and_a_float_weight_decay():
   assert (ours.optimizer.weight_decay, ours.optimizer.weight_decay_regex) == (0.1, '.*')
 
 
+def _cannot_read(name, split, data_dir):
+  raise FileNotFoundError(f'{name} is not prepared')
+
+
+def _command_line(*overrides):
+  """The reference config that main's --config flag gives, with `overrides` applied."""
+  from absl import flags
+  from ml_collections import config_flags
+  from vmoe_sparse_ot.config import cli
+  argv = ['prog', f'--config={S32}', *overrides]
+  values = flags.FlagValues()
+  config_flags.DEFINE_config_file('config', None, flag_values=values, lock_config=True,
+                                  sys_argv=argv)
+  values['config'].parser = cli.ConfigFileParser('config')
+  values(argv)
+  return values.config
+
+
+def test_train_steps_on_the_command_line_replaces_the_files_train_epochs():
+  """The S/32 file has train_epochs alone; without the split's size the refusal says
+  to give --config.train_steps, and that works."""
+  with pytest.raises(reference.ReferenceConfigError) as e:
+    reference.translate(_command_line(), num_examples=_cannot_read)
+  assert ('needs the size of imagenet2012:train[:99%], which cannot be read '
+          '(FileNotFoundError): prepare it under dataset.train.data_dir, or give '
+          '--config.train_steps=N instead') in str(e.value)
+  ours, notes = reference.translate(_command_line('--config.train_steps=1234'),
+                                    num_examples=_cannot_read)
+  assert ours.train_steps == 1234
+  assert 'train_epochs (train_steps=1234 is given, which sets the length of the run)' in notes
+  # Left alone, the file's train_epochs gives the steps: ceil(300 x 1268355 / 4096).
+  assert _translate(_command_line())[0].train_steps == 92_898
+
+
 def test_the_soft_moe_recipe_keys_translate():
   """The Soft MoE recipe's model keys (its common.get_vmoe_soft_router_config) on the
   S/32 file: qk-norm, sincos2d, MAP head, a head drawn at random, the SoftRouter."""

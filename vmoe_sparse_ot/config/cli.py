@@ -16,6 +16,7 @@ from typing import Any, Mapping, NoReturn, Sequence
 from absl import flags as absl_flags
 
 from vmoe_sparse_ot.errors import first_line
+from vmoe_sparse_ot.config import reference
 from vmoe_sparse_ot.config.files import load_config_file
 
 
@@ -124,7 +125,7 @@ class ConfigFileParser(absl_flags.ArgumentParser):
     self.name = name
 
   def parse(self, argument):
-    config = load_config_file(argument, translate=False)
+    config = reference.with_command_line_keys(load_config_file(argument, translate=False))
     config.lock()
     return config
 

@@ -149,18 +149,25 @@ def _train_process(value, ctx):
           'dataset.channels': _channels_of(value)}
 
 
+def _train_steps(value, ctx):
+  # None: the place `with_command_line_keys` keeps for --config.train_steps.
+  return {} if value is None else {'train_steps': value}
+
+
 def _train_epochs(value, ctx):
-  if ctx.flat.get('train_steps'):
-    _fail('train_epochs', value, 'give train_steps or train_epochs, not both')
+  if value is None:
+    return {}
   name, split = ctx.flat.get('dataset.train.name'), ctx.flat.get('dataset.train.split')
   batch = ctx.flat.get('dataset.train.batch_size')
   if ctx.num_examples is None:
-    _fail('train_epochs', value, 'needs the size of the training split; give train_steps')
+    _fail('train_epochs', value, 'needs the size of the training split; give '
+          '--config.train_steps=N instead')
   try:
     examples = ctx.num_examples(name, split, ctx.flat.get('dataset.train.data_dir'))
   except Exception as e:  # TFDS raises many types; all mean "cannot tell".
     _fail('train_epochs', value, f'needs the size of {name}:{split}, which cannot be read '
-          f'({type(e).__name__}); give train_steps instead')
+          f'({type(e).__name__}): prepare it under dataset.train.data_dir, or give '
+          '--config.train_steps=N instead')
   return {'train_steps': int(math.ceil(value * examples / batch))}
 
 
@@ -367,7 +374,9 @@ _DISPATCHER = _ROUTER + 'dispatcher.'
 TABLE: tuple[Row, ...] = (
     # --- the run ---
     Row('seed', MAPPED, 'seed'),
-    Row('train_steps', MAPPED, 'train_steps'),
+    Row('train_steps', MAPPED, 'train_steps',
+        'a file with train_epochs alone takes --config.train_steps too, which wins',
+        _train_steps),
     Row('train_epochs', MAPPED, 'train_steps',
         'ceil(epochs x examples of the training split / batch size), as there; the '
         'split is read from its TFDS info', _train_epochs),
@@ -792,6 +801,12 @@ def translate(reference: Mapping[str, Any], *,
   for key in flat:  # Every key is known before any is converted (or data is read).
     _known_row(key)
   updates, notes = {}, []
+  if flat.get('train_steps') is not None and flat.get('train_epochs') is not None:
+    # The reference takes one of them; a command line's train_steps (on a file
+    # with train_epochs) sets the run's length without reading the split's size.
+    notes.append(f'train_epochs (train_steps={flat["train_steps"]} is given, which sets '
+                 'the length of the run)')
+    flat = {k: v for k, v in flat.items() if k != 'train_epochs'}
   # Keys the file leaves out, whose default differs: the reference's default.
   for key, value in REFERENCE_DEFAULTS.items():
     if key not in flat and 'model.encoder.moe.num_experts' in flat:
@@ -838,6 +853,16 @@ def _num_examples(*args, **kwargs) -> int:
   # `data.num_examples` imports the TFDS pipeline, so not before the call.
   from vmoe_sparse_ot import data  # pylint: disable=g-import-not-at-top
   return data.num_examples(*args, **kwargs)
+
+
+def with_command_line_keys(config: Any) -> Any:
+  """`config`, a reference config file's (unlocked), with the keys a command line
+  may set that the file can lack: `train_steps` (None) beside `train_epochs`, so
+  that `--config.train_steps=N` runs without the training split's size."""
+  if (isinstance(config, ml_collections.ConfigDict) and is_reference(config)
+      and 'train_epochs' in config and 'train_steps' not in config):
+    config.train_steps = ml_collections.config_dict.placeholder(int)
+  return config
 
 
 def resolve(config: Any, *, log: Callable[[str], None] = _stderr_line) -> Any:
