@@ -507,6 +507,13 @@ def test_soft_moe_weights_sum_as_the_definition_says():
   assert soft.capacity(cfg("soft_moe").options, 64, 8) == 8
   assert soft.capacity(cfg("soft_moe", capacity_factor=0.5).options, 50, 4) == 6
   assert soft.capacity(cfg("soft_moe", capacity=1).options, 64, 8) == 1
+  # Halves go to the even integer (Python's round, as the reference's): 24.5 -> 24,
+  # 3.5 -> 4; below one slot is an error there and here.
+  assert soft.capacity(cfg("soft_moe").options, 196, 8) == 24
+  assert soft.capacity(cfg("soft_moe").options, 56, 16) == 4
+  with pytest.raises(ValueError, match=r"^model.encoder.moe.router.capacity_factor=0.25 gives "
+                     r"round\(8 \* 0.25 / 8\) = 0 soft_moe slots per expert"):
+    soft.capacity(cfg("soft_moe", capacity_factor=0.25).options, 8, 8)
   assert not soft.needs_rng(cfg("soft_moe").options, True)
   assert soft.needs_rng(cfg("soft_moe", noise_std=0.1).options, True)
   # num_slots, the reference SoftRouter's, sets C whatever capacity_factor is.

@@ -264,6 +264,3 @@ def assign_top_k(scores: Array, token_mask: Array, num_experts: int, k: int, cap
 def zero_loss() -> Array:
   return jnp.zeros((), jnp.float32)
 
-
-def round_half_up(x: float) -> int:
-  return int(math.floor(x + 0.5))

@@ -13,7 +13,8 @@ softmaxes. Padding tokens get dispatch weight 0 and combine weight 0.
 
 C (slots per expert) is `soft_moe.num_slots` (the reference SoftRouter's
 `num_slots`; the Soft MoE recipe sets 1) or `capacity` if either is set, else
-round(S * capacity_factor / E) (at least 1), as in the reference implementation.
+round(S * capacity_factor / E) (Python's round: halves to the even integer; below 1
+is an error), as in the reference implementation.
 
 `soft_moe.compute_similarity_metrics` (off by default; the reference's option,
 on there unless a config turns it off) adds the reference's similarity metrics:
@@ -66,7 +67,15 @@ def capacity(opts: SoftMoEOptions, group_size: int, num_experts: int) -> int:
     return opts.num_slots
   if opts.capacity is not None:
     return opts.capacity
-  return max(1, base.round_half_up(group_size * opts.capacity_factor / num_experts))
+  # Python's round (halves to the even integer) and no fewer than one slot, as the
+  # reference's compute_capacity(..., ceil_or_round='round', multiple_of=1).
+  slots = int(round(group_size * opts.capacity_factor / num_experts))
+  if slots < 1:
+    raise ValueError(f"model.encoder.moe.router.capacity_factor={opts.capacity_factor!r} gives "
+                     f"round({group_size} * {opts.capacity_factor} / {num_experts}) = {slots} "
+                     "soft_moe slots per expert; it must give at least 1 (or set "
+                     "soft_moe.num_slots)")
+  return slots
 
 
 def _normalize(x: Array, axis: int, eps: float = 1e-6) -> Array:
