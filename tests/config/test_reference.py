@@ -369,6 +369,11 @@ def test_the_soft_moe_recipe_keys_translate():
      'optimizer.learning_rate.decay_steps'),
     (lambda c: c.dataset.train.__setattr__('process', 'decode|flip_lr'),
      'dataset.train.process'),
+    (lambda c: c.optimizer.learning_rate.__setattr__('schedule', 'warmup_rsqrt'),
+     'optimizer.learning_rate.schedule'),
+    # Another model's file (its own keys too) is refused by the model's class.
+    (lambda c: (c.model.__setattr__('name', 'vmoe.projects.contrastive.models.TwoTower'),
+                c.model.__setattr__('bias_init', -10.0)), 'model.name'),
 ])
 def test_keys_that_cannot_be_translated_are_one_line_naming_them(edit, key):
   config = _s32()

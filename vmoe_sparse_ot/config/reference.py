@@ -38,6 +38,10 @@ MAPPED, NO_EFFECT, REFUSED = 'mapped', 'no effect', 'refused'
 MODEL_NAMES = {'VisionTransformerMoe': 'vit_moe', 'VisionTransformer': 'vit',
                'VisionTransformerMoeEnsemble': 'vit_moe'}
 ENSEMBLE_MODEL = 'VisionTransformerMoeEnsemble'
+# The reference's learning-rate schedules, each ours of the same name.
+REFERENCE_SCHEDULES = ('constant', 'warmup_linear_decay', 'warmup_cosine_decay',
+                       'warmup_polynomial_decay', 'warmup_exponential_decay',
+                       'big_vision_rsqrt')
 # The reference's losses and ours: an ensemble loss is ours on an E³ model
 # (model.ensemble_size > 1), which trains and evaluates it as the reference does.
 LOSS_NAMES = {'softmax_xent': 'softmax_xent', 'sigmoid_xent': 'sigmoid_xent',
@@ -553,9 +557,9 @@ TABLE: tuple[Row, ...] = (
         "a regex, or several joined as there (any matches); matched against the "
         "reference's parameter names (optimizer.param_naming='vmoe')", _frozen_pattern),
     Row('optimizer.learning_rate.schedule', MAPPED, 'schedule.name',
-        'the same names: constant, warmup_linear_decay, warmup_cosine_decay, '
-        'warmup_polynomial_decay, warmup_exponential_decay, big_vision_rsqrt; each tested '
-        'against its formula'),
+        'the same names: ' + ', '.join(REFERENCE_SCHEDULES) + '; each tested against its '
+        'formula', _choice('optimizer.learning_rate.schedule',
+                           {name: name for name in REFERENCE_SCHEDULES}, 'schedule.name')),
     Row('optimizer.learning_rate.peak_value', MAPPED, 'schedule.peak_value'),
     Row('optimizer.learning_rate.value', MAPPED, 'schedule.peak_value', 'the constant schedule'),
     Row('optimizer.learning_rate.end_value', MAPPED, 'schedule.end_value',
@@ -798,6 +802,10 @@ def translate(reference: Mapping[str, Any], *,
         f'reference config: no evaluation variant of the training dataset '
         f'{flat["dataset.train.name"]!r} among dataset.{{{",".join(_variants(flat))}}}: '
         'this project evaluates one split of it (dataset.eval_split) at every evaluation')
+  if flat.get('model.name', 'VisionTransformerMoe') not in MODEL_NAMES:
+    # The model's class first: a file for another model (a two-tower contrastive
+    # one) is refused by its name, not by the first key that model adds.
+    _choice('model.name', MODEL_NAMES, 'model.name')(flat['model.name'], None)
   for key in flat:  # Every key is known before any is converted (or data is read).
     _known_row(key)
   updates, notes = {}, []
