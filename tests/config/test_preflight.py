@@ -29,6 +29,28 @@ def test_pp_strings_are_traced_against_the_model_input_before_training():
     config.dataset[key] = 'decode(channels=1)|value_range(-1, 1)'
 
 
+def test_the_fewshot_pp_is_traced_on_every_fewshot_dataset():
+  config = load('vmoe_tiny_mnist.py')
+  config.unlock()
+  config.fewshot.pp = 'decode(1)|resize(32)|central_crop(28)|value_range(-1, 1)|keep("image", "label")'
+  config_lib.check_datasets(config, training=False, fewshot=True)  # MNIST and digits fit.
+  for pp, message in [
+      ('decode(1)|resize(32)|value_range(-1, 1)',
+       "config.fewshot.pp (on config.fewshot.datasets.digits): pp 'decode(1)|resize(32)|"
+       "value_range(-1, 1)' gives 'image' float32 of shape (32, 32, 1); the model reads "
+       "float32 (28, 28, 1)"),
+      ('decode(1)|resize(28)|value_range(-1, 1)|keep("image")',
+       "config.fewshot.pp='decode(1)|resize(28)|value_range(-1, 1)|keep(\"image\")': must "
+       "keep the integer 'label'")]:
+    config.fewshot.pp = pp
+    with pytest.raises(config_lib.ConfigError) as info:
+      config_lib.check_datasets(config, training=False, fewshot=True)
+    assert str(info.value).startswith(message) and '\n' not in str(info.value)
+  config.fewshot.pp = 'decode(1)|bogus_op'
+  with pytest.raises(config_lib.ConfigError, match=r"^config.fewshot.pp='decode\(1\)\|bogus_op'"):
+    config_lib.validate(config)
+
+
 def test_directory_checks(tmp_path):
   regular = tmp_path / 'file'
   regular.write_text('')

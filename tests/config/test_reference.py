@@ -233,7 +233,7 @@ def test_b16_fine_tuning_config_by_hand():
   f = ours.fewshot
   assert (list(f.datasets), f.every_steps, f.batch_size, f.l2_selection) == (
       ['pets'], 500, 1024, 'reference')
-  assert 'fewshot.process' in ' '.join(notes)
+  assert f.pp == 'decode|resize(256)|central_crop(224)|value_range(-1, 1)|keep("image", "label")'
 
 
 def test_the_reference_defaults_apply_where_the_file_is_silent():
@@ -430,8 +430,10 @@ def test_fewshot_section():
       (1, 5), 512, 5000, (0, 1))
   assert tuple(f.l2_regs) == (0.25, 0.5, 1.0, 2.0, 4.0)
   assert f.l2_selection == 'reference'
-  assert {n.split(' ')[0] for n in notes} >= {'fewshot.process', 'fewshot.main_task',
+  assert f.pp == 'decode|resize(256)|central_crop(224)|value_range(-1, 1)'
+  assert {n.split(' ')[0] for n in notes} >= {'fewshot.main_task',
                                               'fewshot.model_overrides.num_classes'}
+  assert 'fewshot.process' not in ' '.join(notes)
 
 
 def test_the_docs_show_the_mapping_table():

@@ -112,6 +112,38 @@ def test_reference_l2_index_by_hand():
   assert ridge.reference_l2_index([[0.3, 0.3, 0.3]]) == 2
 
 
+@pytest.mark.parametrize('per_class, dim', [(6, 4), (2, 9)])   # n >= p and p > n
+def test_fit_each_reference_design_is_the_reference_evaluators_formula(per_class, dim):
+  """design='reference' against the reference V-MoE few-shot evaluator's computation,
+  written out: features centred, divided by std + 1e-5 (a constant feature too), a
+  bias column of 100, targets 2 one_hot - 1; eigh of X^T X (n >= p) or X X^T, and
+  W = lhs diag(1 / (eigs + l2)) rhs."""
+  x, y = clusters(4, num_classes=3, per_class=per_class, dim=dim, noise=1.0)
+  x[:, 0] = 2.5                                   # a constant feature: std 0 there
+  test_x = clusters(5, num_classes=3, per_class=3, dim=dim, noise=1.0)[0]
+  l2_regs = (2.0**-10, 0.5, 64.0)
+  mean, std = x.mean(0, keepdims=True), x.std(0, keepdims=True) + 1e-5
+  design = np.pad((x - mean) / std, ((0, 0), (0, 1)), constant_values=100.0)
+  targets = 2.0 * np.eye(3)[y] - 1.0
+  if design.shape[0] >= design.shape[1]:
+    eigs, q = np.linalg.eigh(design.T @ design)
+    rhs, lhs = q.T @ (design.T @ targets), q
+  else:
+    eigs, q = np.linalg.eigh(design @ design.T)
+    rhs, lhs = q.T @ targets, design.T @ q
+  test_design = np.pad((test_x - mean) / std, ((0, 0), (0, 1)), constant_values=100.0)
+  fits = ridge.fit_each(x, y, num_classes=3, l2_regs=l2_regs, design='reference')
+  for lam, fit in zip(l2_regs, fits):
+    want = (lhs / (eigs + lam)[None, :]) @ rhs
+    np.testing.assert_allclose(fit.weights, want, rtol=1e-6, atol=1e-9)
+    np.testing.assert_allclose(fit.predict(test_x), test_design @ want, rtol=1e-6, atol=1e-8)
+  # Ours differs: a bias column of 1 (and a constant feature left at 0).
+  ours = ridge.fit_each(x, y, num_classes=3, l2_regs=l2_regs)
+  assert not np.allclose(ours[-1].weights[-1], fits[-1].weights[-1])
+  with pytest.raises(ValueError, match="design must be one of"):
+    ridge.fit_each(x, y, num_classes=3, l2_regs=l2_regs, design='vmoe')
+
+
 def test_fit_each_is_fit_at_each_strength():
   x, y = clusters(3, num_classes=3, per_class=4, dim=5, noise=1.0)
   l2_regs = (0.01, 1.0, 100.0)

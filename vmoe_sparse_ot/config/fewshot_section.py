@@ -77,15 +77,21 @@ def default_fewshot_config() -> ml_collections.ConfigDict:
       # leave-one-out on the few-shot set) or 'holdout' (hold out `holdout_fraction`
       # of each class, then refit on all). 1-shot falls back to leave-one-out MSE.
       # See vmoe_sparse_ot/evaluate/ridge.py. 'reference': the reference V-MoE
-      # code's rule, to compare with its published numbers: per shot, the L2 of
-      # best mean rank by test accuracy over every dataset and seed, reported for
-      # all of them (it selects on the test split; evaluate/transfer.py).
+      # code's ridge (features scaled by std + 1e-5, a bias column of 100) and
+      # rule, to compare with its published numbers: per shot, the L2 of best mean
+      # rank by test accuracy over every dataset and seed, reported for all of
+      # them (it selects on the test split; evaluate/transfer.py).
       'l2_selection': 'loo',
       'holdout_fraction': 0.2,
       # Global batch size of feature extraction (over all processes; a multiple of
       # the process count, and of the device count when sharded).
       'batch_size': 256,
       'datasets': transfer_datasets('digits', 'mnist'),
+      # A preprocessing string for every few-shot image (docs/PREPROCESSING.md), e.g.
+      # the reference V-MoE code's 'decode|resize(256)|central_crop(224)|value_range(-1,
+      # 1)|keep("image", "label")'; it must give 'image' at the model's input shape and
+      # the integer 'label'. None: decoded and resized to config.dataset.image_size.
+      'pp': ml_collections.FieldReference(None, field_type=str),
   })
 
 
@@ -115,6 +121,14 @@ def validate(fewshot: Mapping[str, Any]) -> None:
     fail('holdout_fraction', 'must be in (0, 1)')
   if not is_int(fewshot['batch_size']) or fewshot['batch_size'] < 1:
     fail('batch_size', 'must be an integer >= 1')
+  if fewshot['pp'] is not None:
+    if not isinstance(fewshot['pp'], str) or not fewshot['pp'].strip():
+      fail('pp', 'must be a pp string such as "decode|resize(224)|value_range(-1, 1)" or None')
+    from vmoe_sparse_ot.data import pp as pp_lib  # pylint: disable=g-import-not-at-top
+    try:
+      pp_lib.build(fewshot['pp'], training=False)  # The parser: no TensorFlow.
+    except ValueError as e:
+      fail('pp', str(e))
   for key, spec in fewshot['datasets'].items():
     if not hasattr(spec, 'keys') or sorted(spec.keys()) != sorted(DATASET_KEYS):
       raise ValueError(f'config.fewshot.datasets.{key} must have exactly the keys '

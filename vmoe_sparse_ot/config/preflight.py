@@ -104,6 +104,25 @@ def check_datasets(config: Mapping[str, Any], *, training: bool = True,
         data.check_dataset(spec['name'], [spec['train_split'], spec['test_split']], data_dir)
       except (OSError, ValueError) as e:
         raise _same_kind(e, f'config.fewshot.datasets.{key}: {first_line(e)}') from None
+      _check_fewshot_pp(config, key, data.image_shape(spec['name'], data_dir))
+
+
+def _check_fewshot_pp(config, key: str, stored_shape: tuple | None) -> None:
+  """config.fewshot.pp gives the model's input and the integer label on dataset `key`."""
+  from vmoe_sparse_ot import data  # pylint: disable=g-import-not-at-top  (TensorFlow)
+  pp, ds = config['fewshot']['pp'], config['dataset']
+  if pp is None:
+    return
+  try:
+    specs = data.trace_pp(pp, training=False, image_size=ds['image_size'],
+                          channels=ds['channels'], stored_shape=stored_shape)
+  except ValueError as e:
+    raise ConfigError(f'config.fewshot.pp (on config.fewshot.datasets.{key}): '
+                      f'{first_line(e)}') from None
+  label = specs.get('label')
+  if label is None or label.shape.rank != 0 or not label.dtype.is_integer:
+    raise ConfigError(f"config.fewshot.pp={pp!r}: must keep the integer 'label' "
+                      "(few-shot fits on it), e.g. end with keep(\"image\", \"label\")")
 
 
 def _check_pp_output(config, pp_key: str, pp: str | None, *, training: bool,

@@ -604,15 +604,13 @@ TABLE: tuple[Row, ...] = (
         '(name, train split, test split) -> {name, train_split, test_split}'),
     Row('fewshot.shots', MAPPED, 'fewshot.shots'),
     Row('fewshot.l2_regs', MAPPED, 'fewshot.l2_regs',
-        "with fewshot.l2_selection='reference': per shot, the L2 of best mean rank of test "
-        'accuracy over all datasets and seeds, as there; the ridge differs (there: std + '
-        '1e-5 whitening and a bias feature of 100; here: standardised, a bias of 1 penalised '
-        'like every weight)'),
+        "with fewshot.l2_selection='reference': its ridge (features scaled by std + 1e-5, "
+        'a bias feature of 100) and, per shot, the L2 of best mean rank of test accuracy over '
+        'all datasets and seeds, as there'),
     Row('fewshot.every_steps', MAPPED, 'fewshot.every_steps'),
     Row('fewshot.seeds_per_step', MAPPED, 'fewshot.seeds', 'N: seeds 0..N-1', _seeds_per_step),
     Row('fewshot.batch_size', MAPPED, 'fewshot.batch_size'),
-    Row('fewshot.process', NO_EFFECT,
-        why='few-shot images are decoded and resized to dataset.image_size here'),
+    Row('fewshot.process', MAPPED, 'fewshot.pp', 'the same pp string'),
     Row('fewshot.main_task', NO_EFFECT, why='every task is logged as fewshot/NAME/Nshot'),
     Row('fewshot.cache', NO_EFFECT, why='features are computed once per evaluation'),
     Row('fewshot.model_overrides.num_classes', NO_EFFECT,

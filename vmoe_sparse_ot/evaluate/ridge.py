@@ -41,7 +41,11 @@ Choosing the L2 strength without the test split (`fit(..., selection=...)`):
 
 - 'reference' is not a choice made here: `fit_each` fits every strength on all the
   few-shot examples and `reference_l2_index` applies the reference V-MoE code's
-  rule to their test accuracies (evaluate/transfer.py).
+  rule to their test accuracies (evaluate/transfer.py). There `fit_each(...,
+  design='reference')` builds the reference evaluator's design matrix instead:
+  features scaled by their standard deviation + 1e-5 (a constant feature is not
+  special) and a bias column of 100 rather than 1, so that the bias is almost
+  unpenalised (lam ||w||^2 on a bias of weight b / 100).
 
 Everything runs in float64 numpy on the host: the eigenproblem is
 min(n, features + 1)-dimensional, and double precision keeps small L2 strengths
@@ -56,6 +60,10 @@ from vmoe_sparse_ot.config.fewshot_section import L2_SELECTIONS
 # What `fit` chooses by, on the few-shot examples: the values of
 # config.fewshot.l2_selection but 'reference' (which uses `fit_each`).
 SELECTION_MODES = tuple(s for s in L2_SELECTIONS if s != 'reference')
+# The design matrices `fit_each` builds: this module's, or the reference V-MoE
+# few-shot evaluator's (scale std + 1e-5, bias column 100).
+DESIGNS = ('ours', 'reference')
+_REFERENCE_BIAS, _REFERENCE_STD_EPS = 100.0, 1e-5
 
 
 class Spectrum(NamedTuple):
@@ -82,6 +90,7 @@ class RidgeFit(NamedTuple):
     l2_regs: (L,) the candidate strengths.
     selection_accuracy: (L,) held-out top-1 accuracy per candidate (NaN at 1-shot).
     selection_mse: (L,) held-out mean squared error per candidate.
+    bias: the value of the design matrix's bias column (1; the reference's 100).
   """
   weights: np.ndarray
   mean: np.ndarray
@@ -90,10 +99,11 @@ class RidgeFit(NamedTuple):
   l2_regs: np.ndarray
   selection_accuracy: np.ndarray
   selection_mse: np.ndarray
+  bias: float = 1.0
 
   def predict(self, features: np.ndarray) -> np.ndarray:
     """(N, p - 1) raw features -> (N, c) class scores."""
-    return design_matrix(features, self.mean, self.scale) @ self.weights
+    return design_matrix(features, self.mean, self.scale, self.bias) @ self.weights
 
 
 def standardization(features: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -104,10 +114,11 @@ def standardization(features: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
   return mean, np.where(scale > 0, scale, 1.0)
 
 
-def design_matrix(features: np.ndarray, mean: np.ndarray, scale: np.ndarray) -> np.ndarray:
-  """(n, d) features -> (n, d + 1) standardised features with a trailing ones column."""
+def design_matrix(features: np.ndarray, mean: np.ndarray, scale: np.ndarray,
+                  bias: float = 1.0) -> np.ndarray:
+  """(n, d) features -> (n, d + 1) standardised features with a trailing column of `bias`."""
   x = (np.asarray(features, np.float64) - mean) / scale
-  return np.concatenate([x, np.ones((x.shape[0], 1))], axis=1)
+  return np.concatenate([x, np.full((x.shape[0], 1), float(bias))], axis=1)
 
 
 def one_hot_pm1(labels: np.ndarray, num_classes: int) -> np.ndarray:
@@ -257,18 +268,27 @@ def fit(features: np.ndarray, labels: np.ndarray, *, num_classes: int,
 
 
 def fit_each(features: np.ndarray, labels: np.ndarray, *, num_classes: int,
-             l2_regs: Sequence[float]) -> list[RidgeFit]:
+             l2_regs: Sequence[float], design: str = 'ours') -> list[RidgeFit]:
   """One `RidgeFit` per strength of `l2_regs`, each on all n examples (one decomposition).
 
   For a choice made elsewhere (`reference_l2_index`); no selection scores.
+  `design`: 'ours' (see `design_matrix`), or 'reference', the reference V-MoE
+  few-shot evaluator's (features scaled by std + 1e-5, a bias column of 100).
   """
+  if design not in DESIGNS:
+    raise ValueError(f'design must be one of {DESIGNS}; got {design!r}.')
   features, labels, l2_regs = _check_inputs(features, labels, num_classes, l2_regs)
   y = one_hot_pm1(labels, num_classes)
-  mean, scale = standardization(features)
-  spec = spectrum(design_matrix(features, mean, scale))
+  if design == 'reference':
+    features = np.asarray(features, np.float64)
+    mean, scale = features.mean(axis=0), features.std(axis=0) + _REFERENCE_STD_EPS
+    bias = _REFERENCE_BIAS
+  else:
+    (mean, scale), bias = standardization(features), 1.0
+  spec = spectrum(design_matrix(features, mean, scale, bias))
   none = np.full(l2_regs.shape, np.nan)
   return [RidgeFit(weights=w, mean=mean, scale=scale, l2_reg=float(lam), l2_regs=l2_regs,
-                   selection_accuracy=none, selection_mse=none)
+                   selection_accuracy=none, selection_mse=none, bias=bias)
           for lam, w in zip(l2_regs, ridge_weights(spec, y, l2_regs))]
 
 

@@ -120,7 +120,7 @@ def _accuracy_per_l2(train_features, train_labels, test_features, test_labels, n
   for seed in seeds:
     idx = sample_few_shot(train_labels, shot, seed, num_classes)
     fits = ridge.fit_each(train_features[idx], train_labels[idx], num_classes=num_classes,
-                          l2_regs=l2_regs)
+                          l2_regs=l2_regs, design='reference')
     grid.append([_top1(_predict(fit, test_features), test_labels) for fit in fits])
   return {'accuracy_per_l2': grid, 'seeds': [int(s) for s in seeds]}
 
@@ -217,8 +217,8 @@ def make_evaluator(config: ml_collections.ConfigDict, model, *, mesh=None) -> Fe
   """Builds the evaluator of `config.fewshot` for `model` (see module docstring).
 
   Reads `config.fewshot` (see `default_fewshot_config()`; validated first) and the
-  input geometry `config.dataset.{image_size, channels, data_dir}`, so every dataset
-  is resized to the model's input. Raises `DatasetError` naming the dataset that
+  input geometry `config.dataset.{image_size, channels, data_dir}`: every dataset
+  is resized to the model's input, or preprocessed by `config.fewshot.pp`. Raises `DatasetError` naming the dataset that
   cannot be loaded.
   """
   # Imported here: the data package pulls in TensorFlow, which config files that
@@ -240,7 +240,7 @@ def make_evaluator(config: ml_collections.ConfigDict, model, *, mesh=None) -> Fe
           data.make_dataset(spec.name, split, batch_size=per_process_batch,
                             image_size=config.dataset.image_size,
                             channels=config.dataset.channels, training=False,
-                            data_dir=data_dir)
+                            data_dir=data_dir, pp=fs.pp)
           for split in (spec.train_split, spec.test_split)]
     except Exception as e:  # TFDS raises many types; all mean "cannot load it".
       raise DatasetError(
