@@ -50,6 +50,9 @@ def test_s32_data_evaluation_and_checkpoints_by_hand():
   d = ours.dataset
   assert (d.name, d.train_split, d.eval_split) == ('imagenet2012', 'train[:99%]', 'validation')
   assert (d.image_size, d.channels, d.shuffle_buffer) == (224, 3, 50_000)
+  # ... which the default sampling does not read: the run says so.
+  assert any(n.startswith('dataset.train.shuffle_buffer (kept as dataset.shuffle_buffer for '
+                          "dataset.sampling='stream': the default 'index'") for n in notes)
   labels = 'onehot(1000, inkey="label", outkey="labels")|keep("image", "labels")'
   assert d.pp_train == ('decode_jpeg_and_inception_crop(224)|flip_lr|randaug(2, 10)|'
                         f'value_range(-1,1)|{labels}')
@@ -77,7 +80,7 @@ def test_s32_data_evaluation_and_checkpoints_by_hand():
                         'dataset.*.prefetch', 'dataset.*.prefetch_device', 'dataset.*.cache',
                         'dataset.*.manual_dir', 'model.encoder.moe.router.dispatcher.'
                         'partition_spec', 'save_checkpoint.wait_seconds',
-                        'report_progress.every_secs'}
+                        'report_progress.every_secs', 'dataset.train.shuffle_buffer'}
   assert len(named) == len(set(named))
 
 

@@ -819,6 +819,11 @@ def translate(reference: Mapping[str, Any], *,
       updates.update(_convert(key, value, ctx, []))
   for key, value in flat.items():
     updates.update(_convert(key, value, ctx, notes))
+  if 'dataset.train.shuffle_buffer' in flat and schema.base_config().dataset.sampling != 'stream':
+    # Kept (a config switched to 'stream' reads it), but a run of this config does not.
+    notes.append("dataset.train.shuffle_buffer (kept as dataset.shuffle_buffer for "
+                 "dataset.sampling='stream': the default 'index' reads a fresh permutation "
+                 'of the whole split each epoch)')
   lr = flat.get('optimizer.learning_rate.schedule')
   if lr is not None and 'optimizer.learning_rate.end_value' not in flat:
     updates['schedule.end_value'] = 0.0
