@@ -62,9 +62,11 @@ def test_s32_data_evaluation_and_checkpoints_by_hand():
   assert extra == {
       'val': {'dataset': 'imagenet2012', 'split': 'train[99%:]', 'pp': d.pp_eval},
       'imagenet_v2': {'dataset': 'imagenet_v2', 'split': 'test', 'pp': d.pp_eval},
+      # Its pp reads the feature real_label: the label_key of that dataset here.
       'imagenet_real': {'dataset': 'imagenet2012_real', 'split': 'validation',
                'pp': 'decode|resize_small(256)|central_crop(224)|value_range(-1,1)|onehot('
-                     '1000, inkey="real_label", outkey="labels")|keep("image", "labels")'}}
+                     '1000, inkey="real_label", outkey="labels")|keep("image", "labels")',
+               'label_key': 'real_label'}}
   assert ours.evaluate.model_overrides.to_dict() == {
       'encoder': {'moe': {'router': {'capacity_factor': 4.0}}}}
   assert ours.eval_every_steps == 1000 and ours.log_every_steps == 100
@@ -374,6 +376,12 @@ def test_the_soft_moe_recipe_keys_translate():
      'dataset.train.process'),
     (lambda c: c.optimizer.learning_rate.__setattr__('schedule', 'warmup_rsqrt'),
      'optimizer.learning_rate.schedule'),
+    # The evaluation of dataset.eval_split reads 'label'; two label features, none.
+    (lambda c: c.dataset.test.__setattr__('process', c.dataset.imagenet_real.process),
+     'dataset.test.process'),
+    (lambda c: c.dataset.imagenet_real.__setattr__(
+        'process', 'decode|ignore_no_labels(labels_key="a")|' + c.dataset.imagenet_real.process),
+     'dataset.imagenet_real.process'),
     # Another model's file (its own keys too) is refused by the model's class.
     (lambda c: (c.model.__setattr__('name', 'vmoe.projects.contrastive.models.TwoTower'),
                 c.model.__setattr__('bias_init', -10.0)), 'model.name'),

@@ -3,6 +3,7 @@ import numpy as np
 import pytest
 
 from vmoe_sparse_ot import data
+from vmoe_sparse_ot.data import pipeline
 from vmoe_sparse_ot.data import records
 from vmoe_sparse_ot.data import sampling
 
@@ -241,3 +242,57 @@ def test_trace_pp_checks_the_output_size_against_the_stored_images():
   with pytest.raises(ValueError, match=r'add resize\(35\) after decode'):
     data.trace_pp(bare, training=False, image_size=35, channels=1,
                   stored_shape=(None, None, 1))
+
+
+def _real_label_toy(data_dir):
+  """A TFDS dataset of four 8x8 images with a multi-label feature, as ImageNet ReaL's."""
+  import tensorflow_datasets as tfds  # pylint: disable=import-outside-toplevel
+
+  class RealLabelToy(tfds.core.GeneratorBasedBuilder, skip_registration=True):
+    VERSION = tfds.core.Version('1.0.0')
+
+    def _info(self):
+      return tfds.core.DatasetInfo(builder=self, features=tfds.features.FeaturesDict({
+          'image': tfds.features.Image(shape=(8, 8, 3)),
+          'label': tfds.features.ClassLabel(num_classes=4),
+          'real_label': tfds.features.Sequence(tfds.features.ClassLabel(num_classes=4))}))
+
+    def _split_generators(self, dl_manager):
+      del dl_manager
+      return {'test': self._generate_examples()}
+
+    def _generate_examples(self):
+      for i, real in enumerate(REAL_LABELS):
+        yield i, {'image': np.full((8, 8, 3), 10 * i, np.uint8), 'label': 3 - i,
+                  'real_label': real}
+
+  builder = RealLabelToy(data_dir=str(data_dir))
+  builder.download_and_prepare()
+  return builder
+
+
+REAL_LABELS = ([1], [0, 2], [], [3])
+
+
+@pytest.mark.parametrize('sampling_mode', ['index', 'stream'])
+def test_a_label_key_feature_is_read_under_its_own_name_too(tmp_path, monkeypatch,
+                                                             sampling_mode):
+  """label_key='real_label': a pp written for the reference code reads the feature by
+  its name (onehot(4, inkey="real_label")), as one written for this project reads it
+  as 'label'; both give the same multi-hot labels."""
+  builder = _real_label_toy(tmp_path)
+  monkeypatch.setattr(pipeline, 'get_builder', lambda name, data_dir=None: builder)
+  want = np.array([[0, 1, 0, 0], [1, 0, 1, 0], [0, 0, 0, 0], [0, 0, 0, 1]], np.float32)
+  for inkey in ('real_label', 'label'):
+    pp = f'decode|value_range(0, 1)|onehot(4, inkey="{inkey}", outkey="labels")|keep("image", "labels")'
+    assert set(data.trace_pp(pp, training=False, image_size=8, channels=3, label_shape=(None,),
+                             stored_shape=(8, 8, 3), label_key='real_label')) == {
+                                 'image', 'labels'}
+    ds = data.make_dataset('real_label_toy', 'test', batch_size=4, image_size=8, channels=3,
+                           training=False, process_index=0, process_count=1, pp=pp,
+                           label_key='real_label', sampling=sampling_mode)
+    (batch,) = list(ds.as_numpy_iterator())
+    # TFDS stores the records in its own order: example i is the image of value 10 i.
+    order = np.round(batch['image'][:, 0, 0, 0] * 255 / 10).astype(int)
+    assert sorted(order) == [0, 1, 2, 3]
+    np.testing.assert_array_equal(batch['labels'], want[order])

@@ -126,7 +126,8 @@ def _check_fewshot_pp(config, key: str, stored_shape: tuple | None) -> None:
 
 
 def _check_pp_output(config, pp_key: str, pp: str | None, *, training: bool,
-                     label_shape: tuple = (), stored_shape: tuple | None = None) -> None:
+                     label_shape: tuple = (), stored_shape: tuple | None = None,
+                     label_key: str = 'label') -> None:
   """The pp output is the model's input with targets the loss (and mixup) can read.
 
   `stored_shape`: (H, W, C) of the dataset's stored images, which the pp output
@@ -142,7 +143,8 @@ def _check_pp_output(config, pp_key: str, pp: str | None, *, training: bool,
   else:
     try:
       specs = data.trace_pp(pp, training=training, image_size=size, channels=ds['channels'],
-                            label_shape=label_shape, stored_shape=stored_shape)
+                            label_shape=label_shape, stored_shape=stored_shape,
+                            label_key=label_key)
     except ValueError as e:
       raise ConfigError(f'config.{pp_key}: {first_line(e)}') from None
     entries = {k: (tuple(v.shape.as_list()) if v.shape.rank is not None else (None,),
@@ -176,7 +178,8 @@ def _check_eval_datasets(config) -> None:
               else 'dataset.pp_eval')
     pp = entry['pp'] if entry['pp'] is not None else ds['pp_eval']
     _check_pp_output(config, pp_key, pp, training=False, label_shape=label_shape,
-                     stored_shape=data.image_shape(dataset, ds['data_dir']))
+                     stored_shape=data.image_shape(dataset, ds['data_dir']),
+                     label_key=entry['label_key'])
 
 
 def _same_kind(e: BaseException, message: str) -> Exception:

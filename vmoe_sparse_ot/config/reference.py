@@ -147,6 +147,29 @@ def _channels_of(pp: str) -> int:
   return 3
 
 
+# Keywords of pp ops that read an entry, and that write one (the reference's
+# spellings and ours).
+_READ_KEYWORDS, _WRITE_KEYWORDS = ('inkey', 'key', 'labels_key'), ('outkey', 'key_result')
+
+
+def _label_feature(pp: str, key: str) -> str | None:
+  """The dataset feature besides 'image' and 'label' that a pp string reads (ImageNet
+  ReaL's 'real_label'), which this project reads as the dataset's label_key."""
+  from vmoe_sparse_ot.data import pp as pp_lib  # No TensorFlow: the parser only.
+  present, features = {'image', 'label'}, []
+  for call in pp_lib.parse(pp):
+    for keyword in _READ_KEYWORDS:
+      entry = call.kwargs.get(keyword)
+      if isinstance(entry, str) and entry not in present and entry not in features:
+        features.append(entry)
+    present.update(call.kwargs[k] for k in _WRITE_KEYWORDS
+                   if isinstance(call.kwargs.get(k), str))
+  if len(features) > 1:
+    _fail(key, pp, f'reads the features {features}: one label feature per dataset here '
+          '(evaluate.datasets.NAME.label_key)')
+  return features[0] if features else None
+
+
 def _train_process(value, ctx):
   return {'dataset.pp_train': value,
           'dataset.image_size': image_size_of(value, 'dataset.train.process'),
@@ -422,7 +445,9 @@ TABLE: tuple[Row, ...] = (
         'the first by name) is dataset.eval_split, logged as eval/...; the others are '
         'evaluate.datasets, logged as eval/NAME/...'),
     Row('dataset.*.split', MAPPED, 'dataset.eval_split or evaluate.datasets.NAME.split'),
-    Row('dataset.*.process', MAPPED, 'dataset.pp_eval or evaluate.datasets.NAME.pp'),
+    Row('dataset.*.process', MAPPED, 'dataset.pp_eval or evaluate.datasets.NAME.pp',
+        "one that reads another feature (ImageNet ReaL's real_label) sets that dataset's "
+        'label_key, and reads it by its name as there'),
     Row('dataset.*.batch_size', MAPPED, 'eval_batch_size', "the first variant's; "
         'evaluation results do not depend on it'),
     Row('dataset.*.data_dir', MAPPED, 'dataset.data_dir', 'one data_dir for every variant'),
@@ -757,8 +782,16 @@ def _convert_eval(variant: str, field: str, value: Any, ctx: Context,
     return ({'dataset.eval_split': value} if primary
             else {f'evaluate.datasets.{variant}.split': value})
   if field == 'process':
-    return ({'dataset.pp_eval': value} if primary
-            else {f'evaluate.datasets.{variant}.pp': value})
+    feature = _label_feature(value, key)
+    if primary:
+      if feature is not None:
+        _fail(key, value, f'reads the feature {feature!r}: the evaluation of '
+              "dataset.eval_split reads 'label' here (another variant may read it)")
+      return {'dataset.pp_eval': value}
+    out = {f'evaluate.datasets.{variant}.pp': value}
+    if feature is not None:
+      out[f'evaluate.datasets.{variant}.label_key'] = feature
+    return out
   if field == 'batch_size':
     return {'eval_batch_size': value} if primary else {}
   if field == 'data_dir':

@@ -191,7 +191,8 @@ def image_shape(name: str, data_dir: str | None = None) -> tuple[int | None, ...
 
 def trace_pp(pp: str, *, training: bool, image_size: int, channels: int,
              label_shape: Sequence[int | None] = (),
-             stored_shape: Sequence[int | None] | None = None) -> dict[str, tf.TensorSpec]:
+             stored_shape: Sequence[int | None] | None = None,
+             label_key: str = 'label') -> dict[str, tf.TensorSpec]:
   """The output entries of `pp` traced on an encoded image and a label, without data.
 
   `label_shape`: () for one integer class per example, (None,) for a sequence of
@@ -200,11 +201,14 @@ def trace_pp(pp: str, *, training: bool, image_size: int, channels: int,
   shape, so that an output of another size is caught here (a pp string without a
   resize, say) rather than after the model compiled. Raises ValueError (one line)
   when `pp` does not build or its 'image' is not float32 (image_size, image_size,
-  channels); a size mismatch names both sizes and the op to add.
+  channels); a size mismatch names both sizes and the op to add. `label_key`:
+  the feature read as 'label', also there under its own name (`streams.example`).
   """
   preprocess = pp_lib.build(pp, training=training)
   spec = {'image': tf.TensorSpec([], tf.string),
           'label': tf.TensorSpec(list(label_shape), tf.int64)}
+  if label_key != 'label':  # The label feature under its own name too (`streams.example`).
+    spec[label_key] = spec['label']
   if training:
     spec[pp_lib.SEED_KEY] = tf.TensorSpec([2], tf.int64)
 
@@ -219,7 +223,10 @@ def trace_pp(pp: str, *, training: bool, image_size: int, channels: int,
   want = (image_size, image_size, channels)
   varying = not traced_image[0].shape.is_fully_defined()
   if stored_shape is not None and all(isinstance(d, int) for d in stored_shape):
-    got = tuple(preprocess(_blank_example(stored_shape, label_shape, training))['image'].shape)
+    blank = _blank_example(stored_shape, label_shape, training)
+    if label_key != 'label':
+      blank[label_key] = blank['label']
+    got = tuple(preprocess(blank)['image'].shape)
     if got != want:
       raise ValueError(_size_problem(pp, got, want, f'stored {tuple(stored_shape)} images'))
   elif varying and stored_shape is not None:

@@ -18,6 +18,17 @@ from vmoe_sparse_ot.data import records as records_lib
 from vmoe_sparse_ot.data import sampling as sampling_lib
 
 
+def example(features, label_key: str) -> dict:
+  """The entries a pp string reads: 'image' (encoded), 'label' (the `label_key`
+  feature) and, when that is another feature, the same tensor under its own name,
+  so that a pp string written for the reference code (`onehot(1000,
+  inkey="real_label", ...)`) reads it as there."""
+  out = {'image': features['image'], 'label': features[label_key]}
+  if label_key != 'label':
+    out[label_key] = features[label_key]
+  return out
+
+
 def stream_examples(builder, split: str, *, training: bool, shuffle_seed: int,
                     shuffle_buffer: int, cache: bool, batch_size: int, process_index: int,
                     process_count: int, start_step: int, label_key: str) -> tf.data.Dataset:
@@ -31,7 +42,7 @@ def stream_examples(builder, split: str, *, training: bool, shuffle_seed: int,
   ds = builder.as_dataset(
       split, shuffle_files=training, decoders={'image': tfds.decode.SkipDecoding()},
       read_config=tfds.ReadConfig(shuffle_seed=shuffle_seed, skip_prefetch=True))
-  ds = ds.map(lambda ex: {'image': ex['image'], 'label': ex[label_key]})
+  ds = ds.map(lambda ex: example(ex, label_key))
 
   def mine(i, _):
     return (i // batch_size) % process_count == process_index
@@ -80,7 +91,7 @@ def index_examples(builder, split: str, *, training: bool, shuffle_seed: int,
   def parse(i, serialized):
     ex = features.deserialize_example(serialized,
                                       decoders={'image': tfds.decode.SkipDecoding()})
-    return i, {'image': ex['image'], 'label': ex[label_key]}
+    return i, example(ex, label_key)
 
   ds = local.batch(b).map(read_batch, num_parallel_calls=tf.data.AUTOTUNE).unbatch()
   return ds.map(parse, num_parallel_calls=tf.data.AUTOTUNE)
