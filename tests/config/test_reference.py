@@ -223,6 +223,10 @@ def test_b16_fine_tuning_config_by_hand():
   # sgd with its momentum dtype; the schedule's decay_steps counted from the warmup's end.
   assert (ours.optimizer.name, ours.optimizer.momentum, ours.optimizer.mu_dtype,
           ours.optimizer.gradient_clip_norm) == ('sgd', 0.9, 'float32', 10.0)
+  # Without its momentum key the reference's SGD has none (ours defaults to 0.9).
+  config = files.load_config_file(f'{B16_FT}:variant=fast', translate=False)
+  del config.optimizer['momentum']
+  assert _translate(config)[0].optimizer.momentum == 0.0
   s = ours.schedule
   assert (s.name, s.peak_value, s.end_value, s.warmup_steps, s.decay_steps) == (
       'warmup_cosine_decay', 0.03, 1e-5, 100, 800)

@@ -569,7 +569,8 @@ TABLE: tuple[Row, ...] = (
     Row('optimizer.eps_root', MAPPED, '(none)', '0 only',
         _zero_only('optimizer.eps_root', 'Adam here has no eps_root')),
     Row('optimizer.mu_dtype', MAPPED, 'optimizer.mu_dtype'),
-    Row('optimizer.momentum', MAPPED, 'optimizer.momentum'),
+    Row('optimizer.momentum', MAPPED, 'optimizer.momentum',
+        "absent with SGD: 0, as there (ours defaults to 0.9)"),
     Row('optimizer.accumulator_dtype', MAPPED, 'optimizer.mu_dtype', "SGD's momentum dtype"),
     Row('optimizer.nesterov', MAPPED, '(none)', 'False only',
         _zero_only('optimizer.nesterov', 'Nesterov momentum is not implemented here')),
@@ -862,6 +863,8 @@ def translate(reference: Mapping[str, Any], *,
     updates['schedule.end_value'] = 0.0
   if lr is not None and 'optimizer.learning_rate.warmup_steps' not in flat:
     updates['schedule.warmup_steps'] = 0
+  if flat.get('optimizer.name') == 'sgd' and 'optimizer.momentum' not in flat:
+    updates['optimizer.momentum'] = 0.0  # The reference's SGD has no momentum unless given.
   if 'mixup.concentration' in flat and 'mixup.granularity' not in flat:
     updates['mixup.granularity'] = 'device'  # The reference's default.
   if 'evaluate.every_steps' not in flat:
