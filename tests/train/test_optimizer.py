@@ -120,6 +120,21 @@ def test_param_naming_vmoe_matches_regexes_against_the_reference_names():
       'moe']['experts'] == {'wi_kernel': 0.0, 'wo_kernel': 0.0}
 
 
+def test_frozen_gradients_count_in_the_clipping_norm_as_in_the_reference():
+  """The reference zeroes frozen updates after the whole chain (clip, ..., learning
+  rate): a frozen gradient of norm 5 beside a trained one of norm 1 clips the
+  trained update to 1 / sqrt(26) of it at clip norm 1."""
+  params = {'body': {'kernel': jnp.zeros((2,))}, 'head': {'kernel': jnp.zeros((2,))}}
+  grads = {'body': {'kernel': jnp.array([3.0, 4.0])}, 'head': {'kernel': jnp.array([0.6, 0.8])}}
+  cfg = dict(config_lib.base_config().optimizer.to_dict(), name='sgd', momentum=0.0,
+             gradient_clip_norm=1.0, freeze='^body/')
+  tx = opt.make_optimizer(cfg, optax.constant_schedule(1.0), params)
+  updates, _ = jax.jit(tx.update)(grads, jax.jit(tx.init)(params), params)
+  np.testing.assert_allclose(updates['body']['kernel'], [0.0, 0.0])
+  np.testing.assert_allclose(updates['head']['kernel'], -np.array([0.6, 0.8]) / np.sqrt(26.0),
+                             rtol=1e-6)
+
+
 @pytest.mark.parametrize('value,message', [
     ([('kernel', -1.0)], "got the entry ('kernel', -1.0)"),
     ([('(kernel', 0.1)], "'(kernel' is not a regular expression"),

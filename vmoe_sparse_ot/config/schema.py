@@ -109,7 +109,8 @@ def base_config() -> ml_collections.ConfigDict:
           # Clip gradients to this global norm; None: no clipping.
           'gradient_clip_norm': ml_collections.FieldReference(None, field_type=float),
           # Parameters whose '/'-joined path matches (re.search) are kept fixed:
-          # no update, no weight decay, left out of clipping. None: train all.
+          # no update, no weight decay (their gradients count in the clipping norm,
+          # as in the reference). None: train all.
           'freeze': ml_collections.FieldReference(None, field_type=str),
           # The names the regexes of weight_decay, weight_decay_regex and freeze
           # are matched against: 'ours' (encoder/encoderblock_1/moe/experts/wi_kernel)

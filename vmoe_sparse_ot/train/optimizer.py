@@ -112,7 +112,8 @@ def make_optimizer(optimizer: Mapping[str, Any], schedule: optax.Schedule,
   """Gradient clipping (optional), then Adam/AdamW, SGD or Adafactor, with decoupled
   weight decay.
 
-  Parameters matching `freeze` (a regex, or None) are not updated. The regexes of
+  Parameters matching `freeze` (a regex, or None) are not updated (their
+  gradients still count in the clipping norm, as in the reference). The regexes of
   `freeze`, `weight_decay` and `weight_decay_regex` are matched (re.search)
   against each parameter's name written in `param_naming` (`param_name`).
 
@@ -153,12 +154,12 @@ def make_optimizer(optimizer: Mapping[str, Any], schedule: optax.Schedule,
   freeze = optimizer.get('freeze')
   if freeze is None:
     return optax.chain(*chain)
-  # Frozen parameters: gradients zeroed first (so clipping and the moments see
-  # only the trained ones), updates zeroed last (weight decay would move them).
-  # The optimizer state keeps its usual structure, so its sharding and
-  # checkpoints are those of a run without freezing.
-  zero = _zero_where(path_mask(params, freeze, naming))
-  return optax.chain(zero, *chain, zero)
+  # Frozen parameters: their updates are zeroed at the end of the chain, as the
+  # reference's freeze_weights does, so their gradients count in the clipping
+  # norm as there (a fine-tuning recipe clips the same). The optimizer state
+  # keeps its usual structure, so its sharding and checkpoints are those of a run
+  # without freezing.
+  return optax.chain(*chain, _zero_where(path_mask(params, freeze, naming)))
 
 
 def weight_decay_factors(params: Any, pairs, naming: str = 'ours') -> Any:
