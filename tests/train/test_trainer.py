@@ -215,20 +215,27 @@ def test_nan_between_checkpoints_is_caught_on_the_logging_step_with_its_step(tmp
 
 def test_periodic_fewshot_runs_first_every_n_and_last_step(monkeypatch, tmp_path):
   from vmoe_sparse_ot.evaluate import transfer  # pylint: disable=g-import-not-at-top
-  calls = []
+  calls, models = [], []
 
   def fake_make_evaluator(config, model, mesh=None):
-    del config, model, mesh
+    del config, mesh
+    models.append(model)
     return lambda params, model_state: calls.append(params) or {'fewshot/digits/1shot': 0.5}
 
   monkeypatch.setattr(transfer, 'make_evaluator', fake_make_evaluator)
   # Logged as the interval-means test's second run (its step program, reused).
   config = small_config('router=topk', train_steps=5, fewshot__every_steps=2, log_every_steps=4)
+  with config.unlocked():
+    config.evaluate.model_overrides = {'encoder': {'moe': {'router': {'capacity_factor': 4.0}}}}
   with pytest.raises(ValueError, match='config.fewshot.every_steps=2: periodic few-shot needs'):
     trainer.train_and_evaluate(config, str(tmp_path), devices=jax.devices()[:1])
   trainer.train_and_evaluate(config, str(tmp_path), devices=jax.devices()[:1],
                              fewshot=transfer.periodic_fewshot)
   assert len(calls) == 4  # Steps 1 (first), 2, 4 and 5 (last).
+  # Few-shot reads the evaluation model (evaluate.model_overrides), as the reference.
+  from vmoe_sparse_ot import nn  # pylint: disable=g-import-not-at-top
+  model = nn.build_model(config.model)
+  assert models == [trainer.eval_model(config, model)] and models[0] != model
 
 
 def test_checkpoints_from_before_dataset_sampling_resume_with_stream():

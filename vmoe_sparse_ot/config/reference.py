@@ -617,7 +617,7 @@ TABLE: tuple[Row, ...] = (
     Row('evaluate.every_steps', MAPPED, 'eval_every_steps'),
     Row('evaluate.model_overrides.**', MAPPED, 'evaluate.model_overrides',
         'its model keys translated as the model section; the periodic and final evaluations '
-        "run that model (few-shot keeps the training one); a key that changes a parameter's "
+        "and few-shot run that model, as there; a key that changes a parameter's "
         'shape is refused'),
     Row('profile.all_processes', MAPPED, 'profile.all_processes',
         'True runs the step-counted hook on every process'),

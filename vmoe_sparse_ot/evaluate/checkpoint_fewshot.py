@@ -28,6 +28,7 @@ from vmoe_sparse_ot.evaluate import transfer
 from vmoe_sparse_ot.evaluate.checkpoint_config import CheckpointMismatchError
 from vmoe_sparse_ot.evaluate.checkpoint_config import describe_model
 from vmoe_sparse_ot.evaluate.checkpoint_config import resolve_model_config
+from vmoe_sparse_ot.train import trainer
 
 RESULTS_FILE = workdir_layout.FEWSHOT_RESULTS
 
@@ -76,7 +77,9 @@ def run(config: ml_collections.ConfigDict, workdir: str, step: int | None = None
       nn.router_state.for_model(model, image_shape,
                                 checkpoints.restore_model_state(workdir, step)),
       parallel.replicated(mesh))
-  evaluator = transfer.make_evaluator(config, model, mesh=mesh)
+  # The model of the evaluations during training (config.evaluate.model_overrides,
+  # e.g. another capacity factor), whose features periodic few-shot reads.
+  evaluator = transfer.make_evaluator(config, trainer.eval_model(config, model), mesh=mesh)
   results = evaluator.run(params, model_state)
   payload = {
       'workdir': os.path.abspath(workdir),

@@ -344,7 +344,7 @@ def _train_loop(config, workdir, model, mesh, tx, schedule, ckpt, state, start_s
     writer.write_hparams({k: v for k, v in config_lib.flatten(config.to_dict()).items()
                           if isinstance(v, (int, float, str, bool))})
   # The model of config.evaluate.model_overrides (e.g. another capacity factor),
-  # for the periodic and the final evaluations.
+  # for the periodic and the final evaluations and periodic few-shot.
   evaluated = eval_model(config, model)
   eval_step = programs.get(keys['eval'], 'eval_step', lambda: jax.jit(
       periodic_eval.make_eval_step(
@@ -391,7 +391,8 @@ def _train_loop(config, workdir, model, mesh, tx, schedule, ckpt, state, start_s
           every_steps=int(config.log_every_steps), batch_size=int(config.batch_size),
           learning_rate=schedule, writer=writer, last_good=ckpt.last_good,
           compiles=compiles)
-      periodic_fewshot = fewshot(config, model, mesh, writer) if fewshot else None
+      # Few-shot too reads the evaluation model (its features), as the reference does.
+      periodic_fewshot = fewshot(config, evaluated, mesh, writer) if fewshot else None
       actions = _periodic_actions(config, writer, ckpt, meta, progress, run_eval, eval_sets,
                                   periodic_fewshot, replicated, keys['mesh'])
       metrics = empty_metrics()
