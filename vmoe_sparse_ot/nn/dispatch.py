@@ -11,9 +11,11 @@ A `SoftRouting` (dense weights, Soft MoE) has no index form: both dispatchers
 compute it with the two einsums buf = sum_s D[g,s,e,c] x[g,s] and
 y[g,s] = sum_{e,c} W[g,s,e,c] out[g,e,c].
 
-`dtype` (e.g. bfloat16, as V-MoE runs its einsum dispatcher) casts the data and
-the weights for the dispatch/combine computation only; results come back in
-the input's dtype.
+`dtype` (e.g. bfloat16, as V-MoE runs its einsum dispatcher) casts the data
+for the dispatch/combine computation only, as the reference's Bfloat16Dispatcher:
+the routing weights keep their dtype (float32), so the weighted sums (the
+combine, Soft MoE's dispatch) run and round in float32; results come back in the
+input's dtype.
 """
 from typing import Dict, Optional
 
@@ -35,10 +37,10 @@ def _indices_dispatch(x: Array, r: Routing) -> Array:
 
 def _indices_combine(out: Array, r: Routing, group_size: int) -> Array:
   g, e, c, d = out.shape
-  weighted = out * r.combine_weight[..., None].astype(out.dtype)
+  weighted = out * r.combine_weight[..., None]   # In the weights' dtype if wider.
 
   def scatter(idx, v):
-    return jnp.zeros((group_size, d), out.dtype).at[idx].add(v)
+    return jnp.zeros((group_size, d), weighted.dtype).at[idx].add(v)
 
   return jax.vmap(scatter)(r.token_index.reshape(g, e * c), weighted.reshape(g, e * c, d))
 
@@ -54,18 +56,17 @@ def _einsum_dispatch(x: Array, r: Routing) -> Array:
 
 
 def _einsum_combine(out: Array, r: Routing, group_size: int) -> Array:
-  mask = _dispatch_mask(r, group_size, out.dtype)
-  combine = mask * r.combine_weight[..., None].astype(out.dtype)
+  combine = _dispatch_mask(r, group_size, r.combine_weight.dtype) * r.combine_weight[..., None]
   return jnp.einsum("gecs,gecd->gsd", combine, out)
 
 
 def _soft_dispatch(x: Array, r: SoftRouting) -> Array:
-  return jnp.einsum("gsec,gsd->gecd", r.dispatch_weight.astype(x.dtype), x)
+  return jnp.einsum("gsec,gsd->gecd", r.dispatch_weight, x)
 
 
 def _soft_combine(out: Array, r: SoftRouting, group_size: int) -> Array:
   del group_size
-  return jnp.einsum("gsec,gecd->gsd", r.combine_weight.astype(out.dtype), out)
+  return jnp.einsum("gsec,gecd->gsd", r.combine_weight, out)
 
 
 DISPATCHERS: Dict[str, tuple] = {
@@ -87,22 +88,16 @@ def get_dispatcher(name: str, dtype: Optional[str] = None):
   sparse_dispatch, sparse_combine = DISPATCHERS[name]
   compute = None if dtype is None else jnp.dtype(dtype)
 
-  def cast(x: Array, r):
-    if compute is None:
-      return x, r
-    # Only float leaves change (indices and masks keep their dtypes).
-    r = jax.tree.map(lambda v: v.astype(compute) if jnp.issubdtype(v.dtype, jnp.floating)
-                     else v, r)
-    return x.astype(compute), r
+  def cast(x: Array) -> Array:
+    return x if compute is None else x.astype(compute)
 
   def dispatch(x: Array, r) -> Array:
-    xc, rc = cast(x, r)
-    buf = _soft_dispatch(xc, rc) if isinstance(r, SoftRouting) else sparse_dispatch(xc, rc)
+    buf = (_soft_dispatch(cast(x), r) if isinstance(r, SoftRouting)
+           else sparse_dispatch(cast(x), r))
     return buf.astype(x.dtype)
 
   def combine(out: Array, r, group_size: int) -> Array:
-    oc, rc = cast(out, r)
     fn = _soft_combine if isinstance(r, SoftRouting) else sparse_combine
-    return fn(oc, rc, group_size).astype(out.dtype)
+    return fn(cast(out), r, group_size).astype(out.dtype)
 
   return dispatch, combine

@@ -305,9 +305,10 @@ def default_model_config() -> ml_collections.ConfigDict:
               'group_size': 64,
               # 'indices' (gather/scatter, default, fast) or 'einsum'.
               'dispatcher': 'indices',
-              # dtype in which the dispatcher moves tokens to the experts and
-              # combines their outputs (data and weights): None (the tokens'
-              # own), 'float32' or 'bfloat16' (as V-MoE's einsum dispatcher).
+              # dtype of the data the dispatcher moves to the experts and back
+              # (the routing weights stay float32, so the combine sums in float32):
+              # None (the tokens' own), 'float32' or 'bfloat16' (as the reference's
+              # Bfloat16Dispatcher).
               'routed_tokens_dtype': ml_collections.FieldReference(None, field_type=str),
               # As the reference V-MoE's option: False initializes every expert
               # alike (one draw, repeated) and shares dropout masks across experts;
