@@ -254,8 +254,12 @@ def test_the_reference_defaults_apply_where_the_file_is_silent():
   ours, _ = _translate(config)
   router = ours.model.encoder.moe.router
   assert (router.importance_loss_weight, router.num_selected_experts) == (1.0, 1)
-  assert ours.model.encoder.moe.dropout_rate == 0.0
   assert ours.mixup.granularity == 'device'
+  # The experts' dropout: the encoder's rate, as there (its ViT passes it to the MoE MLPs).
+  config.model.encoder.dropout_rate = 0.1
+  ours, _ = _translate(config)
+  assert (ours.model.encoder.moe.dropout_rate, ours.model.encoder.dropout_rate) == (None, 0.1)
+  # (None: each MoE block takes its block's rate, nn/vit.py.)
 
 
 def _reference_lr(step, *, peak, end, warmup, decay_steps, total, schedule):

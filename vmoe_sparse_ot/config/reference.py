@@ -58,7 +58,6 @@ REFERENCE_DEFAULTS = {
     'model.encoder.moe.router.num_selected_experts': 1,
     'model.encoder.moe.router.importance_loss_weight': 1.0,
     'model.encoder.moe.router.load_loss_weight': 1.0,
-    'model.encoder.moe.dropout_rate': 0.0,
     'model.encoder.moe.router.dispatcher.name': 'einsum',
 }
 # Ops of a pp string that fix the image's size: their first argument (or keyword).
@@ -507,8 +506,8 @@ TABLE: tuple[Row, ...] = (
         'True or False (not a list of rng collections); False: experts initialized alike, one '
         'dropout mask for all'),
     Row('model.encoder.moe.dropout_rate', MAPPED, 'model.encoder.moe.dropout_rate',
-        "after the GELU and after the output projection, as there; default 0.0 there (ours: "
-        'None, the encoder\'s rate)'),
+        "after the GELU and after the output projection, as there; absent: the encoder's "
+        'rate, as there'),
     Row(_ROUTER + 'name', MAPPED, _ROUTER + 'name',
         'NoisyTopExpertsPerItemRouter: topk, NoisyTopItemsPerExpertRouter: expert_choice, '
         'SoftRouter: soft_moe (with routed_tokens_dtype bfloat16, its Bfloat16Dispatcher, and '
