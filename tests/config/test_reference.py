@@ -390,6 +390,11 @@ def test_the_soft_moe_recipe_keys_translate():
     (lambda c: c.dataset.imagenet_real.__setattr__(
         'process', 'decode|ignore_no_labels(labels_key="a")|' + c.dataset.imagenet_real.process),
      'dataset.imagenet_real.process'),
+    # A router that computes in bfloat16, or that is deterministic in training.
+    (lambda c: c.model.encoder.moe.router.__setattr__('dtype', 'bfloat16'),
+     'model.encoder.moe.router.dtype'),
+    (lambda c: c.model.encoder.moe.router.__setattr__('deterministic', True),
+     'model.encoder.moe.router.deterministic'),
     # Another model's file (its own keys too) is refused by the model's class.
     (lambda c: (c.model.__setattr__('name', 'vmoe.projects.contrastive.models.TwoTower'),
                 c.model.__setattr__('bias_init', -10.0)), 'model.name'),

@@ -29,6 +29,7 @@ import sys
 from typing import Any, Callable, Mapping
 
 import ml_collections
+import numpy as np
 
 from vmoe_sparse_ot.config import schema
 
@@ -230,6 +231,16 @@ def _decay_steps(value, ctx):
     _fail('optimizer.learning_rate.decay_steps', value,
           f'must exceed warmup_steps={warmup} (both count from step 0 there)')
   return {'schedule.decay_steps': int(value) - int(warmup)}
+
+
+def _router_dtype(value, ctx):
+  try:
+    float32 = value is None or np.dtype(value) == np.float32
+  except TypeError:  # 'bfloat16' as a string: not a NumPy name.
+    float32 = False
+  if not float32:
+    _fail(_ROUTER + 'dtype', value, 'the router computes in float32 here (there: in this dtype)')
+  return {}
 
 
 def _zero_only(key: str, why: str):
@@ -536,8 +547,14 @@ TABLE: tuple[Row, ...] = (
         'default 1.0 there (ours: 0.005)'),
     Row(_ROUTER + 'gshard_loss_weight', MAPPED, '(none)', '0 only',
         _zero_only(_ROUTER + 'gshard_loss_weight', 'the GShard loss is not implemented here')),
-    Row(_ROUTER + 'deterministic', NO_EFFECT, why='gate noise is on in training, off in evaluation'),
-    Row(_ROUTER + 'dtype', NO_EFFECT, why='the router computes in the model dtype'),
+    Row(_ROUTER + 'deterministic', MAPPED, '(none)',
+        'False only: gate noise is on in training, off in evaluation (True there turns '
+        'the noise and the load loss off in training too)',
+        _zero_only(_ROUTER + 'deterministic', 'the router is deterministic in evaluation only '
+                   'here; set noise_std=0 for noise-free training')),
+    Row(_ROUTER + 'dtype', MAPPED, '(none)',
+        'None or float32 only: the router computes in float32 here',
+        _router_dtype),
     Row(_DISPATCHER + 'name', MAPPED, 'model.encoder.moe.dispatcher',
         "'einsum' or 'indices'; both serve every router here",
         _choice(_DISPATCHER + 'name', {'einsum': 'einsum', 'indices': 'indices'},
