@@ -112,7 +112,7 @@ def _sparse_projection(u: Array, k: int, b: Array, reduce) -> Array:
 
 
 def batched_semi_dual_adam(C: Array, a: Array, b: Array, k: int, gamma,
-                           num_steps: int, learning_rate) -> Array:
+                           num_steps: int, learning_rate, *, return_alpha: bool = False):
   """Plans (G, m, n) of G sparsity-constrained semi-duals after `num_steps` Adam steps.
 
   Args:
@@ -125,7 +125,7 @@ def batched_semi_dual_adam(C: Array, a: Array, b: Array, k: int, gamma,
   Returns:
     (G, m, n) plans, equal to vmap(ot.solve(..., solver="adam",
     formulation="semi_dual", tol=0.0, max_iter=num_steps, init=zeros).plan) up
-    to rounding.
+    to rounding; with return_alpha, (plans, alpha (G, m)) (the final iterate).
   """
   g, m, n = C.shape
   ct = jnp.transpose(C, (1, 2, 0)) / gamma                               # (m, n, G)
@@ -149,6 +149,7 @@ def batched_semi_dual_adam(C: Array, a: Array, b: Array, k: int, gamma,
     return alpha, mu, nu, make_u(alpha)
 
   zeros = jnp.zeros((m, g), C.dtype)
-  _, _, _, u = lax.fori_loop(0, num_steps, step, (zeros, zeros, zeros, make_u(zeros)))
+  alpha, _, _, u = lax.fori_loop(0, num_steps, step, (zeros, zeros, zeros, make_u(zeros)))
   plan = _sparse_projection(u.reshape(m, n * g), k, b_cols, lambda t: t)
-  return jnp.transpose(plan.reshape(m, n, g), (2, 0, 1))
+  plan = jnp.transpose(plan.reshape(m, n, g), (2, 0, 1))
+  return (plan, alpha.T) if return_alpha else plan

@@ -119,18 +119,20 @@ def _walk(u: Array, w: Array, k: int) -> Array:
 
 def batched_semi_dual_adam_candidates(C: Array, a: Array, b: Array, k: int, gamma,
                                       num_steps: int, learning_rate,
-                                      num_candidates: int | None = None) -> Array:
+                                      num_candidates: int | None = None, *,
+                                      return_alpha: bool = False):
   """Plans (G, m, n) of G sparsity-constrained semi-duals after `num_steps` Adam steps.
 
   Arguments and result as `batched_semi_dual_adam` (whose plans these equal up
   to rounding); num_candidates: R, rows kept per column (static; None:
   `default_num_candidates`). Where the candidates cannot help (`applies`),
-  `batched_semi_dual_adam` itself runs.
+  `batched_semi_dual_adam` itself runs. return_alpha: also return alpha (G, m).
   """
   g, m, n = C.shape
   r = default_num_candidates(k, m) if num_candidates is None else num_candidates
   if not applies(k, m, r):
-    return batched.batched_semi_dual_adam(C, a, b, k, gamma, num_steps, learning_rate)
+    return batched.batched_semi_dual_adam(C, a, b, k, gamma, num_steps, learning_rate,
+                                          return_alpha=return_alpha)
   big_n = n * g
   dtype = C.dtype
   ct = (jnp.transpose(C, (1, 2, 0)) / gamma).reshape(m, big_n)          # (m, N)
@@ -257,4 +259,5 @@ def batched_semi_dual_adam_candidates(C: Array, a: Array, b: Array, k: int, gamm
   col = jnp.broadcast_to(cols, (r, big_n))
   plan = lax.cond(ok, lambda: jnp.zeros((m, big_n), dtype).at[cand["rows"], col].set(t_c),
                   lambda: full_plan(alpha_s))
-  return jnp.transpose(plan.reshape(m, n, g), (2, 0, 1))
+  plan = jnp.transpose(plan.reshape(m, n, g), (2, 0, 1))
+  return (plan, alpha.T) if return_alpha else plan

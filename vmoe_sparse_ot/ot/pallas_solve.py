@@ -183,8 +183,8 @@ def _project_incremental(u: Array, b: Array, k: int, axis: int, real_line: Array
   return plan, (low, low_at)
 
 
-def _kernel(ct_ref, a_ref, b_ref, gamma_ref, lr_ref, plan_ref, *, m: int, n: int, k: int,
-            num_steps: int, axis: int, reload_costs: bool, incremental: bool):
+def _kernel(ct_ref, a_ref, b_ref, gamma_ref, lr_ref, plan_ref, *alpha_ref, m: int, n: int,
+            k: int, num_steps: int, axis: int, reload_costs: bool, incremental: bool):
   """One group; `axis` is where the m rows lie in the block: 0 ("mn": ct (M, N),
   a (M, 1), b (1, N)) or 1 ("nm": ct (N, M), a (1, M), b (N, 1))."""
   a = a_ref[...]
@@ -221,6 +221,8 @@ def _kernel(ct_ref, a_ref, b_ref, gamma_ref, lr_ref, plan_ref, *, m: int, n: int
                else ())
   alpha, _, _, pivot = lax.fori_loop(0, num_steps, step, (zeros, zeros, zeros, no_member))
   plan_ref[...] = plan(alpha, pivot)[0].astype(plan_ref.dtype)
+  if alpha_ref:                                                        # return_alpha
+    alpha_ref[0][...] = alpha.astype(alpha_ref[0].dtype)
 
 
 def batched_semi_dual_adam_pallas(C: Array, a: Array, b: Array, k: int, gamma, num_steps: int,
@@ -228,7 +230,8 @@ def batched_semi_dual_adam_pallas(C: Array, a: Array, b: Array, k: int, gamma, n
                                   num_warps: Optional[int] = None,
                                   block_layout: str = "mn",
                                   reload_costs: bool = False,
-                                  selection: str = "passes") -> Array:
+                                  selection: str = "passes",
+                                  return_alpha: bool = False):
   """Plans (G, m, n) of G sparsity-constrained semi-duals, `num_steps` Adam steps each.
 
   The arguments and the result are `ot.batched_semi_dual_adam`'s (C (G, m, n),
@@ -262,6 +265,8 @@ def batched_semi_dual_adam_pallas(C: Array, a: Array, b: Array, k: int, gamma, n
     group's 32 columns in lockstep), 14 reductions instead of 32
     (benchmarks/selection_passes.py). The same members, the same plans up to
     the rounding of the threshold's sum; unmeasured on a GPU.
+  return_alpha: also return alpha (G, m), the final iterate (one more small
+    output block; without it the kernel is unchanged).
   """
   if block_layout not in _LAYOUTS:
     raise ValueError(f"block_layout must be one of {_LAYOUTS}, got {block_layout!r}")
@@ -294,9 +299,14 @@ def batched_semi_dual_adam_pallas(C: Array, a: Array, b: Array, k: int, gamma, n
   if not interpret:
     warps = num_warps or 4
     compiler_params = plgpu.CompilerParams(num_warps=warps, num_stages=1)
-  plan = pl.pallas_call(
+  out_shape = [jax.ShapeDtypeStruct((g, *block), dtype)]
+  out_specs = [pl.BlockSpec((None, *block), lambda i: (i, 0, 0))]
+  if return_alpha:
+    out_shape.append(jax.ShapeDtypeStruct((g, *a_block), dtype))
+    out_specs.append(pl.BlockSpec((None, *a_block), lambda i: (i, 0, 0)))
+  outs = pl.pallas_call(
       kernel,
-      out_shape=jax.ShapeDtypeStruct((g, *block), dtype),
+      out_shape=out_shape,
       grid=(g,),
       in_specs=[
           pl.BlockSpec((None, *block), lambda i: (i, 0, 0)),
@@ -305,11 +315,15 @@ def batched_semi_dual_adam_pallas(C: Array, a: Array, b: Array, k: int, gamma, n
           pl.BlockSpec((1, 1), lambda i: (0, 0)),
           pl.BlockSpec((1, 1), lambda i: (0, 0)),
       ],
-      out_specs=pl.BlockSpec((None, *block), lambda i: (i, 0, 0)),
+      out_specs=out_specs,
       interpret=interpret,
       compiler_params=compiler_params,
       name="sparse_ot_semi_dual_adam",
   )(ct, a_col, b_row, gamma, lr)
+  plan = outs[0]
   if axis == 1:
     plan = jnp.swapaxes(plan, 1, 2)
-  return plan[:, :m, :n]
+  plan = plan[:, :m, :n]
+  if return_alpha:
+    return plan, outs[1].reshape(g, -1)[:, :m]
+  return plan
