@@ -6,11 +6,13 @@ most k nonzeros per column of the plan, solved through its dual or semi-dual wit
 L-BFGS or Adam; `solve_interior_point`, a barrier method on the primal for the
 problems whose optimum is a kink of the semi-dual (k binds; `solve` switches to it
 itself where L-BFGS stops there); the squared-L2 and entropic baselines and
-log-domain Sinkhorn; and `batched_semi_dual_adam`, many small semi-duals at once
-(the MoE router's solver), and `batched_semi_dual_adam_candidates`, the same
-iterates with each step's selection on a few candidate rows per column, and
-`batched_semi_dual_adam_pallas`, the same iterates in one fused Pallas kernel
-per problem (Triton on a GPU; interpret mode, for tests, on the CPU).
+log-domain Sinkhorn; and `batched_semi_dual`, many small semi-duals at once
+(the MoE router's problems), by damped semi-smooth Newton in at most 10 steps
+(`batched_semi_dual_newton`) or by the paper's Adam through one of its paths:
+`batched_semi_dual_adam`, `batched_semi_dual_adam_candidates` (each step's
+selection on a few candidate rows per column) and
+`batched_semi_dual_adam_pallas` (one fused Pallas kernel per problem: Triton on
+a GPU; interpret mode, for tests, on the CPU).
 
     from vmoe_sparse_ot import ot
     res = ot.solve(a, b, C, ot.SparsityConstrained(k=2, gamma=1.0))
@@ -20,8 +22,10 @@ Everything runs under `jax.jit` and `jax.vmap` (the switch to the interior point
 only eagerly); see docs/ARCHITECTURE.md.
 """
 from vmoe_sparse_ot.ot.batched import batched_semi_dual_adam
+from vmoe_sparse_ot.ot.batched_solve import BatchedSemiDualResult, batched_semi_dual
 from vmoe_sparse_ot.ot.candidates import batched_semi_dual_adam_candidates
 from vmoe_sparse_ot.ot.interior_point import solve_interior_point
+from vmoe_sparse_ot.ot.newton import NewtonResult, batched_semi_dual_newton
 from vmoe_sparse_ot.ot.ksupport import squared_k_support_norm
 from vmoe_sparse_ot.ot.objectives import (
     dual_objective,
@@ -74,9 +78,13 @@ __all__ = [
     "SinkhornResult",
     "SparsityConstrained",
     "SquaredL2",
+    "BatchedSemiDualResult",
+    "NewtonResult",
+    "batched_semi_dual",
     "batched_semi_dual_adam",
     "batched_semi_dual_adam_candidates",
     "batched_semi_dual_adam_pallas",
+    "batched_semi_dual_newton",
     "c_transform_start",
     "dual_objective",
     "dual_value_and_grad",
