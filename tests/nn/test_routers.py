@@ -214,13 +214,13 @@ def test_options_parsing_errors_name_the_full_key():
   with pytest.raises(ValueError, match=r"\['top_k'\].*valid keys.*num_selected_experts"):
     routers.parse_router_options({"name": "topk", "top_k": 2})
   with pytest.raises(ValueError, match=r"model.encoder.moe.router.sparse_ot.solver must be "
-                     r"one of \['adam', 'lbfgs'\], got 'sgd'"):
+                     r"one of \['newton', 'adam', 'lbfgs'\], got 'sgd'"):
     routers.parse_router_options({"name": "sparse_ot", "sparse_ot": {"solver": "sgd"}})
   with pytest.raises(ValueError, match=r"\['iters'\] in model.encoder.moe.router.sbase.*"
                      r"epsilon.*num_iters"):
     routers.parse_router_options({"name": "sbase", "sbase": {"iters": 3}})
   with pytest.raises(ValueError, match=r"model.encoder.moe.router.sparse_ot.num_steps must be "
-                     r"an integer >= 1, got 0"):
+                     r"an integer >= 1 or None, got 0"):
     routers.parse_router_options({"name": "sparse_ot", "sparse_ot": {"num_steps": 0}})
   with pytest.raises(ValueError, match=r"model.encoder.moe.router.num_selected_experts must "
                      r"be an integer >= 1, got 'two'"):
@@ -248,7 +248,7 @@ def test_default_config_round_trips_and_is_derived_from_the_dataclasses():
       "sbase": {"epsilon": 0.5, "num_iters": 3}})
   assert parsed.options == routers.ROUTERS["sparse_ot"].options(
       num_selected_experts=1, capacity_factor=1.5, num_steps=7, learning_rate=0.1, gamma=2.0,
-      form="token_choice", implementation="reference")
+      form="token_choice", implementation="reference", solver="adam")
 
 
 def test_a_new_router_is_one_registration():
@@ -392,7 +392,8 @@ def test_sparse_ot_auto_picks_a_path_and_its_plans_are_that_paths():
   99% of the dispatched pairs and the primal objective to 1e-5 relative in
   float32, the router's dtype, on a random router problem."""
   from vmoe_sparse_ot.nn.routers import sparse_ot
-  opts = sparse_ot.SparseOTOptions()
+  assert sparse_ot.picked_implementation(sparse_ot.SparseOTOptions(k=28), 400, 32) == "newton"
+  opts = sparse_ot.SparseOTOptions(solver="adam")
   assert opts.implementation == "auto"
   pick = lambda o, *shape: sparse_ot.picked_implementation(o, *shape, backend="cpu")
   b32 = dataclasses.replace(opts, k=28)
@@ -410,7 +411,7 @@ def test_sparse_ot_auto_picks_a_path_and_its_plans_are_that_paths():
   g, m, n, k = 2, 96, 4, 24
   opts = dataclasses.replace(opts, k=k)
   assert pick(opts, m, n) == "candidates"
-  plans = lambda o: lambda c, a, b: sparse_ot._solve_plans(c, a, b, k, o)
+  plans = lambda o: lambda c, a, b: sparse_ot._solve(c, a, b, k, o)[0]
   picked = dataclasses.replace(opts, implementation="candidates")
   for x64 in (False, True):
     with jax.enable_x64(x64):
@@ -440,7 +441,7 @@ def _plans_at_alpha_zero(logits, k):
   return jnp.stack([ot.plan_from_semi_dual(jnp.zeros((s,)), b, cc, reg) for cc in cost])
 
 
-@pytest.mark.parametrize("solver,steps", [("adam", 50), ("lbfgs", 300)])
+@pytest.mark.parametrize("solver,steps", [("newton", None), ("adam", 50), ("lbfgs", 300)])
 def test_sparse_ot_plan_columns_sparse_marginals_and_support(solver, steps):
   _need("solve")
   from vmoe_sparse_ot.nn.routers import sparse_ot

@@ -20,7 +20,7 @@ from vmoe_sparse_ot.nn.routers import sparse_ot
 def _config(form, implementation):
   # S = 12 tokens per group, E = 4 experts, 10 Adam steps (interpret mode is slow).
   return RouterConfig("sparse_ot", ROUTERS["sparse_ot"].options(
-      form=form, implementation=implementation, num_steps=10,
+      form=form, solver="adam", implementation=implementation, num_steps=10,
       k=3 if form == "expert_choice" else None, capacity_factor=1.5))
 
 
@@ -60,17 +60,17 @@ def test_pallas_routes_and_differentiates_as_fast(form):
 
 
 def test_pallas_on_the_cpu_warns_once_and_auto_does_not_pick_it():
-  assert sparse_ot.picked_implementation(sparse_ot.SparseOTOptions(k=3), 12, 4,
+  assert sparse_ot.picked_implementation(sparse_ot.SparseOTOptions(k=3, solver="adam"), 12, 4,
                                          backend="cpu") != "pallas"
-  opts = sparse_ot.SparseOTOptions(k=3, implementation="pallas", num_steps=1)
+  opts = sparse_ot.SparseOTOptions(k=3, solver="adam", implementation="pallas", num_steps=1)
   cost = np.zeros((1, 4, 2), np.float32)
   args = cost, np.ones((1, 4), np.float32), np.full((1, 2), 2.0, np.float32)
   sparse_ot._warn_interpret_once.cache_clear()
   with pytest.warns(UserWarning, match="interpret mode"):
-    jax.make_jaxpr(lambda *a: sparse_ot._solve_plans(*a, 2, opts))(*args)
+    jax.make_jaxpr(lambda *a: sparse_ot._solve(*a, 2, opts))(*args)
   with warnings.catch_warnings():
     warnings.simplefilter("error")
-    jax.make_jaxpr(lambda *a: sparse_ot._solve_plans(*a, 2, opts))(*args)
+    jax.make_jaxpr(lambda *a: sparse_ot._solve(*a, 2, opts))(*args)
 
 
 @pytest.mark.parametrize("form", ["expert_choice", "token_choice"])

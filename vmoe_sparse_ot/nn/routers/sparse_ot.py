@@ -2,12 +2,19 @@
 
 Sparsity-constrained OT per group with cost -softmax(logits), mass 1 per token
 and S/E per expert, at most k nonzeros per expert column (the paper's
-column-k-sparse problem), approximated through its semi-dual (Sections 4 and 5) with
-Adam (learning rate 1e-2, 50 steps in the paper) or L-BFGS. Each expert takes
+column-k-sparse problem), approximated through its semi-dual (Sections 4 and 5) by
+damped semi-smooth Newton in at most 10 steps (the default, `ot.batched_semi_dual`;
+as good a semi-dual gap and row-mass error as the paper's solver on its B/32
+problems), Adam (learning rate 1e-2, 50 steps: the paper's setting,
+solver='adam') or L-BFGS. Each expert takes
 the tokens in the support of its column, so it never receives more than k; its
 buffer has C = k slots. Form 'token_choice' transposes the problem: at most K
 experts per token, slots as in TopK. Combine weights are softmax(logits) at the
-dispatched pairs; no gradient flows through the solver.
+dispatched pairs; no gradient flows through the solver. Per layer the router
+reports the solver's steps (`solver_steps`, the mean over groups, and
+`solver_steps_max`) and the fraction of groups that reached the cap without
+meeting the solver's stop rule (`solver_unconverged`; Adam and L-BFGS run a fixed
+count: 0).
 """
 import dataclasses
 import functools
@@ -36,13 +43,23 @@ class SparseOTOptions(base.CommonOptions):
   k: Optional[int] = base.option(
       None, "Nonzeros per expert column (expert_choice form), also the buffer size C; "
       "None: C from capacity_factor / capacity.", check=base.AT_LEAST_ONE)
-  solver: str = base.option("adam", "Semi-dual solver.", choices=("adam", "lbfgs"))
-  num_steps: int = base.option(50, "Solver steps (fixed, no tolerance).",
-                               check=base.AT_LEAST_ONE)
+  solver: str = base.option(
+      "newton", "Semi-dual solver: 'newton' (damped semi-smooth Newton, at most num_steps "
+      "gradient evaluations per group, stopping on its own rule: ot.batched_semi_dual); "
+      "'adam' (the paper's: num_steps Adam steps at learning_rate); 'lbfgs' (ot.solve, "
+      "num_steps iterations).", choices=("newton", "adam", "lbfgs"))
+  num_steps: Optional[int] = base.option(
+      None, "Solver steps: Newton's cap, Adam's or L-BFGS's fixed count. None: the "
+      "solver's default, 10 for 'newton', the paper's 50 for 'adam' and 'lbfgs'.",
+      check=base.AT_LEAST_ONE)
+  tol: float = base.option(
+      1e-4, "Newton's stop rule: the Newton model's gain at most tol times sum(a) times "
+      "the costs' scale (ot.newton); 0 runs num_steps.", check=base.NON_NEGATIVE)
   learning_rate: float = base.option(1e-2, "Adam step size.", check=base.POSITIVE)
   gamma: float = base.option(1.0, "Squared-L2 regularization strength.", check=base.POSITIVE)
   implementation: str = base.option(
-      "auto", "'auto': the faster of 'fast' and 'candidates' for the routing shapes and "
+      "auto", "Adam's path (solver='adam'; Newton has one). "
+      "'auto': the faster of 'fast' and 'candidates' for the routing shapes and "
       "backend (`picked_implementation`; the rule measured in benchmarks/RESULTS.md); "
       "'fast': the router's batched Adam (same iterates as ot.solve, faster); "
       "'candidates': the same Adam steps, each on 2k candidate rows per expert with the "
@@ -67,41 +84,13 @@ def capacity(opts: SparseOTOptions, group_size: int, num_experts: int) -> int:
   return base.default_capacity(opts, group_size, num_experts)
 
 
-def _auto(m: int, n: int, k: int, backend: str) -> str:
-  """The Adam path 'auto' runs for problems of m rows and n columns, at most k
-  nonzeros per column (expert choice: m = S tokens, n = E experts, k = C;
-  token choice: m = E, n = S, k = K), on `backend`.
-
-  CPU: the rule fits the router-alone grid of benchmarks/RESULTS.md ("sparse_ot's
-  paths side by side", 2026-11-27, JAX 0.10.2, 6400 tokens per layer): it picks
-  the faster path at all 25 of its shapes. 'candidates' wins where k is large
-  (each step of 'fast' costs about k passes over the group: k >= 20 with m >= 3k;
-  at m = 64, k = 24 it loses 1.5x) or the groups are long with many experts
-  (m >= 320 with n >= 32: 0.40-0.63x of 'fast's time at k = 8 and 16), and
-  loses elsewhere at k <= 16 (1.3-2.5x of 'fast's time with n = 8, m up to
-  512 -- the tiny config's m = 64, n = 8, k = 16: 1.7x --, 1.1-1.6x with
-  n = 32, m <= 256); it needs 2k < m (`ot.candidates.applies`).
-  GPU: keeps 'fast' (RESULTS.md, one H200). 'candidates' lost there (B/32
-  shapes, G = 512: 31.0 ms against 'fast''s 26.0 ms, 2026-11-26). The fused
-  kernel ('pallas') compiles and routes like 'fast' there, and alone at G = 512
-  it takes 11.0 ms against 'fast''s 26.0 (4 warps, 2026-11-28); but in the only
-  train step measured with it (S/32, G = 64 per layer, at 16 warps, its default
-  then) it was slower than 'fast' (74.5 against 70.9 ms), and its step at 4 warps
-  is unmeasured (as is any run on several GPUs, where each device solves its own
-  groups: `_solve_plans`). So it is not picked until a step measurement shows it
-  wins. Other backends (TPU): unmeasured, keep 'fast'.
-  """
-  if backend != "cpu" or not 2 * k < m:
-    return "fast"
-  if (k >= 20 and m >= 3 * k) or (n >= 32 and m >= 320):
-    return "candidates"
-  return "fast"
-
-
 def picked_implementation(opts: SparseOTOptions, group_size: int, num_experts: int,
                           backend: Optional[str] = None) -> str:
   """The path `opts.implementation` runs at these routing shapes: itself, or for
-  'auto' the one its rule picks (`_auto`); 'reference' wherever L-BFGS solves."""
+  'auto' the one its rule picks (`ot.batched_solve.adam_path`); 'newton' wherever
+  Newton solves, 'reference' wherever L-BFGS does."""
+  if opts.solver == "newton":
+    return "newton"
   if opts.solver != "adam":
     return "reference"
   if opts.implementation != "auto":
@@ -110,7 +99,7 @@ def picked_implementation(opts: SparseOTOptions, group_size: int, num_experts: i
     m, n, k = group_size, num_experts, capacity(opts, group_size, num_experts)
   else:
     m, n, k = num_experts, group_size, min(opts.num_selected_experts, num_experts)
-  return _auto(m, n, k, backend or jax.default_backend())
+  return ot.batched_solve.adam_path(m, n, k, backend or jax.default_backend())
 
 
 @functools.lru_cache(maxsize=None)
@@ -120,39 +109,50 @@ def _warn_interpret_once() -> None:
                 "(what implementation='auto' picks on the CPU).", stacklevel=3)
 
 
-def _solve_plans(cost: Array, a: Array, b: Array, k: int, opts: SparseOTOptions) -> Array:
-  """(G, m, n) plans of G semi-duals, <= k nonzeros per column."""
-  if opts.implementation == "auto" and opts.solver == "adam":
-    _, m, n = cost.shape
-    opts = dataclasses.replace(opts, implementation=_auto(m, n, k, jax.default_backend()))
-  if opts.solver == "adam" and opts.implementation == "fast":
-    return ot.batched_semi_dual_adam(cost, a, b, k, opts.gamma, opts.num_steps,
-                                     opts.learning_rate)
+def num_steps(opts: SparseOTOptions) -> int:
+  """The solver's step count (cap for Newton): opts.num_steps, or its default."""
+  if opts.num_steps is not None:
+    return opts.num_steps
+  return ot.batched_solve.DEFAULT_STEPS["newton" if opts.solver == "newton" else "adam"]
+
+
+def _solve(cost: Array, a: Array, b: Array, k: int, opts: SparseOTOptions):
+  """(plans (G, m, n) with <= k nonzeros per column, steps (G,), converged (G,))."""
+  g = cost.shape[0]
+  steps = num_steps(opts)
+  fixed = lambda plan: (plan, jnp.full((g,), steps, jnp.int32), jnp.ones((g,), bool))
+  if opts.solver == "newton":
+    res = ot.batched_semi_dual(cost, a, b, k, opts.gamma, solver="newton", max_steps=steps,
+                               tol=opts.tol)
+    return res.plan, res.steps, res.converged
   if opts.solver == "adam" and opts.implementation == "pallas":
     if jax.default_backend() == "cpu":
       _warn_interpret_once()
     # One custom call: split by hand over the devices that hold the groups, or XLA
     # gathers every group onto every device and solves them all there.
-    return sharding.per_shard(
-        lambda c, a, b: ot.batched_semi_dual_adam_pallas(c, a, b, k, opts.gamma,
-                                                         opts.num_steps, opts.learning_rate),
-        cost, a, b)
-  if opts.solver == "adam" and opts.implementation == "candidates":
-    return ot.batched_semi_dual_adam_candidates(cost, a, b, k, opts.gamma, opts.num_steps,
-                                                opts.learning_rate)
-  # From alpha = 0 like the fast path (not `ot.solve`'s c-transform start).
+    return fixed(sharding.per_shard(
+        lambda c, a, b: ot.batched_semi_dual_adam_pallas(c, a, b, k, opts.gamma, steps,
+                                                         opts.learning_rate),
+        cost, a, b))
+  if opts.solver == "adam" and opts.implementation != "reference":
+    res = ot.batched_semi_dual(cost, a, b, k, opts.gamma, solver="adam", max_steps=steps,
+                               learning_rate=opts.learning_rate,
+                               implementation=opts.implementation)
+    return res.plan, res.steps, res.converged
+  # From alpha = 0 like the batched paths (not `ot.solve`'s c-transform start).
   # infeasible="ignore": with E C < S tokens the router drops tokens by design.
-  kwargs = {"max_iter": opts.num_steps, "tol": 0.0, "init": jnp.zeros_like(a[0]),
+  kwargs = {"max_iter": steps, "tol": 0.0, "init": jnp.zeros_like(a[0]),
             "infeasible": "ignore"}
   if opts.solver == "adam":
     kwargs["learning_rate"] = opts.learning_rate
   reg = ot.SparsityConstrained(k=k, gamma=opts.gamma)
-  return jax.vmap(lambda c, a, b: ot.solve(a, b, c, reg, formulation="semi_dual",
-                                           solver=opts.solver, **kwargs).plan)(cost, a, b)
+  return fixed(jax.vmap(lambda c, a, b: ot.solve(a, b, c, reg, formulation="semi_dual",
+                                                 solver=opts.solver, **kwargs).plan)(cost, a, b))
 
 
-def plans(logits: Array, token_mask: Array, opts: SparseOTOptions, capacity: int) -> Array:
-  """The router's plans (G, S, E) (no gradient).
+def solve(logits: Array, token_mask: Array, opts: SparseOTOptions, capacity: int):
+  """The router's plans (G, S, E) (no gradient), with the solver's steps (G,) and
+  whether each group met its stop rule (G,).
 
   Expert-choice form: at most k = C nonzeros per expert column; token-choice
   form: at most K nonzeros per token row (the transposed problem). Cost
@@ -166,17 +166,23 @@ def plans(logits: Array, token_mask: Array, opts: SparseOTOptions, capacity: int
   a = mask                                                               # (G, S)
   b = jnp.broadcast_to(jnp.sum(mask, axis=1, keepdims=True) / e, mask.shape[:1] + (e,))
   if opts.form == "expert_choice":
-    return _solve_plans(cost, a, b, capacity, opts)
+    return _solve(cost, a, b, capacity, opts)
   # Rows are experts (mass S/E), columns tokens (mass 1), <= K nonzeros per token.
   k = min(opts.num_selected_experts, e)
-  return jnp.swapaxes(_solve_plans(jnp.swapaxes(cost, 1, 2), b, a, k, opts), 1, 2)
+  plan, steps, converged = _solve(jnp.swapaxes(cost, 1, 2), b, a, k, opts)
+  return jnp.swapaxes(plan, 1, 2), steps, converged
+
+
+def plans(logits: Array, token_mask: Array, opts: SparseOTOptions, capacity: int) -> Array:
+  """The router's plans (G, S, E) alone (`solve`)."""
+  return solve(logits, token_mask, opts, capacity)[0]
 
 
 def route(logits: Array, token_mask: Array, opts: SparseOTOptions, capacity: int, train: bool,
           rng: Optional[Array]) -> rt.Routing:
   del train, rng
   e = logits.shape[-1]
-  plan = plans(logits, token_mask, opts, capacity)
+  plan, steps, converged = solve(logits, token_mask, opts, capacity)
   if opts.form == "expert_choice":
     token_index, valid = rt.assign_expert_choice(plan, token_mask, capacity, min_score=0.0)
   else:
@@ -184,7 +190,10 @@ def route(logits: Array, token_mask: Array, opts: SparseOTOptions, capacity: int
     token_index, valid = base.assign_top_k(plan, token_mask, e, k, capacity,
                                            opts.batch_priority, choice_mask_positive=True)
   gates = jax.nn.softmax(logits, axis=-1)
-  return base.finish(gates, token_index, valid, base.zero_loss())
+  steps = steps.astype(jnp.float32)
+  extra = {"solver_steps": jnp.mean(steps), "solver_steps_max": jnp.max(steps),
+           "solver_unconverged": jnp.mean((~converged).astype(jnp.float32))}
+  return base.finish(gates, token_index, valid, base.zero_loss(), extra)
 
 
 ROUTER = base.Router(name="sparse_ot", options=SparseOTOptions, route=route, capacity=capacity)
