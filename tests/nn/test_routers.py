@@ -330,7 +330,8 @@ def test_sbase_update_order_matches_a_numpy_sinkhorn(first_update):
   from vmoe_sparse_ot.nn.routers import sbase
   logits = np.asarray(jax.random.normal(jax.random.key(4), (2, 16, 4))) * 4   # peaked
   opts = cfg("sbase", num_iters=5, first_update=first_update)
-  plans = np.asarray(jax.jit(lambda x: sbase.plans(x, opts.options))(logits))
+  mask = np.ones((2, 16), bool)
+  plans = np.asarray(jax.jit(lambda x, m: sbase.plans(x, m, opts.options))(logits, mask))
   for g in range(2):
     want = _numpy_sinkhorn(logits[g], 1.0, 5, first_update == "experts")
     np.testing.assert_allclose(plans[g], want, rtol=2e-4, atol=1e-6)

@@ -7,9 +7,10 @@ default written once, in the dataclass), and a route function
 
 with logits (G, S, E) from the MoE layer's 'router' Dense layer (or whatever
 the router's `logits_module` returns), token_mask (G, S) bool (False for
-padding), C = `capacity(opts, S, E)` buffer slots per expert, and an rng only
-when `needs_rng(opts, train)`. The MoE layer asks the `Router` for these and
-never looks at its name.
+padding: it gets no weight, and the real tokens route as they would alone at
+the same C, whatever the padding's logits), C = `capacity(opts, S, E)` buffer
+slots per expert, and an rng only when `needs_rng(opts, train)`. The MoE layer
+asks the `Router` for these and never looks at its name.
 
 A router with state that changes between training steps outside the gradient
 (e.g. `topk_bias`'s per-expert bias) also gives a `RouterState`: `init(opts, E)`

@@ -1,10 +1,11 @@
 """'sbase': Sinkhorn-BASE (Clark et al. 2022), as adapted to V-MoE in the paper's Appendix A.5.
 
-Entropic OT per group with cost -logits, mass 1 per token and S/E per expert
-(the S-BASE problem of Appendix A.5), `num_iters` log-domain Sinkhorn
-iterations from zero potentials; each token takes the top-K experts of its
-plan row, slots as in TopK; combine weights softmax(logits). No gradient flows
-through Sinkhorn.
+Entropic OT per group with cost -logits, mass 1 per real token and (real
+tokens)/E per expert (the S-BASE problem of Appendix A.5; masked padding tokens
+get no mass, so the real tokens route as they would alone), `num_iters`
+log-domain Sinkhorn iterations from zero potentials; each token takes the top-K
+experts of its plan row, slots as in TopK; combine weights softmax(logits). No
+gradient flows through Sinkhorn.
 
 Update order: the reference implementation (OTT's Sinkhorn, as used by the
 paper's code) updates the expert potential g first and the token potential f
@@ -54,10 +55,24 @@ def entropic_plans(cost: Array, tokens: Array, experts: Array, epsilon: float, n
   return jax.vmap(solve)(cost, tokens, experts)
 
 
-def plans(logits: Array, opts: SBaseOptions) -> Array:
-  """(G, S, E) entropic plans of the groups' logits (no gradient)."""
-  g, s, e = logits.shape
-  tokens, experts = jnp.ones((g, s), jnp.float32), jnp.full((g, e), s / e, jnp.float32)
+def masses(token_mask: Array, num_experts: int) -> tuple[Array, Array]:
+  """The S-BASE marginals of (G, S) token masks: (tokens (G, S), experts (G, E)).
+
+  Mass 1 per real token and 0 per padding token, (real tokens) / E per expert:
+  padding then has no plan row to fill, and the real tokens' plan is the one of
+  routing them alone. A group with no real token (the MoE layer makes none)
+  counts all its tokens, so that Sinkhorn has mass to move.
+  """
+  mask = token_mask.astype(jnp.float32)
+  tokens = jnp.where(jnp.any(token_mask, axis=1, keepdims=True), mask, 1.0)
+  experts = jnp.broadcast_to(jnp.sum(tokens, axis=1, keepdims=True) / num_experts,
+                             tokens.shape[:1] + (num_experts,))
+  return tokens, experts
+
+
+def plans(logits: Array, token_mask: Array, opts: SBaseOptions) -> Array:
+  """(G, S, E) entropic plans of (G, S, E) logits, padding rows 0 (no gradient)."""
+  tokens, experts = masses(token_mask, logits.shape[-1])
   cost = -jax.lax.stop_gradient(logits).astype(jnp.float32)
   return entropic_plans(cost, tokens, experts, opts.epsilon, opts.num_iters, opts.first_update)
 
@@ -67,7 +82,7 @@ def route(logits: Array, token_mask: Array, opts: SBaseOptions, capacity: int, t
   del train, rng
   e = logits.shape[-1]
   k = min(opts.num_selected_experts, e)
-  token_index, valid = base.assign_top_k(plans(logits, opts), token_mask, e, k, capacity,
+  token_index, valid = base.assign_top_k(plans(logits, token_mask, opts), token_mask, e, k, capacity,
                                          opts.batch_priority)
   gates = jax.nn.softmax(logits, axis=-1)
   return base.finish(gates, token_index, valid, base.zero_loss())

@@ -18,7 +18,6 @@ import dataclasses
 from typing import Optional
 
 import jax
-import jax.numpy as jnp
 
 from vmoe_sparse_ot.nn import routing as rt
 from vmoe_sparse_ot.nn.routers import base
@@ -35,16 +34,8 @@ class SinkhornECOptions(sbase.SBaseOptions):
 
 
 def plans(logits: Array, token_mask: Array, opts: SinkhornECOptions) -> Array:
-  """(G, S, E) entropic plans of (G, S, E) logits, padding rows 0 (no gradient)."""
-  e = logits.shape[-1]
-  mask = token_mask.astype(jnp.float32)
-  # A group with no real token (never made by the MoE layer) would have no mass at all.
-  tokens = jnp.where(jnp.any(token_mask, axis=1, keepdims=True), mask, 1.0)      # (G, S)
-  experts = jnp.broadcast_to(jnp.sum(tokens, axis=1, keepdims=True) / e,
-                             tokens.shape[:1] + (e,))                           # (G, E)
-  cost = -jax.lax.stop_gradient(logits).astype(jnp.float32)
-  return sbase.entropic_plans(cost, tokens, experts, opts.epsilon, opts.num_iters,
-                              opts.first_update)
+  """(G, S, E) entropic plans of (G, S, E) logits, padding rows 0 (no gradient): S-BASE's."""
+  return sbase.plans(logits, token_mask, opts)
 
 
 def route(logits: Array, token_mask: Array, opts: SinkhornECOptions, capacity: int,
