@@ -206,6 +206,7 @@ def test_checkpoint_without_workdir_through_a_remote_file_system(
 
 
 def test_checkpoint_bad_input_is_one_line(released, workdir, tmp_path, capsys):
+  from tests import memory_fs  # noqa: F401  (registers memtest://, also when run alone)
   from tests.evaluate.conftest import CONFIG_TEXT
   prefix = released[0]
   config = tmp_path / 'tiny.py'
