@@ -111,6 +111,8 @@ def test_plot_command_errors_are_one_line(tmp_path, capsys):
     (['--dataset=nope'], "--dataset=nope: dataset 'nope' is neither embedded"),
     (['--data_dir={tmp}/file/d'], "--data_dir='{tmp}/file/d': '{tmp}/file' is a file"),
     (['--out={tmp}/' + 'x' * 300], "--out='{tmp}/" + 'x' * 300 + "': cannot create it"),
+    (['--num_imags=2'], 'unrecognized arguments: --num_imags=2'),
+    (['--num_images=two'], "argument --num_images: invalid int value: 'two'"),
 ])
 def test_a_bad_flag_is_one_line_before_any_figure_is_written(workdir, tmp_path, capsys, args,
                                                              expected):

@@ -20,11 +20,9 @@ exit status 2, before any figure is written.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
-import sys
 from typing import Any, Sequence
 
 from vmoe_sparse_ot import workdir_layout
@@ -455,7 +453,7 @@ def _nothing_to_plot(workdir: str) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-  parser = argparse.ArgumentParser(
+  parser = errors.ArgumentParser(
       prog=PROG, description='Writes PNGs of a training workdir: curves, expert load, '
       'routing of a few images, few-shot accuracy against shots.')
   parser.add_argument('workdir', help='training workdir (holds checkpoints/ and events)')
@@ -475,8 +473,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     paths = plot_workdir(args.workdir, args.out, num_images=args.num_images,
                          dataset=args.dataset, split=args.split, data_dir=args.data_dir)
   except (OSError, ValueError) as e:
-    print(f'{PROG}: error: {errors.first_line(e)}', file=sys.stderr, flush=True)
-    sys.exit(2)
+    errors.fail(PROG, e)
   for path in paths:
     print(f'Wrote {path}')
 
