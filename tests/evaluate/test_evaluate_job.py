@@ -1,6 +1,7 @@
 """`python -m vmoe_sparse_ot.evaluate`: checkpoint evaluation with eval-time routing overrides."""
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -131,6 +132,16 @@ def test_missing_workdir_or_checkpoint(tmp_path, capsys):
          'not a directory')
   _fails([f'--workdir={tmp_path}'], capsys, f'No checkpoint directory {tmp_path}/checkpoints')
   assert os.listdir(tmp_path) == []
+
+
+def test_an_eval_folder_that_cannot_hold_the_results_is_refused_before_evaluating(
+    workdir, tmp_path, capsys):
+  copy = tmp_path / 'w'
+  shutil.copytree(workdir, copy, ignore=shutil.ignore_patterns('eval'))
+  (copy / 'eval').write_text('')  # where W/eval/NAME.json would go
+  _fails([f'--workdir={copy}'], capsys, f"--workdir='{copy}/eval': exists and is not a "
+         'directory')
+  assert (copy / 'eval').read_text() == ''
 
 
 def test_settings_come_from_the_run_then_config_then_flags(workdir, tmp_path):

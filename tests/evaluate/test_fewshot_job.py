@@ -1,6 +1,7 @@
 """The standalone job `python -m vmoe_sparse_ot.fewshot` on a tiny checkpoint."""
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -194,6 +195,16 @@ def test_unknown_dataset_fails_clearly(setup):
   config_path, workdir = setup
   with pytest.raises(transfer.DatasetError, match="'nope' .name='no_such_dataset'"):
     job.run(config_lib.load_config_file(f'{config_path}:bad'), str(workdir))
+
+
+def test_a_fewshot_folder_that_cannot_hold_the_results_is_refused_before_evaluating(
+    setup, tmp_path, job_in_process):
+  config_path, workdir = setup
+  copy = tmp_path / 'w'
+  shutil.copytree(workdir, copy, ignore=shutil.ignore_patterns('fewshot'))
+  (copy / 'fewshot').write_text('')  # where fewshot/results.json would go
+  _one_line(job_in_process(f'--config={config_path}', f'--workdir={copy}'),
+            f"--workdir='{copy}/fewshot': exists and is not a directory")
 
 
 def test_checkpoint_of_another_model_fails_clearly(setup):

@@ -105,9 +105,11 @@ def check_checkpoint(config: ml_collections.ConfigDict, workdir: str, step: int 
                      *, use_checkpoint_config: bool = False) -> None:
   """From the checkpoint's metadata alone (no arrays), raises ValueError naming the
   flag or key: `workdir` or its checkpoint `step` missing (`read_checkpoint_meta`), or
-  `config.model` not the checkpoint's model (without `use_checkpoint_config`)."""
+  `config.model` not the checkpoint's model (without `use_checkpoint_config`), or a
+  WORKDIR/fewshot that cannot be written (refused now rather than after the evaluation)."""
   meta, found = read_checkpoint_meta(workdir, step)
   _model_config(config, workdir, meta, found, use_checkpoint_config)
+  config_lib.check_directory(os.path.dirname(os.path.join(workdir, RESULTS_FILE)), '--workdir')
 
 
 def format_table(payload: dict) -> str:

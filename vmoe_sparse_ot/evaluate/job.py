@@ -222,6 +222,8 @@ def _prepare_workdir(workdir: str, step: int | None, overrides: dict[str, Any], 
                      num_devices) -> Request:
   try:
     meta, found = read_checkpoint_meta(workdir, step)
+    # Where the results go: refused now rather than after the evaluation.
+    config_lib.check_directory(os.path.join(workdir, EVAL_DIR), '--workdir')
   except ValueError as e:
     raise UsageError(str(e)) from None
   saved = meta.get('model_config')
