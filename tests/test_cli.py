@@ -115,6 +115,8 @@ USER_ERRORS = [
      "--data_dir='{tmp}/file/d': '{tmp}/file' is a file, not a directory"),
     ('vmoe_sparse_ot.data', ['sklearn_digits', '--datadir={tmp}'],
      'unrecognized arguments: --datadir='),
+    ('vmoe_sparse_ot.data', ['sklearn_digits', '--data_dir=/proc/nope/d'],
+     "--data_dir='/proc/nope/d': "),
 ]
 
 

@@ -40,7 +40,7 @@ def main(argv=None) -> None:
   data_dir = args.data_dir or embedded.default_data_dir()
   prog = 'python -m vmoe_sparse_ot.data'
   try:
-    preflight.check_directory(data_dir, '--data_dir')
+    preflight.make_directory(data_dir, '--data_dir')
     for name in args.names:
       start = time.time()
       builder = embedded.builder(name, data_dir)
