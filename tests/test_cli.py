@@ -96,6 +96,11 @@ USER_ERRORS = [
                              '--config.model.ensemble_size=2'],
      "config.model.ensemble_size=2: > 1 (E³) cannot route with router 'topk_bias'"),
     ('vmoe_sparse_ot.main', [f'--config={TINY}'], 'flag --workdir is required'),
+    # Refusals that only trying shows (root may write /proc by its permissions).
+    ('vmoe_sparse_ot.main', [f'--config={TINY}', '--workdir=/proc/nope/w'],
+     "--workdir='/proc/nope/w': "),
+    ('vmoe_sparse_ot.main', [f'--config={TINY}', '--workdir={tmp}/' + 'w' * 300],
+     "--workdir='{tmp}/" + 'w' * 300 + "': cannot create it (File name too long"),
     ('vmoe_sparse_ot.main', [f'--config={TINY}', '--workdir={tmp}/w',
                              '--config.dataset.name=imagenet2012', '--config.dataset.data_dir={tmp}'],
      "TFDS dataset 'imagenet2012' is not prepared under data_dir '{tmp}'"),
@@ -108,6 +113,10 @@ USER_ERRORS = [
      "unknown dataset 'mnist'; choose from embedded_mnist, sklearn_digits"),
     ('vmoe_sparse_ot.data', ['sklearn_digits', '--data_dir={tmp}/file/d'],
      "--data_dir='{tmp}/file/d': '{tmp}/file' is a file, not a directory"),
+    ('vmoe_sparse_ot.data', ['sklearn_digits', '--datadir={tmp}'],
+     'unrecognized arguments: --datadir='),
+    ('vmoe_sparse_ot.data', ['sklearn_digits', '--data_dir=/proc/nope/d'],
+     "--data_dir='/proc/nope/d': "),
 ]
 
 
@@ -132,12 +141,17 @@ CONSOLE_CASE = [
     '--config.model.encoder.mlp_dim=64']
 
 # Run in main_results' interpreter after USER_ERRORS' cases, in this order (the
-# print_config case right after a failed one: its flags must be gone).
+# print_config case right after a failed one: its flags must be gone). {console}
+# is the console case's {tmp}: the resume cases go back to its workdir.
 LATER_CASES = {
     'data_help': ('vmoe_sparse_ot.data', ['--help']),
     'failed': [f'--config={TINY}', '--config.model.encoder.num_heads=3', '--workdir={tmp}/w'],
     'print_config': [f'--config={TINY}:router=sbase', '--config.train_steps=7',
                      '--print_config'],
+    'resume_schedule': [a.replace('{tmp}', '{console}') for a in CONSOLE_CASE]
+                       + ['--config.train_steps=20'],
+    'resume_router': [a.replace('{tmp}', '{console}') for a in CONSOLE_CASE]
+                     + ['--config.model.encoder.moe.router.soft_moe.num_slots=1'],
 }
 
 
@@ -155,10 +169,12 @@ def main_results(tmp_path_factory):
             if module != 'vmoe_sparse_ot.fewshot']
   named += [(key, *(case if isinstance(case, tuple) else ('vmoe_sparse_ot.main', case)))
             for key, case in LATER_CASES.items()]
+  console = None
   for key, module, args in named:
     tmp = tmp_path_factory.mktemp(f'case{key}')
     (tmp / 'file').write_text('')
-    argv = _fill(args, tmp)
+    console = console or tmp
+    argv = [a.replace('{console}', str(console)) for a in _fill(args, tmp)]
     cases[key] = (tmp, argv if module == 'vmoe_sparse_ot.main' else (module, argv))
   results = main_cases.run_main_cases([case for _, case in cases.values()], _env())
   return {key: (tmp, result) for (key, (tmp, _)), result in zip(cases.items(), results)}
@@ -177,16 +193,27 @@ def test_user_errors_are_one_line_without_traceback(index, tmp_path, request):
     # preparation test starts its command as a process of its own).
     tmp_path, proc = request.getfixturevalue('main_results')[index]
   prog = 'python -m ' + module
-  if module == 'vmoe_sparse_ot.data':  # argparse prints its usage line first.
-    assert proc.returncode == 2 and 'Traceback' not in proc.stderr
-    line = proc.stderr.strip().splitlines()[-1]
-    assert line.startswith(f'{prog}: error: ')
-    assert all(l.startswith(('usage:', f'{prog}: error:', ' '))
-               for l in proc.stderr.strip().splitlines()), proc.stderr
-  else:
-    line = _one_line_error(proc, prog)
+  line = _one_line_error(proc, prog)  # argparse's usage lines too are left out
   assert expected.replace('{tmp}', str(tmp_path)) in line, line
   assert not (tmp_path / 'w').exists()  # Nothing was created.
+
+
+def test_a_resume_that_would_change_the_schedule_or_the_router_is_one_line(main_results):
+  """Back in the console case's workdir (10 steps trained) with another train_steps or
+  router (Soft MoE's slots per expert): one line naming the key, exit status 2, the
+  workdir as the first run left it."""
+  workdir = main_results['console'][0] / 'w'
+  prog = 'python -m vmoe_sparse_ot.main'
+  line = _one_line_error(main_results['resume_schedule'][1], prog)
+  assert (f'Resuming from step 10 in {workdir}/checkpoints would change the learning-rate '
+          'schedule: ') in line and 'train_steps: checkpoint 10, config 20' in line, line
+  assert '--allow_schedule_change' in line
+  line = _one_line_error(main_results['resume_router'][1], prog)
+  assert (f'The checkpoint in {workdir}/checkpoints does not match the config' in line
+          and 'model.encoder.moe.router.soft_moe.num_slots: checkpoint 2, config 1' in line
+          ), line
+  assert sorted(os.listdir(workdir / 'checkpoints')) == ['10']
+  assert len([f for f in os.listdir(workdir) if f.startswith('events.out')]) == 1
 
 
 def test_quickstart_refuses_a_mistake_before_anything_trains(tmp_path):

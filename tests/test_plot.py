@@ -106,6 +106,27 @@ def test_plot_command_errors_are_one_line(tmp_path, capsys):
   assert len(err.strip().splitlines()) == 1
 
 
+@pytest.mark.parametrize('args, expected', [
+    (['--split=nope'], "--split=nope: dataset 'embedded_mnist' has no split 'nope'"),
+    (['--dataset=nope'], "--dataset=nope: dataset 'nope' is neither embedded"),
+    (['--data_dir={tmp}/file/d'], "--data_dir='{tmp}/file/d': '{tmp}/file' is a file"),
+    (['--out={tmp}/' + 'x' * 300], "--out='{tmp}/" + 'x' * 300 + "': cannot create it"),
+    (['--num_imags=2'], 'unrecognized arguments: --num_imags=2'),
+    (['--num_images=two'], "argument --num_images: invalid int value: 'two'"),
+])
+def test_a_bad_flag_is_one_line_before_any_figure_is_written(workdir, tmp_path, capsys, args,
+                                                             expected):
+  (tmp_path / 'file').write_text('')
+  args = [a.replace('{tmp}', str(tmp_path)) for a in args]
+  out = [f'--out={tmp_path}/plots'] if not args[0].startswith('--out') else []
+  with pytest.raises(SystemExit) as e:
+    plot.main([str(workdir), *out, *args])
+  lines = capsys.readouterr().err.strip().splitlines()
+  assert e.value.code == 2 and len(lines) == 1, lines
+  assert lines[0].startswith(f'{plot.PROG}: error: ' + expected.replace('{tmp}', str(tmp_path)))
+  assert sorted(os.listdir(tmp_path)) == ['file']  # No figure, no output folder.
+
+
 def test_expert_load_figure_from_new_and_older_scalars(tmp_path):
   steps = np.array([1, 5, 10])
   old = {f'routing/encoderblock_1/{name}': (steps, np.array(values, float)) for name, values in {

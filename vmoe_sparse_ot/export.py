@@ -19,10 +19,9 @@ one line on stderr and exit status 2.
 """
 from __future__ import annotations
 
-import argparse
 import os
-import sys
 
+from vmoe_sparse_ot import errors
 from vmoe_sparse_ot import workdir_layout
 from vmoe_sparse_ot import quiet_logs
 
@@ -51,21 +50,27 @@ def exported_arrays(params, naming: str = 'vit') -> dict[str, np.ndarray]:
 
 
 def export(workdir: str, out: str, step: int | None = None, naming: str = 'vit') -> tuple[int, int]:
-  """Writes the checkpoint's parameters to `out`; returns (step, number of arrays)."""
+  """Writes the checkpoint's parameters to `out`; returns (step, number of arrays).
+
+  Raises ValueError naming the argument: WORKDIR or --step without a checkpoint
+  that restores, OUT that cannot be written.
+  """
   from vmoe_sparse_ot import checkpoints
-  params, _, step = checkpoints.restore_params_with_meta(workdir, step)
+  try:
+    params, _, step = checkpoints.restore_params_with_meta(workdir, step)
+  except errors.CheckpointRestoreError as e:
+    where = f'WORKDIR {workdir}' if step is None else f'--step={step}'
+    raise ValueError(f'{where}: {e}') from None
   arrays = exported_arrays(params, naming)
-  npz_lib.write_npz(out, arrays)
+  try:
+    npz_lib.write_npz(out, arrays)
+  except OSError as e:  # e.g. a folder the permissions allow but the system refuses (/proc)
+    raise ValueError(f'OUT {out}: cannot write it ({e})') from None
   return step, len(arrays)
 
 
-def _fail(message: str) -> None:
-  print(f'{PROG}: error: {message}', file=sys.stderr)
-  sys.exit(2)
-
-
 def main(argv: list[str] | None = None) -> None:
-  parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split('\n\n')[1])
+  parser = errors.ArgumentParser(prog=PROG, description=__doc__.split('\n\n')[1])
   parser.add_argument('workdir', help='training workdir holding checkpoints/')
   parser.add_argument('out', help='output .npz file')
   parser.add_argument('--step', type=int, default=None, help='checkpoint step (default: latest)')
@@ -73,15 +78,17 @@ def main(argv: list[str] | None = None) -> None:
                       help='parameter names to write (default: vit)')
   args = parser.parse_args(argv)
   if not os.path.isdir(os.path.join(args.workdir, workdir_layout.CHECKPOINTS)):
-    _fail(f'WORKDIR {args.workdir} has no checkpoints/ directory')
+    errors.fail(PROG, f'WORKDIR {args.workdir} has no checkpoints/ directory')
   out_dir = os.path.dirname(os.path.abspath(args.out))
+  if os.path.isdir(args.out):
+    errors.fail(PROG, f'OUT {args.out}: is a directory; name the .npz file to write')
   if not os.path.isdir(out_dir) or not os.access(out_dir, os.W_OK):
-    _fail(f'OUT {args.out}: directory {out_dir} does not exist or is not writable')
+    errors.fail(PROG, f'OUT {args.out}: directory {out_dir} does not exist or is not writable')
   quiet_logs.quiet_library_logs()
   try:
     step, count = export(args.workdir, args.out, args.step, args.naming)
   except (OSError, ValueError) as e:
-    _fail(' '.join(str(e).split()))
+    errors.fail(PROG, ' '.join(str(e).split()))
   print(f'Wrote {count} arrays of step {step} of {args.workdir} to {args.out} '
         f'({args.naming} naming)')
 

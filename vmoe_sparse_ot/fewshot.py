@@ -18,9 +18,10 @@ refuses and names every differing key with both values; with
 instead. The rest of the config (few-shot settings, input size, data_dir, mesh)
 comes from --config.
 
-A config mistake is one line and exit status 2; a missing checkpoint, a model
-mismatch or a dataset that cannot be loaded ends the job with exit status 1 and a
-message naming it.
+A mistake (the config, a missing --config or --workdir, a checkpoint step that is
+not there, a model mismatch) is one line and exit status 2, before any array is
+read; a checkpoint that does not restore or a dataset that cannot be loaded ends
+the job with exit status 1 and a message naming it.
 """
 from vmoe_sparse_ot import quiet_logs
 
@@ -33,8 +34,8 @@ from ml_collections import config_flags
 # The job without its flags lives in evaluate.checkpoint_fewshot; its names stay
 # importable from here.
 from vmoe_sparse_ot.evaluate.checkpoint_fewshot import (  # noqa: F401
-    RESULTS_FILE, CheckpointMismatchError, check_config, check_params_match, format_table, run,
-    run_command)
+    RESULTS_FILE, CheckpointMismatchError, check_checkpoint, check_config, check_params_match,
+    format_table, run, run_command)
 from vmoe_sparse_ot.config import cli
 from vmoe_sparse_ot.config import reference
 
@@ -56,6 +57,8 @@ def main(argv):
   if len(argv) > 1:
     cli.fail(PROG, f'unexpected arguments {argv[1:]}')
   quiet_logs.quiet_library_logs()
+  if _CONFIG.value is None:
+    cli.fail(PROG, 'flag --config is required')
   try:
     config = reference.resolve(_CONFIG.value)
   except ValueError as e:

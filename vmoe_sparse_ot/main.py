@@ -16,7 +16,8 @@ checkpoint.
 Before anything heavy (no model, no compilation) the job checks the config
 (`config.validation`), then --workdir, data_dir and that the datasets exist
 (`config.preflight`);
-a mistake there is one line on stderr and exit status 2.
+a mistake there is one line on stderr and exit status 2, as is a workdir whose
+checkpoint does not fit the config (another model, data, optimizer or schedule).
 """
 from __future__ import annotations
 
@@ -33,6 +34,7 @@ from absl import flags
 from ml_collections import config_flags
 
 from vmoe_sparse_ot import config as config_lib
+from vmoe_sparse_ot import errors
 from vmoe_sparse_ot.config import cli
 from vmoe_sparse_ot.config import reference
 
@@ -154,6 +156,8 @@ def main(argv: list[str]) -> None:
     initialize_distributed(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
     import jax
     config_lib.validate_for_devices(config, jax.device_count(), jax.process_count())
+    # Last of the checks, so a refused run leaves no empty workdir behind.
+    config_lib.make_directory(_WORKDIR.value, '--workdir')
   except (OSError, ValueError) as e:
     cli.fail(PROG, e)
   from vmoe_sparse_ot.evaluate import transfer
@@ -166,6 +170,8 @@ def main(argv: list[str]) -> None:
     # First: a failed save or read can be the symptom of a dead peer too.
     if _NUM_PROCESSES.value > 1 and lost_peer(e):
       _exit_lost_peer(e, _WORKDIR.value)
+    if isinstance(e, errors.ResumeMismatchError):  # the workdir or the config is wrong
+      cli.fail(PROG, e)
     if isinstance(e, (trainer.TrainerError, ValueError)):
       cli.fail(PROG, e, status=1, first_line_only=False)
     raise

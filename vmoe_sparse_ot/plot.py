@@ -14,14 +14,15 @@ Writes PNGs into DIR (default WORKDIR/plots):
 Curves come from the TensorBoard event files the trainer writes in WORKDIR
 (`tensorboard --logdir WORKDIR` shows the same); the routing picture restores the
 latest checkpoint and builds the model from the checkpoint's own model config.
+A mistake (a missing workdir, a --dataset, --split or --data_dir the routing
+picture cannot read, an --out that cannot be created) is one line on stderr and
+exit status 2, before any figure is written.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
-import sys
 from typing import Any, Sequence
 
 from vmoe_sparse_ot import workdir_layout
@@ -322,6 +323,36 @@ def _run_config(workdir: str) -> dict[str, Any]:
     return json.load(f)
 
 
+def routing_data(workdir: str, meta: dict[str, Any], *, dataset: str | None = None,
+                 split: str | None = None, data_dir: str | None = None
+                 ) -> tuple[str, str, str | None, dict[str, Any]]:
+  """(dataset, split, data_dir, the run's dataset section) of the routing picture.
+
+  Each is the flag's, else the run's WORKDIR/config.json's, else the checkpoint
+  `meta`'s (dataset) or 'test' (split). Checked, from the dataset's metadata
+  only, so that a mistake is one line naming the flag (ValueError or OSError)
+  before any figure is written.
+  """
+  from vmoe_sparse_ot import data
+  from vmoe_sparse_ot import filesystem
+  from vmoe_sparse_ot.config.preflight import check_directory
+  run_dataset = _run_config(workdir).get('dataset', {})
+  dataset = dataset or run_dataset.get('name') or meta.get('data', {}).get('name')
+  split = split or run_dataset.get('eval_split') or 'test'
+  data_dir = data_dir or run_dataset.get('data_dir')
+  if not dataset:
+    raise ValueError('--dataset: required for the routing picture (the workdir has no '
+                     'config.json and the checkpoint names no dataset; or --num_images=0)')
+  if data_dir and not filesystem.is_remote(data_dir):  # TFDS reads gs:// data_dirs itself.
+    check_directory(data_dir, '--data_dir')
+  for flag, splits in ((f'--dataset={dataset}', []), (f'--split={split}', [split])):
+    try:
+      data.check_dataset(dataset, splits, data_dir)
+    except (OSError, ValueError) as e:
+      raise ValueError(f'{flag}: {errors.first_line(e)}') from None
+  return dataset, split, data_dir, run_dataset
+
+
 def routing_figure(workdir: str, path: str, *, num_images: int = 4, dataset: str | None = None,
                    split: str | None = None, data_dir: str | None = None) -> str | None:
   """Restores the latest checkpoint and draws `plot_routing` for `num_images` images."""
@@ -334,10 +365,8 @@ def routing_figure(workdir: str, path: str, *, num_images: int = 4, dataset: str
   if model_config.name != 'vit_moe':
     return None
   model = nn.build_model(model_config)
-  run_dataset = _run_config(workdir).get('dataset', {})
-  dataset = dataset or run_dataset.get('name') or meta.get('data', {}).get('name')
-  split = split or run_dataset.get('eval_split') or 'test'
-  data_dir = data_dir or run_dataset.get('data_dir')
+  dataset, split, data_dir, run_dataset = routing_data(workdir, meta, dataset=dataset,
+                                                       split=split, data_dir=data_dir)
   image_size, channels, _, _ = _input_geometry(params, model_config.classifier,
                                                run_dataset.get('image_size'))
   ds = data.make_dataset(dataset, split, batch_size=num_images, image_size=image_size,
@@ -373,17 +402,31 @@ def _capacity(model_config: dict[str, Any]) -> int | None:
 def plot_workdir(workdir: str, out: str | None = None, *, num_images: int = 4,
                  dataset: str | None = None, split: str | None = None,
                  data_dir: str | None = None) -> list[str]:
-  """Writes every picture that WORKDIR has data for; returns the paths written."""
+  """Writes every picture that WORKDIR has data for; returns the paths written.
+
+  Everything a mistake can show in (the workdir, the routing picture's data, the
+  output folder `out`, default WORKDIR/plots) is checked before the first figure
+  is written: ValueError or OSError, one line naming the flag.
+  """
   if not os.path.isdir(workdir):
     raise FileNotFoundError(f'workdir {workdir!r} is not a directory')
   out = out or os.path.join(workdir, workdir_layout.PLOTS)
   written = []
   scalars = read_scalars(workdir)
-  meta_model = None
+  meta = {}
   has_checkpoint = workdir_layout.has_checkpoint(workdir)
   if has_checkpoint:
     from vmoe_sparse_ot import checkpoints
-    meta_model = checkpoints.read_meta(workdir)[0].get('model_config')
+    meta = checkpoints.read_meta(workdir)[0]
+  meta_model = meta.get('model_config')
+  routing = num_images > 0 and (meta_model or {}).get('name') == 'vit_moe'
+  if routing:
+    routing_data(workdir, meta, dataset=dataset, split=split, data_dir=data_dir)
+  results_path = os.path.join(workdir, workdir_layout.FEWSHOT_RESULTS)
+  if not scalars and not has_checkpoint and not os.path.isfile(results_path):
+    raise FileNotFoundError(_nothing_to_plot(workdir))
+  from vmoe_sparse_ot.config.preflight import make_directory
+  make_directory(out, '--out')
   label = os.path.basename(os.path.normpath(workdir))
   if meta_model and meta_model.get('name') == 'vit_moe':
     label += f" (router {meta_model['encoder']['moe']['router']['name']})"
@@ -391,23 +434,26 @@ def plot_workdir(workdir: str, out: str | None = None, *, num_images: int = 4,
   written.append(plot_expert_load(scalars, os.path.join(out, 'expert_load.png'),
                                   capacity=_capacity(meta_model) if meta_model else None,
                                   title=label))
-  if has_checkpoint and num_images > 0:
+  if routing:
     written.append(routing_figure(workdir, os.path.join(out, 'routing.png'),
                                   num_images=num_images, dataset=dataset, split=split,
                                   data_dir=data_dir))
-  results_path = os.path.join(workdir, workdir_layout.FEWSHOT_RESULTS)
   if os.path.isfile(results_path):
     with open(results_path) as f:
       written.append(plot_fewshot(json.load(f), os.path.join(out, 'fewshot.png')))
   written = [p for p in written if p]
   if not written:
-    raise FileNotFoundError(f'nothing to plot in {workdir!r}: no TensorBoard events, '
-                            'checkpoint or fewshot/results.json')
+    raise FileNotFoundError(_nothing_to_plot(workdir))
   return written
 
 
+def _nothing_to_plot(workdir: str) -> str:
+  return (f'nothing to plot in {workdir!r}: no TensorBoard events, checkpoint or '
+          'fewshot/results.json')
+
+
 def main(argv: Sequence[str] | None = None) -> None:
-  parser = argparse.ArgumentParser(
+  parser = errors.ArgumentParser(
       prog=PROG, description='Writes PNGs of a training workdir: curves, expert load, '
       'routing of a few images, few-shot accuracy against shots.')
   parser.add_argument('workdir', help='training workdir (holds checkpoints/ and events)')
@@ -424,14 +470,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.error(f'--num_images={args.num_images} must be >= 0')
   quiet_logs.quiet_library_logs()
   try:
-    if args.out:
-      from vmoe_sparse_ot.config.preflight import check_directory
-      check_directory(args.out, '--out')
     paths = plot_workdir(args.workdir, args.out, num_images=args.num_images,
                          dataset=args.dataset, split=args.split, data_dir=args.data_dir)
   except (OSError, ValueError) as e:
-    print(f'{PROG}: error: {errors.first_line(e)}', file=sys.stderr, flush=True)
-    sys.exit(2)
+    errors.fail(PROG, e)
   for path in paths:
     print(f'Wrote {path}')
 

@@ -1,4 +1,7 @@
 """config.files: config-file arguments, the configs' contents and pp strings that follow image_size."""
+import os
+import sys
+
 import pytest
 
 from vmoe_sparse_ot.evaluate import overrides
@@ -60,3 +63,25 @@ def test_config_argument_of_the_wrong_type_names_the_key():
     load('vmoe_tiny_mnist.py', 'steps=abc')
   with pytest.raises(FileNotFoundError, match=r"^config file '.*nope.py' not found$"):
     load('nope.py')
+
+
+def test_loading_a_config_writes_no_bytecode_beside_it_or_its_siblings(tmp_path, monkeypatch):
+  """A config folder may be read-only or shared: neither the file nor the sibling it
+  imports from PYTHONPATH (as the reference's configs import `common`) gets a
+  __pycache__, whether or not PYTHONDONTWRITEBYTECODE is set."""
+  folder = tmp_path / 'configs'
+  folder.mkdir()
+  (folder / 'vmoe_test_common_sibling.py').write_text('STEPS = 3\n')
+  (folder / 'run.py').write_text(
+      'import ml_collections\n'
+      'import vmoe_test_common_sibling\n'
+      'def get_config():\n'
+      '  return ml_collections.ConfigDict({"train_steps": vmoe_test_common_sibling.STEPS})\n')
+  monkeypatch.syspath_prepend(str(folder))
+  monkeypatch.delitem(sys.modules, 'vmoe_test_common_sibling', raising=False)
+  monkeypatch.setattr(sys, 'dont_write_bytecode', False)  # as on a plain Python install
+  config = config_lib.load_config_file(str(folder / 'run.py'), translate=False)
+  sys.modules.pop('vmoe_test_common_sibling')
+  assert config.train_steps == 3
+  assert sorted(os.listdir(folder)) == ['run.py', 'vmoe_test_common_sibling.py']
+  assert sys.dont_write_bytecode is False  # restored: the user's own imports still cache

@@ -1,6 +1,7 @@
 """`python -m vmoe_sparse_ot.evaluate`: checkpoint evaluation with eval-time routing overrides."""
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -133,6 +134,16 @@ def test_missing_workdir_or_checkpoint(tmp_path, capsys):
   assert os.listdir(tmp_path) == []
 
 
+def test_an_eval_folder_that_cannot_hold_the_results_is_refused_before_evaluating(
+    workdir, tmp_path, capsys):
+  copy = tmp_path / 'w'
+  shutil.copytree(workdir, copy, ignore=shutil.ignore_patterns('eval'))
+  (copy / 'eval').write_text('')  # where W/eval/NAME.json would go
+  _fails([f'--workdir={copy}'], capsys, f"--workdir='{copy}/eval': exists and is not a "
+         'directory')
+  assert (copy / 'eval').read_text() == ''
+
+
 def test_settings_come_from_the_run_then_config_then_flags(workdir, tmp_path):
   request = job.prepare(str(workdir), 2, router='sparse_ot', num_selected_experts=1)
   assert (request.step, request.dataset, request.split, request.batch_size, request.augment,
@@ -206,6 +217,7 @@ def test_checkpoint_without_workdir_through_a_remote_file_system(
 
 
 def test_checkpoint_bad_input_is_one_line(released, workdir, tmp_path, capsys):
+  from tests import memory_fs  # noqa: F401  (registers memtest://, also when run alone)
   from tests.evaluate.conftest import CONFIG_TEXT
   prefix = released[0]
   config = tmp_path / 'tiny.py'

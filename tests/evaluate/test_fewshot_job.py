@@ -1,6 +1,7 @@
 """The standalone job `python -m vmoe_sparse_ot.fewshot` on a tiny checkpoint."""
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -159,20 +160,51 @@ def test_run_evaluates_the_requested_step_on_an_expert_sharded_mesh(setup):
   assert 'at step 3' in table and 'digits' in table
 
 
+def _one_line(proc, *expected):
+  """Asserts exit status 2 and one stderr line 'PROG: error: ...' holding `expected`."""
+  lines = proc.stderr.strip().splitlines()
+  assert proc.returncode == 2 and len(lines) == 1, (proc.returncode, proc.stderr[-2000:])
+  assert lines[0].startswith(f'{job.PROG}: error: '), lines
+  for text in expected:
+    assert text in lines[0], lines[0]
+
+
 def test_missing_checkpoint_fails_clearly(setup, tmp_path, job_in_process):
   config_path, workdir = setup
   proc = job_in_process(f'--config={config_path}', f'--workdir={tmp_path}')
-  assert proc.returncode == 1
-  assert str(tmp_path / 'checkpoints') in proc.stderr
+  _one_line(proc, f'--workdir={tmp_path}: No checkpoint directory {tmp_path / "checkpoints"}')
   assert not (tmp_path / 'fewshot').exists()
   with pytest.raises(FileNotFoundError, match='step 4'):
     job.run(config_lib.load_config_file(str(config_path)), str(workdir), step=4)
+
+
+def test_missing_workdir_config_or_step_is_one_line_exit_2(setup, tmp_path, job_in_process):
+  config_path, workdir = setup
+  before = sorted(os.listdir(workdir / 'fewshot')) if (workdir / 'fewshot').exists() else []
+  _one_line(job_in_process(f'--config={config_path}', f'--workdir={tmp_path}/nope'),
+            f"--workdir='{tmp_path}/nope': not a directory")
+  _one_line(job_in_process(f'--workdir={workdir}'), 'flag --config is required')
+  _one_line(job_in_process(f'--config={config_path}', f'--workdir={workdir}', '--step=4'),
+            f'--step=4: No checkpoint for step 4 in {workdir / "checkpoints"}; available '
+            'steps: [3, 5]')
+  after = sorted(os.listdir(workdir / 'fewshot')) if (workdir / 'fewshot').exists() else []
+  assert after == before and not (tmp_path / 'nope').exists()
 
 
 def test_unknown_dataset_fails_clearly(setup):
   config_path, workdir = setup
   with pytest.raises(transfer.DatasetError, match="'nope' .name='no_such_dataset'"):
     job.run(config_lib.load_config_file(f'{config_path}:bad'), str(workdir))
+
+
+def test_a_fewshot_folder_that_cannot_hold_the_results_is_refused_before_evaluating(
+    setup, tmp_path, job_in_process):
+  config_path, workdir = setup
+  copy = tmp_path / 'w'
+  shutil.copytree(workdir, copy, ignore=shutil.ignore_patterns('fewshot'))
+  (copy / 'fewshot').write_text('')  # where fewshot/results.json would go
+  _one_line(job_in_process(f'--config={config_path}', f'--workdir={copy}'),
+            f"--workdir='{copy}/fewshot': exists and is not a directory")
 
 
 def test_checkpoint_of_another_model_fails_clearly(setup):
@@ -205,9 +237,8 @@ def test_cli_refuses_another_router_then_uses_the_checkpoint_config_with_the_fla
   config_path, workdir = setup
   proc = job_in_process(f'--config={config_path}:sparse_ot', f'--workdir={workdir}',
                         '--step=3')
-  assert proc.returncode == 1
-  assert "model.encoder.moe.router.name: config 'sparse_ot', checkpoint 'topk'" in proc.stderr
-  assert 'Traceback' not in proc.stderr
+  _one_line(proc, "model.encoder.moe.router.name: config 'sparse_ot', checkpoint 'topk'",
+            '--use_checkpoint_config')
   proc = job_in_process(f'--config={config_path}:sparse_ot', f'--workdir={workdir}',
                         '--step=3', '--use_checkpoint_config')
   assert proc.returncode == 0, proc.stderr[-3000:]

@@ -1,10 +1,13 @@
 """The experiments command line: name checks and the one-line error."""
+import os
 import subprocess
 import sys
 
 import pytest
 
 from vmoe_sparse_ot import experiments
+
+PROG = 'python -m vmoe_sparse_ot.experiments'
 
 
 def test_unknown_name_is_one_line_error_and_exit_status_2():
@@ -15,6 +18,49 @@ def test_unknown_name_is_one_line_error_and_exit_status_2():
   assert len(lines) == 1, proc.stderr
   assert 'nope' in lines[0] and 'formulations_2d' in lines[0]
   assert 'Traceback' not in proc.stderr
+
+
+def _fails_in_process(capsys, monkeypatch, *args) -> str:
+  """What `python -m vmoe_sparse_ot.experiments ARGS` runs, in this process (no
+  interpreter, JAX or TensorFlow start per case): asserts exit status 2 and one
+  stderr line; returns that line."""
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  from vmoe_sparse_ot.experiments import __main__ as command  # pylint: disable=g-import-not-at-top
+  monkeypatch.setattr(sys, 'argv', [command.__file__, *args])
+  capsys.readouterr()
+  try:
+    with pytest.raises(SystemExit) as info:
+      command.run()
+  finally:
+    flags.FLAGS.unparse_flags()
+  lines = capsys.readouterr().err.strip().splitlines()
+  assert info.value.code == 2 and len(lines) == 1, (info.value.code, lines)
+  assert lines[0].startswith(f'{PROG}: error: '), lines
+  return lines[0]
+
+
+def test_an_out_that_is_a_file_or_cannot_be_created_is_one_line_before_running(
+    tmp_path, capsys, monkeypatch):
+  out = tmp_path / 'results.txt'
+  out.write_text('mine')
+  line = _fails_in_process(capsys, monkeypatch, 'formulations_2d', '--quick', f'--out={out}')
+  assert f"--out='{out}': exists and is not a directory" in line
+  too_long = tmp_path / ('x' * 300)
+  line = _fails_in_process(capsys, monkeypatch, 'formulations_2d', '--quick', f'--out={too_long}')
+  assert f"--out='{too_long}': cannot create it (File name too long" in line
+  assert sorted(os.listdir(tmp_path)) == ['results.txt'] and out.read_text() == 'mine'
+
+
+@pytest.mark.parametrize('args, expected', [
+    (['--outt=x'], "Unknown command line flag 'outt'. Did you mean: out ?"),
+    (['--seeds=0'], 'flag --seeds=0: 0 is not a positive integer'),
+    (['--seeds=two'], "flag --seeds=two: invalid literal for int() with base 10: 'two'"),
+])
+def test_a_misspelt_flag_or_bad_value_is_one_line(capsys, monkeypatch, tmp_path, args,
+                                                  expected):
+  assert expected in _fails_in_process(capsys, monkeypatch, 'formulations_2d',
+                                       f'--out={tmp_path}', *args)
+  assert os.listdir(tmp_path) == []
 
 
 def test_check_name():

@@ -76,6 +76,28 @@ def test_export_cli_writes_public_names_that_initialize_the_same_model(dense_wor
     np.testing.assert_array_equal(out[k], v)
 
 
+@pytest.mark.parametrize('args, expected', [
+    (['{tmp}'], 'OUT {tmp}: is a directory'),
+    (['{tmp}/o.npz', '--step=9'], '--step=9: No checkpoint for step 9 in {dense}/checkpoints; '
+     'available steps: [3]'),
+    (['{tmp}/file/o.npz'], 'OUT {tmp}/file/o.npz: directory {tmp}/file does not exist'),
+    (['/proc/o.npz'], 'OUT /proc/o.npz: '),  # root may write there by its permissions
+    (['{tmp}/o.npz', '--stepp=3'], 'unrecognized arguments: --stepp=3'),
+    (['{tmp}/o.npz', '--naming=hf'], "argument --naming: invalid choice: 'hf'"),
+    ([], 'the following arguments are required: out'),
+])
+def test_export_cli_mistakes_are_one_line_and_write_nothing(dense_workdir, tmp_path, capsys,
+                                                            args, expected):
+  (tmp_path / 'file').write_text('')
+  fill = lambda text: text.replace('{tmp}', str(tmp_path)).replace('{dense}', dense_workdir)
+  with pytest.raises(SystemExit) as e:
+    export.main([dense_workdir, *map(fill, args)])
+  lines = capsys.readouterr().err.strip().splitlines()
+  assert e.value.code == 2 and len(lines) == 1, lines
+  assert lines[0].startswith(f'{export.PROG}: error: {fill(expected)}'), lines
+  assert [p.name for p in tmp_path.iterdir()] == ['file']
+
+
 # The command line turns these ValueErrors into one line and exit status 2
 # (tests/test_cli.py runs such errors through it).
 @pytest.mark.parametrize('overrides,message', [

@@ -8,7 +8,7 @@ The pieces live in their own modules:
 - `validation`: `validate(config)` (types, ranges, divisibility; one line
   naming the key), `validate_for_devices`, `ConfigError`: pure value checks;
 - `preflight`: the checks that read the disk, the datasets or the weights, or
-  trace the model: `check_directory`, `check_datasets`, `check_initialization`,
+  trace the model: `check_directory`, `make_directory`, `check_datasets`, `check_initialization`,
   `check_before_training` (all of them, after `validate` and the model's options);
 - `pp_targets`: what a pp string's output must hold for the loss and mixup;
 - `cli`: one-line command-line errors, `explain_override`, `format_config`;
@@ -32,6 +32,7 @@ from vmoe_sparse_ot.config.schema import schedule_record
 from vmoe_sparse_ot.config.preflight import check_before_training
 from vmoe_sparse_ot.config.preflight import check_datasets
 from vmoe_sparse_ot.config.preflight import check_directory
+from vmoe_sparse_ot.config.preflight import make_directory
 from vmoe_sparse_ot.config.validation import ConfigError
 from vmoe_sparse_ot.config.validation import validate
 from vmoe_sparse_ot.config.validation import validate_for_devices
@@ -44,6 +45,6 @@ __all__ = [
     'AUGMENTATIONS', 'ConfigError', 'MESH_AXES', 'OPTIMIZERS', 'PAPER_BATCH_SIZE',
     'PAPER_DATASETS', 'PAPER_TRAIN_STEPS', 'SAMPLINGS', 'SCHEDULES', 'base_config',
     'check_before_training', 'check_datasets', 'check_directory', 'check_keys',
-    'explain_override', 'flatten', 'format_config', 'load_config_file',
+    'explain_override', 'flatten', 'format_config', 'load_config_file', 'make_directory',
     'paper_vmoe_config', 'parse_arg', 'pp_template', 'schedule_record', 'validate', 'validate_for_devices',
 ]

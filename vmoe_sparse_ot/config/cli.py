@@ -11,26 +11,13 @@ from __future__ import annotations
 import json
 import os
 import sys
-from typing import Any, Mapping, NoReturn, Sequence
+from typing import Any, Mapping, Sequence
 
 from absl import flags as absl_flags
 
-from vmoe_sparse_ot.errors import first_line
+from vmoe_sparse_ot.errors import fail  # noqa: F401  (cli.fail: every job's one line)
 from vmoe_sparse_ot.config import reference
 from vmoe_sparse_ot.config.files import load_config_file
-
-
-def fail(prog: str, message: Any, status: int = 2, *, first_line_only: bool = True
-         ) -> NoReturn:
-  """Prints 'prog: error: message' to stderr (no traceback) and exits with `status`.
-
-  A user's mistake is one line (`first_line_only`); a report that lists several
-  differences (a checkpoint that does not match the config) keeps its lines.
-  """
-  lines = [line for line in str(message).splitlines() if line.strip()]
-  text = first_line(message) if first_line_only or not lines else '\n'.join(lines)
-  print(f'{prog}: error: {text}', file=sys.stderr, flush=True)
-  sys.exit(status)
 
 
 def explain_override(config: Mapping[str, Any], overrides: Sequence[str]) -> str | None:

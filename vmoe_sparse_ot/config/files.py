@@ -1,9 +1,11 @@
 """Loading config files: 'path.py[:key=value,...]' arguments, and flattening to dotted keys."""
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import re
+import sys
 import types
 from typing import Any
 
@@ -77,23 +79,15 @@ def load_config_file(spec: str, *, translate: bool = True) -> ml_collections.Con
 
   The path may be remote (`gs://...`): its text is read through
   `vmoe_sparse_ot.filesystem` and run as a module whose `__file__` is the path.
-  Raises FileNotFoundError (one line) when the file does not exist.
+  Raises FileNotFoundError (one line) when the file does not exist. Writes no
+  bytecode beside the file or what it imports (`no_bytecode_written`).
   """
   path, _, arg = _split_spec(spec)
-  if filesystem.is_remote(path):
-    module = _remote_module(path)
-  else:
-    if not os.path.isfile(path):
-      raise FileNotFoundError(f'config file {path!r} not found'
-                              + (' (it is a directory)' if os.path.isdir(path) else ''))
-    module_spec = importlib.util.spec_from_file_location('_vmoe_config', path)
-    if module_spec is None:
-      raise FileNotFoundError(f'config file {path!r} is not a Python file')
-    module = importlib.util.module_from_spec(module_spec)
-    module_spec.loader.exec_module(module)
-  if not hasattr(module, 'get_config'):
-    raise ValueError(f'config file {path!r} defines no get_config()')
-  config = module.get_config(arg) if arg else module.get_config()
+  with no_bytecode_written():
+    module = _remote_module(path) if filesystem.is_remote(path) else _local_module(path)
+    if not hasattr(module, 'get_config'):
+      raise ValueError(f'config file {path!r} defines no get_config()')
+    config = module.get_config(arg) if arg else module.get_config()
   if not translate:
     return config
   # A reference V-MoE config file becomes this project's config (config.reference).
@@ -107,6 +101,36 @@ def _split_spec(spec: str) -> tuple[str, str, str]:
     path, colon, arg = rest.partition(':')
     return scheme + sep + path, colon, arg
   return spec.partition(':')
+
+
+@contextlib.contextmanager
+def no_bytecode_written():
+  """While it is open, imports write no `__pycache__` (then the setting is restored).
+
+  A config file, and the siblings it imports (a reference config's
+  `from vmoe.configs.vmoe_paper import common`, found on PYTHONPATH), live in
+  the user's folders, which may be read-only or shared: reading a config must
+  not write beside it. Bytecode already there is still used.
+  """
+  before = sys.dont_write_bytecode
+  sys.dont_write_bytecode = True
+  try:
+    yield
+  finally:
+    sys.dont_write_bytecode = before
+
+
+def _local_module(path: str) -> types.ModuleType:
+  """The config file at local `path`, imported as a module of its own (not in sys.modules)."""
+  if not os.path.isfile(path):
+    raise FileNotFoundError(f'config file {path!r} not found'
+                            + (' (it is a directory)' if os.path.isdir(path) else ''))
+  module_spec = importlib.util.spec_from_file_location('_vmoe_config', path)
+  if module_spec is None:
+    raise FileNotFoundError(f'config file {path!r} is not a Python file')
+  module = importlib.util.module_from_spec(module_spec)
+  module_spec.loader.exec_module(module)
+  return module
 
 
 def _remote_module(path: str) -> types.ModuleType:

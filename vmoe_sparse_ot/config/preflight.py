@@ -1,6 +1,7 @@
 """Pre-flight checks of a training config: what the config alone cannot decide.
 
-Each reads the environment: the disk (`check_directory`), the datasets through
+Each reads the environment: the disk (`check_directory`; `make_directory`
+creates a checked one), the datasets through
 TensorFlow with their pp strings traced against the model's input
 (`check_datasets`), the initialization source against the model's traced
 parameter shapes (`check_initialization`). `check_before_training` runs them all
@@ -63,6 +64,21 @@ def check_directory(path: str, what: str) -> None:
     raise ConfigError(f'{what}={path!r}: {parent!r} is a file, not a directory')
   if not os.access(parent, os.W_OK | os.X_OK):
     raise ConfigError(f'{what}={path!r}: {parent!r} is not writable')
+
+
+def make_directory(path: str, what: str) -> None:
+  """Creates directory `path` and its parents; ConfigError naming `what` if it cannot.
+
+  `check_directory` first; some refusals show only when trying (a path under
+  /proc, which root may write by its permissions; a name too long).
+  """
+  check_directory(path, what)
+  full = os.path.abspath(os.path.expanduser(path))
+  try:
+    os.makedirs(full, exist_ok=True)
+  except OSError as e:
+    raise ConfigError(f'{what}={full!r}: cannot create it ({e.strerror}: {e.filename!r})'
+                      ) from None
 
 
 def check_datasets(config: Mapping[str, Any], *, training: bool = True,

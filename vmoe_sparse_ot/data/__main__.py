@@ -5,7 +5,6 @@ anyway; this makes the step explicit (and timed) in scripts. A mistake (an unkno
 name, a data_dir under a regular file, a missing source package) is one line on
 stderr and exit status 2.
 """
-import argparse
 import sys
 import time
 
@@ -17,7 +16,7 @@ NAMES = ('embedded_mnist', 'sklearn_digits')
 
 
 def _parse(argv):
-  parser = argparse.ArgumentParser(
+  parser = errors.ArgumentParser(
       prog='python -m vmoe_sparse_ot.data',
       description='Writes the embedded offline datasets as TFDS datasets under a data_dir.')
   parser.add_argument('names', nargs='*', metavar='NAME', default=list(NAMES),
@@ -41,7 +40,7 @@ def main(argv=None) -> None:
   data_dir = args.data_dir or embedded.default_data_dir()
   prog = 'python -m vmoe_sparse_ot.data'
   try:
-    preflight.check_directory(data_dir, '--data_dir')
+    preflight.make_directory(data_dir, '--data_dir')
     for name in args.names:
       start = time.time()
       builder = embedded.builder(name, data_dir)
@@ -50,8 +49,7 @@ def main(argv=None) -> None:
       print(f'{name}: {splits} in {builder.data_dir} ({time.time() - start:.1f}s)',
             flush=True)
   except (OSError, ValueError) as e:
-    print(f'{prog}: error: {errors.first_line(e)}', file=sys.stderr, flush=True)
-    sys.exit(2)
+    errors.fail(prog, e)
 
 
 if __name__ == '__main__':

@@ -8,16 +8,35 @@ config they were given.
 from __future__ import annotations
 
 import json
+import os
 from typing import Any
 
 import ml_collections
 
+from vmoe_sparse_ot import checkpoints
+from vmoe_sparse_ot.errors import CheckpointRestoreError
 from vmoe_sparse_ot.nn.model_config import without_compute_keys
 from vmoe_sparse_ot.config.files import flatten
 
 
 class CheckpointMismatchError(ValueError):
   """The checkpoint does not fit the model of the config (config keys or parameters)."""
+
+
+def read_checkpoint_meta(workdir: str, step: int | None = None) -> tuple[dict[str, Any], int]:
+  """(metadata, step) of checkpoint `step` of `workdir` (default: the newest whose
+  metadata reads), no arrays read: what a job checks before it restores any.
+
+  Raises ValueError naming the flag: --workdir=W when W is not a directory or holds
+  no checkpoint, --step=N when it holds no step N (the message lists the steps).
+  """
+  if not workdir or not os.path.isdir(workdir):
+    raise ValueError(f'--workdir={workdir!r}: not a directory')
+  try:
+    return checkpoints.read_meta(workdir, step)
+  except CheckpointRestoreError as e:
+    flag = f'--step={step}' if step is not None else f'--workdir={workdir}'
+    raise ValueError(f'{flag}: {e}') from None
 
 
 def model_config_differences(saved: dict[str, Any], model_config: Any) -> list[str]:

@@ -2,8 +2,8 @@
 
 `run(config, workdir, step)` restores a checkpoint, builds its model, evaluates
 `config.fewshot`'s datasets with `evaluate.transfer`'s protocol and writes
-WORKDIR/fewshot/results.json; `format_table` is its text table and `check_config`
-the checks that come before it. `run_command` is all three as a command line
+WORKDIR/fewshot/results.json; `format_table` is its text table, `check_config`
+and `check_checkpoint` the checks that come before it. `run_command` is all three as a command line
 reports them: `python -m vmoe_sparse_ot.fewshot` calls it behind its flags, and
 `python -m vmoe_sparse_ot.quickstart` after training, in the same process (this
 module defines no flags, so it can sit beside another command's).
@@ -27,6 +27,7 @@ from vmoe_sparse_ot.config import cli
 from vmoe_sparse_ot.evaluate import transfer
 from vmoe_sparse_ot.evaluate.checkpoint_config import CheckpointMismatchError
 from vmoe_sparse_ot.evaluate.checkpoint_config import describe_model
+from vmoe_sparse_ot.evaluate.checkpoint_config import read_checkpoint_meta
 from vmoe_sparse_ot.evaluate.checkpoint_config import resolve_model_config
 from vmoe_sparse_ot.train import trainer
 
@@ -45,9 +46,9 @@ def check_params_match(params: Any, model, config: ml_collections.ConfigDict) ->
            for k in sorted(set(want) | set(have)) if want.get(k) != have.get(k)]
   if diffs:
     raise CheckpointMismatchError(
-        'The checkpoint does not fit config.model (was it trained with another config?):\n  '
-        + '\n  '.join(diffs[:20]) + (f'\n  ... and {len(diffs) - 20} more' if len(diffs) > 20
-                                     else ''))
+        'The checkpoint does not fit config.model (was it trained with another config?): '
+        + '; '.join(diffs[:20]) + (f'; ... and {len(diffs) - 20} more' if len(diffs) > 20
+                                   else ''))
 
 
 def run(config: ml_collections.ConfigDict, workdir: str, step: int | None = None, *,
@@ -61,9 +62,7 @@ def run(config: ml_collections.ConfigDict, workdir: str, step: int | None = None
     transfer.DatasetError: a dataset of `config.fewshot.datasets` cannot be loaded.
   """
   params, meta, step = checkpoints.restore_params_with_meta(workdir, step)
-  config = resolve_model_config(
-      config, meta, use_checkpoint_config=use_checkpoint_config,
-      where=f'checkpoint step {step} in {checkpoints.checkpoint_dir(workdir)}')
+  config = _model_config(config, workdir, meta, step, use_checkpoint_config)
   model = nn.build_model(config.model)
   check_params_match(params, model, config)
   # The training layout: expert parameters split over 'expert', the rest replicated.
@@ -93,6 +92,24 @@ def run(config: ml_collections.ConfigDict, workdir: str, step: int | None = None
   if jax.process_index() == 0:
     atomic.write_json(os.path.join(workdir, RESULTS_FILE), payload)
   return payload
+
+
+def _model_config(config, workdir: str, meta: dict, step: int, use_checkpoint_config: bool):
+  """`config` with the model the checkpoint's metadata allows (`resolve_model_config`)."""
+  return resolve_model_config(
+      config, meta, use_checkpoint_config=use_checkpoint_config,
+      where=f'checkpoint step {step} in {checkpoints.checkpoint_dir(workdir)}')
+
+
+def check_checkpoint(config: ml_collections.ConfigDict, workdir: str, step: int | None = None,
+                     *, use_checkpoint_config: bool = False) -> None:
+  """From the checkpoint's metadata alone (no arrays), raises ValueError naming the
+  flag or key: `workdir` or its checkpoint `step` missing (`read_checkpoint_meta`), or
+  `config.model` not the checkpoint's model (without `use_checkpoint_config`), or a
+  WORKDIR/fewshot that cannot be written (refused now rather than after the evaluation)."""
+  meta, found = read_checkpoint_meta(workdir, step)
+  _model_config(config, workdir, meta, found, use_checkpoint_config)
+  config_lib.check_directory(os.path.dirname(os.path.join(workdir, RESULTS_FILE)), '--workdir')
 
 
 def format_table(payload: dict) -> str:
@@ -139,17 +156,21 @@ def run_command(prog: str, config: ml_collections.ConfigDict, workdir: str,
                 step: int | None = None, *, use_checkpoint_config: bool = False) -> None:
   """`check_config`, `run`, then the table and the results path on process 0's stdout.
 
-  A config mistake is one line naming `prog` and exit status 2; a missing or
-  unfitting checkpoint, or a dataset that cannot be loaded, exits with status 1 and
-  the whole message.
+  A user's mistake is one line naming `prog` and exit status 2, before any array is
+  read: the config, a missing workdir or checkpoint step, a config whose model is
+  not the checkpoint's. A checkpoint whose arrays do not restore, or a dataset that
+  cannot be loaded, exits with status 1 and the whole message.
   """
   try:
     check_config(config)
+    check_checkpoint(config, workdir, step, use_checkpoint_config=use_checkpoint_config)
   except (OSError, ValueError) as e:
     cli.fail(prog, e)
   try:
     payload = run(config, workdir, step, use_checkpoint_config=use_checkpoint_config)
-  except (FileNotFoundError, CheckpointMismatchError, transfer.DatasetError) as e:
+  except CheckpointMismatchError as e:  # parameter shapes (a checkpoint without a model config)
+    cli.fail(prog, e)
+  except (FileNotFoundError, transfer.DatasetError) as e:
     cli.fail(prog, e, status=1, first_line_only=False)
   if jax.process_index() == 0:
     print(format_table(payload))

@@ -101,6 +101,7 @@ from vmoe_sparse_ot.errors import first_line
 from vmoe_sparse_ot.evaluate import overrides as overrides_lib
 from vmoe_sparse_ot.evaluate import released
 from vmoe_sparse_ot.evaluate.checkpoint_config import describe_model, model_config_differences
+from vmoe_sparse_ot.evaluate.checkpoint_config import read_checkpoint_meta
 from vmoe_sparse_ot.nn import routing_stats
 from vmoe_sparse_ot.train import periodic_eval
 
@@ -220,10 +221,11 @@ def _prepare_workdir(workdir: str, step: int | None, overrides: dict[str, Any], 
                      dataset, split, data_dir, batch_size, name, config,
                      num_devices) -> Request:
   try:
-    meta, found = checkpoints.read_meta(workdir, step)
-  except CheckpointRestoreError as e:
-    flag = f'--step={step}' if step is not None else f'--workdir={workdir}'
-    raise UsageError(f'{flag}: {e}') from None
+    meta, found = read_checkpoint_meta(workdir, step)
+    # Where the results go: refused now rather than after the evaluation.
+    config_lib.check_directory(os.path.join(workdir, EVAL_DIR), '--workdir')
+  except ValueError as e:
+    raise UsageError(str(e)) from None
   saved = meta.get('model_config')
   if saved is None or 'param_shapes' not in meta:
     raise UsageError(f'--workdir={workdir}: checkpoint step {found} records no model config '
