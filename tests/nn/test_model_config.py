@@ -43,3 +43,25 @@ def test_sparse_ot_implementation_is_not_compared_so_workdirs_from_before_auto_r
     checkpoints.check_compatible(
         {'model_config': old},
         model_config.without_compute_keys(config.to_dict(), only_defaults=True), {}, 'W')
+
+
+def test_sparse_ot_records_from_before_newton_resume_with_solver_adam_and_not_without():
+  """A record from before solver='newton' became the default holds solver 'adam',
+  num_steps 50 and no tol. With solver='adam' set (num_steps None: the solver's 50)
+  it resumes and evaluates as it was; under the new default it is refused in one
+  line naming the key (the routing would change)."""
+  from vmoe_sparse_ot.evaluate import checkpoint_config  # pylint: disable=g-import-not-at-top
+  config = model_config.default_model_config()
+  sparse = config.encoder.moe.router.sparse_ot
+  assert (sparse.solver, sparse.num_steps, sparse.tol) == ('newton', None, 1e-6)
+  old = model_config.without_compute_keys(config.to_dict(), only_defaults=True)
+  old['encoder']['moe']['router']['sparse_ot'].update(solver='adam', num_steps=50)
+  assert 'tol' not in old['encoder']['moe']['router']['sparse_ot']   # at its default: left out
+  with pytest.raises(errors.ResumeMismatchError, match=r'sparse_ot.solver: checkpoint'):
+    checkpoints.check_compatible(
+        {'model_config': old},
+        model_config.without_compute_keys(config.to_dict(), only_defaults=True), {}, 'W')
+  sparse.solver = 'adam'
+  now = model_config.without_compute_keys(config.to_dict(), only_defaults=True)
+  checkpoints.check_compatible({'model_config': old}, now, {}, 'W')
+  assert checkpoint_config.model_config_differences(old, config) == []

@@ -92,6 +92,7 @@ LATER_DEFAULTS = {
     ('encoder', 'moe', 'router', 'soft_moe', 'num_slots'): None,
     ('encoder', 'moe', 'router', 'soft_moe', 'compute_similarity_metrics'): False,
     ('ensemble_size',): 1,
+    ('encoder', 'moe', 'router', 'sparse_ot', 'tol'): 1e-6,
 }
 
 
@@ -126,6 +127,20 @@ def _without_later_defaults(model_config: dict) -> dict:
   return out
 
 
+def _with_resolved_solver_steps(model_config: dict) -> dict:
+  """sparse_ot's num_steps=None as the count it means for its solver (10 for
+  'newton', 50 for 'adam' and 'lbfgs'), so that a record from before None meant
+  "the solver's default" (it held 50 with 'adam') compares equal to it."""
+  node = model_config
+  for key in ('encoder', 'moe', 'router', 'sparse_ot'):
+    node = node.get(key) if isinstance(node, dict) else None
+  if isinstance(node, dict) and node.get('num_steps', 0) is None:
+    solver = node.get('solver', routers.sparse_ot.SparseOTOptions.solver)
+    node['num_steps'] = routers.sparse_ot.num_steps(
+        routers.sparse_ot.SparseOTOptions(solver=solver))
+  return model_config
+
+
 def without_compute_keys(model_config, *, only_defaults: bool = False) -> dict:
   """A copy of a model config dict without `COMPUTE_KEYS` (with `only_defaults`,
   only those at their defaults, so a record looks as it did before they existed),
@@ -134,7 +149,8 @@ def without_compute_keys(model_config, *, only_defaults: bool = False) -> dict:
   out = _without_later_defaults(
       {k: v for k, v in dict(model_config).items()
        if k not in COMPUTE_KEYS or (only_defaults and v != COMPUTE_DEFAULTS[k])})
-  return out if only_defaults else _without_router_compute_keys(out)
+  return out if only_defaults else _without_router_compute_keys(
+      _with_resolved_solver_steps(out))
 
 
 def variant_sizes(variant: str) -> dict:

@@ -53,7 +53,7 @@ class SparseOTOptions(base.CommonOptions):
       "solver's default, 10 for 'newton', the paper's 50 for 'adam' and 'lbfgs'.",
       check=base.AT_LEAST_ONE)
   tol: float = base.option(
-      1e-4, "Newton's stop rule: the Newton model's gain at most tol times sum(a) times "
+      ot.newton.DEFAULT_TOL, "Newton's stop rule: the Newton model's gain at most tol times sum(a) times "
       "the costs' scale (ot.newton); 0 runs num_steps.", check=base.NON_NEGATIVE)
   learning_rate: float = base.option(1e-2, "Adam step size.", check=base.POSITIVE)
   gamma: float = base.option(1.0, "Squared-L2 regularization strength.", check=base.POSITIVE)
