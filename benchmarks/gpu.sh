@@ -8,11 +8,12 @@
 #                   difference, at G = 64 (one MoE layer of the model below: fewer
 #                   programs than SMs) and G = 512 (the router alone, below)
 #   2. router_only  each router alone at the paper's B/32 routing shapes (G = 512):
-#                   topk against sparse_ot's 'fast' and 'pallas' (the fused kernel
-#                   as part 1 found fastest at G = 512)
+#                   topk against sparse_ot's Newton (its default, 10 steps) and
+#                   Adam-50's 'fast' and 'pallas' (the fused kernel as part 1 found
+#                   fastest at G = 512)
 #   3. model        the S/32-sized train step: dense, dense_active, topk, sparse_ot
-#                   'fast' and 'pallas' (the kernel as part 1 found fastest at the
-#                   model's G = 64), and their ratios
+#                   Newton, Adam-50 'fast' and 'pallas' (the kernel as part 1 found
+#                   fastest at the model's G = 64), and their ratios
 #   4. moe          where one TopK MoE layer's time goes beyond a dense MLP's at the
 #                   model's shapes: the layer with each dispatcher (indices, einsum,
 #                   einsum in bfloat16), and its router, dispatch + combine and
@@ -39,8 +40,8 @@
 #       # names (default: pallas,router_only,model,moe,memory), e.g.
 #   bash benchmarks/gpu.sh OUT_DIR2 ot_probe,share,ot_solvers,levers
 #
-# Targets: sparse_ot:pallas alone <= 3x topk alone (router_only), its train step
-# <= 1.15x topk's (model). Each part has its own time limit, so a failure or
+# Targets (issue 56): sparse_ot alone <= 3x topk alone at G = 512 (router_only),
+# its train step <= 1.15x topk's (model), for Newton and the fused kernel. Each part has its own time limit, so a failure or
 # overrun in one leaves the others' numbers; a router that fails to build or
 # compile is reported and skipped (benchmarks/routers.py). Rows measured on the
 # H200 before (2026-11-26: 'candidates', sbase, expert_choice, sinkhorn_ec,
@@ -71,8 +72,8 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 TF_CPP_MI
 PY="${PYTHON:-python3}"
 LOG="$OUT/log.txt"
 START=$SECONDS
-ALONE=topk,sparse_ot:fast,sparse_ot:pallas
-ROUTERS=topk,sparse_ot:fast,sparse_ot:pallas
+ALONE=topk,sparse_ot:newton,sparse_ot:fast,sparse_ot:pallas
+ROUTERS=topk,sparse_ot:newton,sparse_ot:fast,sparse_ot:pallas
 if [[ "${SIZE:-full}" == small ]]; then
   MODEL=(--batch 8 --image 32 --patch 8 --hidden 32 --layers 2 --heads 2 --mlp 64 --experts 4 --group_size 17)
   ROUTER=(--batch 8 --image 32 --patch 8 --group_size 17 --experts 4 --k 4)

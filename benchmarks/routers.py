@@ -16,7 +16,9 @@ E = 32, K = 2, C = 28, k = 16, G = 16 at batch 128):
     python benchmarks/routers.py --router-only --image 224 --patch 32 --group_size 400 \
         --experts 32 --capacity_factor 1.05 --k 16
 
-Router names may carry a sparse_ot implementation, to compare them in one run
+Router names may carry a sparse_ot solver or Adam path ('sparse_ot:newton', the
+default solver; 'sparse_ot:fast', 'sparse_ot:candidates', ...: the paper's Adam-50
+through that path), to compare them in one run
 ('pallas': the fused kernel, for a GPU; on the CPU it runs in Pallas interpret
 mode, a correctness check only, far slower):
 
@@ -104,9 +106,14 @@ def make_config(args, name: str, router: str = "topk", mlp_dim=None):
 
 
 def set_router_options(router_cfg, args, name: str) -> None:
-  """`name` is a router's name, or "sparse_ot:IMPLEMENTATION" (e.g.
-  "sparse_ot:candidates") to time one of sparse_ot's implementations."""
+  """`name` is a router's name, "sparse_ot:newton" (its default solver), or
+  "sparse_ot:IMPLEMENTATION" (e.g. "sparse_ot:candidates") to time one of the
+  paths of its Adam solver (the paper's 50 steps)."""
   name, _, implementation = name.partition(":")
+  if implementation == "newton":
+    router_cfg.sparse_ot.solver, implementation = "newton", ""
+  elif implementation:
+    router_cfg.sparse_ot.solver = "adam"
   router_cfg.name = name
   router_cfg.capacity_factor = args.capacity_factor
   router_cfg.sparse_ot.k = args.k
