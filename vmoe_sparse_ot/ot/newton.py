@@ -27,8 +27,9 @@ handles them (chosen by measurement on the router's problems; benchmarks/
 router_solvers.py, docs/OT.md):
 
 - r_i starts at `trust` times the row's cost scale sigma_i (the spread of
-  C_i. across the columns) and shrinks by `shrink` when the row's gradient
-  changes sign: the row has stepped over its kink.
+  C_i. across the columns) over the square root of its mass a_i, and shrinks by
+  `shrink` when the row's gradient changes sign: the row has stepped over its
+  kink.
 - A row whose gradient changed sign goes back to the secant estimate of its
   root within the bracket it just found (the fraction g / (g - g_prev) of its
   last step, kept within [0.05, 0.95]) instead of taking the Newton step; the
@@ -202,7 +203,10 @@ def batched_semi_dual_newton(C: Array, a: Array, b: Array, k: int, gamma=1.0, *,
     return (carry[0] < max_steps) & jnp.any(carry[6])
 
   zeros = jnp.zeros((m, g_count), dtype)
-  trust0 = (trust * sigma).astype(dtype)
+  # Rows of larger mass (the token-choice form's experts, S/E each) move by less
+  # per unit of their (larger) gradient: trust / sqrt(a_i), measured at the B/32
+  # and tiny-config shapes in both forms (benchmarks/router_solvers.py).
+  trust0 = (trust * sigma / jnp.sqrt(jnp.where(a_rows > 0, a_rows, 1))).astype(dtype)
   init = (jnp.int32(0), zeros, trust0, zeros, zeros, zeros, jnp.ones((g_count,), bool),
           jnp.zeros((g_count,), jnp.int32))
   _, alpha, _, _, _, _, active, steps = lax.while_loop(cond, body, init)
