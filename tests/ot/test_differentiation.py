@@ -5,7 +5,8 @@ binding rows) carry closed-form JVPs, so reverse mode works where JAX cannot
 transpose a `while_loop`. Each map is checked in both modes, under jit, in the
 layouts it accepts (the first, the last and a middle axis), against its
 closed-form Jacobian where it has a short one, and always against central
-finite differences (float64, at random points: away from kinks).
+finite differences (float64, at random points: away from kinks). The solvers
+whose loops stop on data-dependent tests refuse differentiation in one line.
 
 Each check is one jitted program (forward mode, reverse mode and the
 differences together), with several maps per program: compiling is most of
@@ -301,3 +302,37 @@ def test_squared_k_support_norm_derivative(axis):
   # k >= m: 1/2 ||t||^2, gradient t.
   check(lambda t: ot.squared_k_support_norm(t, 9, axis), t,
         jvp=lambda out, d: (t * d).sum(axis), vjp=lambda out, w: t * np.expand_dims(w, axis))
+
+
+# --- Solvers -----------------------------------------------------------------
+
+A, B = np.full(4, 0.25), np.full(3, 1 / 3)
+COST = np.random.default_rng(10).uniform(size=(4, 3))
+REFUSED = {
+    "ot.solve": lambda C: ot.solve(A, B, C, ot.SquaredL2(0.5)).value,
+    "ot.solve_interior_point": lambda C: ot.solve_interior_point(
+        A, B, C, ot.SparsityConstrained(2, 0.5)).value,
+    "ot.sinkhorn with tol > 0": lambda C: ot.sinkhorn(A, B, C, 0.5).value,
+    "ot.batched_semi_dual_adam_candidates": lambda C: ot.batched_semi_dual_adam_candidates(
+        jnp.tile(C[None], (1, 3, 1)), np.ones((1, 12)), np.full((1, 3), 4.0), 2, 0.5, 5, 0.1),
+    "ot.batched_semi_dual_adam_pallas": lambda C: ot.batched_semi_dual_adam_pallas(
+        C[None], A[None], B[None], 2, 0.5, 3, 0.1),
+}
+
+
+@pytest.mark.parametrize("name", sorted(REFUSED))
+def test_solvers_with_data_dependent_stops_refuse_in_one_line(name):
+  f = REFUSED[name]
+  for mode in (jax.grad, jax.jacfwd):
+    with pytest.raises(ValueError, match="^" + name + " cannot be differentiated") as info:
+      mode(lambda C: jnp.sum(f(C)))(jnp.asarray(COST))
+    assert "\n" not in str(info.value)
+
+
+def test_fixed_iteration_solvers_differentiate_through_their_steps():
+  """sinkhorn(tol=0) and batched_semi_dual_adam: unrolled loops, checked by
+  differences (the plans of a fixed number of steps, smooth in C here)."""
+  check(lambda C: ot.sinkhorn(A, B, C, 0.5, max_iter=20, tol=0.0), COST)
+  cost = np.stack([COST, 2 * COST])
+  check(lambda C: ot.batched_semi_dual_adam(C, np.tile(A, (2, 1)), np.tile(B, (2, 1)), 2, 0.5,
+                                            10, 0.05), cost)

@@ -125,7 +125,7 @@ def batched_semi_dual_adam(C: Array, a: Array, b: Array, k: int, gamma,
   Returns:
     (G, m, n) plans, equal to vmap(ot.solve(..., solver="adam",
     formulation="semi_dual", tol=0.0, max_iter=num_steps, init=zeros).plan) up
-    to rounding.
+    to rounding. Differentiable through the unrolled steps.
   """
   g, m, n = C.shape
   ct = jnp.transpose(C, (1, 2, 0)) / gamma                               # (m, n, G)

@@ -529,6 +529,10 @@ def solve_interior_point(a, b, C, regularizer: SparsityConstrained, *,
   rtol = validation.check_pos_float("rtol", rtol)
   validation.check_problem(a, b, C)
   regularizer.validate()
+  a, b, C, regularizer, init = validation.not_differentiable(
+      "ot.solve_interior_point cannot be differentiated (its Newton steps run "
+      "eagerly and stop on data-dependent tests): ot.semi_dual_loss gives the gradient "
+      "of the optimal value, or stop_gradient its inputs", (a, b, C, regularizer, init))
   results.check_k_sparse_feasible(a, C, regularizer, infeasible)
   C = jnp.asarray(C)
   m, n = C.shape

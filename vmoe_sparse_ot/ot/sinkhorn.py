@@ -46,11 +46,22 @@ def sinkhorn(a, b, C, epsilon, max_iter: int = 1000, tol: float = 1e-6,
     max_iter: Python int >= 1. tol: Python float >= 0; tol == 0 runs exactly
       max_iter iterations as a fixed-length loop.
     init: (f, g) warm start, or a previous SinkhornResult.
+
+  Raises:
+    ValueError naming the argument, before compiling (as `ot.solve`); and
+    when differentiated with tol > 0 (its loop stops on a data-dependent
+    test, which JAX cannot differentiate in reverse mode): tol = 0 runs a
+    fixed number of iterations, differentiable through the unrolled loop.
   """
   max_iter = validation.check_int("max_iter", max_iter, 1)
   tol = validation.check_nonneg_float("tol", tol)
   validation.check_pos_float("epsilon", epsilon)
   validation.check_problem(a, b, C)
+  if tol > 0:
+    a, b, C, epsilon, init = validation.not_differentiable(
+        "ot.sinkhorn with tol > 0 cannot be differentiated (its loop stops on a "
+        "data-dependent test): pass tol=0 to differentiate through max_iter iterations, "
+        "or stop_gradient its inputs", (a, b, C, epsilon, init))
   dt = jnp.result_type(a, b, C)
   if not jnp.issubdtype(dt, jnp.floating):
     dt = jnp.result_type(float)

@@ -368,6 +368,10 @@ def solve(a, b, C, regularizer: Regularizer, formulation: str = "semi_dual",
   learning_rate = float(learning_rate)
   validation.check_problem(a, b, C)
   regularizer.validate()
+  a, b, C, regularizer, init = validation.not_differentiable(
+      "ot.solve cannot be differentiated (its solvers stop on data-dependent tests): "
+      "ot.semi_dual_loss gives the gradient of the optimal value, or stop_gradient its "
+      "inputs", (a, b, C, regularizer, init))
   check_k_sparse_feasible(a, C, regularizer, infeasible)
   dtype = _float_dtype(a, b, C)
   if rtol is None:
