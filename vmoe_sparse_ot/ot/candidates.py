@@ -40,6 +40,7 @@ from jax import lax
 
 from vmoe_sparse_ot.ot import batched
 from vmoe_sparse_ot.ot import optim
+from vmoe_sparse_ot.ot import precision
 from vmoe_sparse_ot.ot import validation
 
 Array = jax.Array
@@ -126,11 +127,13 @@ def batched_semi_dual_adam_candidates(C: Array, a: Array, b: Array, k: int, gamm
   Arguments and result as `batched_semi_dual_adam` (whose plans these equal up
   to rounding); num_candidates: R, rows kept per column (static; None:
   `default_num_candidates`). Where the candidates cannot help (`applies`),
-  `batched_semi_dual_adam` itself runs. Raises ValueError when
+  `batched_semi_dual_adam` itself runs. float16 / bfloat16 inputs are
+  computed and returned in float32 (`ot.precision`). Raises ValueError when
   differentiated where the candidates apply (their bounds step with
   `nextafter`, which has no derivative): `batched_semi_dual_adam` is the
   differentiable form of the same iterates.
   """
+  C, a, b, gamma, learning_rate = precision.upcast((C, a, b, gamma, learning_rate))
   g, m, n = C.shape
   r = default_num_candidates(k, m) if num_candidates is None else num_candidates
   if not applies(k, m, r):

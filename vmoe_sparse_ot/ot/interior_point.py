@@ -55,6 +55,7 @@ from jax import lax
 
 from vmoe_sparse_ot.ot import objectives
 from vmoe_sparse_ot.ot import optim
+from vmoe_sparse_ot.ot import precision
 from vmoe_sparse_ot.ot import results
 from vmoe_sparse_ot.ot import validation
 from vmoe_sparse_ot.ot.regularizers import SparsityConstrained
@@ -562,7 +563,7 @@ def solve_positive(a, b, C, reg: SparsityConstrained, *, max_newton: int = 500,
   per column, and rows and columns linked into one group by its entries
   (`candidate_mask` sees to the last); else the barrier cannot finish and
   its bounds stay apart."""
-  dtype = jnp.result_type(a, b, C, float)
+  dtype = precision.compute_dtype(a, b, C)    # half precision: float32
   a, b, C = (jnp.asarray(x, dtype) for x in (a, b, C))
   gamma = jnp.asarray(reg.gamma, dtype)
   m, n = C.shape

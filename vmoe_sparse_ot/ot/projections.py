@@ -26,6 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from vmoe_sparse_ot.ot import precision
 from vmoe_sparse_ot.ot import selection
 # Re-exported: the selection lived here before it had its own module.
 from vmoe_sparse_ot.ot.selection import (  # noqa: F401
@@ -229,6 +230,7 @@ def _threshold_jvp(axis, primals, tangents):
   return tau, _threshold_tangent(x, tau, mask, dx, db, axis)
 
 
+@precision.half_in_float32
 def simplex_threshold(x: Array, b=1.0, axis: int = -1, mask: Array | None = None) -> Array:
   """tau such that sum_i [x_i - tau]_+ = b (over `mask` if given), keepdims.
 
@@ -240,6 +242,7 @@ def simplex_threshold(x: Array, b=1.0, axis: int = -1, mask: Array | None = None
   return _threshold(x, _expand(b, x, axis), mask, axis)
 
 
+@precision.half_in_float32
 def sparse_simplex_threshold(x: Array, k: int, b=1.0, axis: int = -1):
   """(tau, mask) of the top-k sparsemax of the slices along `axis`, dense.
 
@@ -318,12 +321,14 @@ def _sparse_threshold_jvp(k, axis, primals, tangents):
   return (tau, mask), (_threshold_tangent(x, tau, mask, dx, db, axis), d_mask)
 
 
+@precision.half_in_float32
 def projection_simplex(x: Array, b=1.0, axis: int = -1) -> Array:
   """Projection onto the b-scaled simplex {t >= 0, sum t = b} along `axis`."""
   tau = simplex_threshold(x, b, axis)
   return jnp.maximum(x - tau, 0)
 
 
+@precision.half_in_float32
 def projection_sparse_simplex(x: Array, k: int, b=1.0, axis: int = -1) -> Array:
   """Projection onto {t in b * simplex, ||t||_0 <= k} (top-k sparsemax).
 
@@ -349,6 +354,7 @@ class SparseSimplex(NamedTuple):
   sum_sq: Array
 
 
+@precision.half_in_float32
 def sparse_simplex_topk(x: Array, k: int, b=1.0, axis: int = -1) -> SparseSimplex:
   """Top-k sparsemax in compact form: only the k selected entries are touched
   after the selection passes, so the projection, the threshold and the
@@ -374,6 +380,7 @@ def sparse_simplex_topk(x: Array, k: int, b=1.0, axis: int = -1) -> SparseSimple
   return SparseSimplex(t, indices, tau, count, jnp.sum(va * va, axis=axis, keepdims=True))
 
 
+@precision.half_in_float32
 def sparse_simplex_parts(x: Array, k: int, b=1.0, axis: int = -1):
   """Top-k sparsemax and its threshold, dense: (t, tau (keepdims)).
 
@@ -392,6 +399,7 @@ def sparse_simplex_parts(x: Array, k: int, b=1.0, axis: int = -1):
   return selection.densify(sp.values, sp.indices, m, axis), sp.tau
 
 
+@precision.half_in_float32
 def projection_sparse_nonneg(x: Array, k: int, axis: int = -1) -> Array:
   """Projection onto {t >= 0, ||t||_0 <= k}: [topk(x)]_+ along `axis`."""
   axis = axis % x.ndim
@@ -401,6 +409,7 @@ def projection_sparse_nonneg(x: Array, k: int, axis: int = -1) -> Array:
   return jnp.where(mask, jnp.maximum(x, 0), 0)
 
 
+@precision.half_in_float32
 def projection_nonneg(x: Array) -> Array:
   """Projection onto the non-negative orthant."""
   return jnp.maximum(x, 0)

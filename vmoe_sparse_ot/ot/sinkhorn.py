@@ -18,6 +18,8 @@ import jax.numpy as jnp
 from jax import lax
 from jax.scipy.special import logsumexp, xlogy
 
+from vmoe_sparse_ot.ot import precision
+from vmoe_sparse_ot.ot import results
 from vmoe_sparse_ot.ot import validation
 
 Array = jax.Array
@@ -40,12 +42,18 @@ def sinkhorn(a, b, C, epsilon, max_iter: int = 1000, tol: float = 1e-6,
   """Entropic OT in the log domain; runs under jit and vmap.
 
   Args:
-    a: (m,) non-negative row marginal; b: (n,) column marginal of equal mass.
+    a: (m,) non-negative row marginal; b: (n,) column marginal of equal mass
+      (to the dtype's tolerance, `validation.mass_rtol`; b is rescaled to
+      sum(a), without which the iterations could not meet both marginals).
     C: (m, n) finite real cost, any sign (C + const gives the same plan).
     epsilon: entropic regularization > 0 (may be traced).
     max_iter: Python int >= 1. tol: Python float >= 0; tol == 0 runs exactly
       max_iter iterations as a fixed-length loop.
     init: (f, g) warm start, or a previous SinkhornResult.
+
+  Returns:
+    SinkhornResult in the inputs' float dtype (float16 / bfloat16 inputs are
+    computed and returned in float32: see `ot.precision`).
 
   Raises:
     ValueError naming the argument, before compiling (as `ot.solve`); and
@@ -62,9 +70,7 @@ def sinkhorn(a, b, C, epsilon, max_iter: int = 1000, tol: float = 1e-6,
         "ot.sinkhorn with tol > 0 cannot be differentiated (its loop stops on a "
         "data-dependent test): pass tol=0 to differentiate through max_iter iterations, "
         "or stop_gradient its inputs", (a, b, C, epsilon, init))
-  dt = jnp.result_type(a, b, C)
-  if not jnp.issubdtype(dt, jnp.floating):
-    dt = jnp.result_type(float)
+  dt = precision.compute_dtype(a, b, C)   # half precision: float32
   m, n = C.shape
   if init is None:
     f0, g0 = jnp.zeros((m,), dt), jnp.zeros((n,), dt)
@@ -86,6 +92,7 @@ def _safe_log(x):
 
 @functools.partial(jax.jit, static_argnames=("max_iter", "tol"))
 def _sinkhorn(a, b, C, eps, f0, g0, *, max_iter, tol):
+  b = results.matched_mass(b, a)
   log_a, log_b = _safe_log(a), _safe_log(b)
 
   def f_update(g):

@@ -26,6 +26,7 @@ from jax.scipy.special import logsumexp
 from vmoe_sparse_ot.ot import interior_point as ipm
 from vmoe_sparse_ot.ot import objectives
 from vmoe_sparse_ot.ot import optim
+from vmoe_sparse_ot.ot import precision
 from vmoe_sparse_ot.ot import results
 from vmoe_sparse_ot.ot import validation
 from vmoe_sparse_ot.ot.regularizers import NegEntropy, Regularizer, SparsityConstrained
@@ -61,17 +62,6 @@ class Adam(NamedTuple):
   learning_rate: float = 1e-2
 
 
-def _float_dtype(*xs):
-  """The solve's float dtype: float64 or float32; half precisions compute in float32
-  (their 3 significant digits cannot resolve the solvers' steps)."""
-  dt = jnp.result_type(*xs)
-  if not jnp.issubdtype(dt, jnp.floating):
-    dt = jnp.result_type(float)
-  if jnp.finfo(dt).bits < 32:
-    dt = jnp.dtype(jnp.float32)
-  return dt
-
-
 def _park(x, live, C, ceiling, gamma):
   """Potentials of zero-mass rows (live False) set to min_j (c_ij + ceiling_j) - 40 gamma.
 
@@ -100,6 +90,7 @@ def _park_dual(alpha, beta, a, b, C, reg):
   return alpha, beta
 
 
+@precision.half_in_float32
 def c_transform_start(b: Array, C: Array, reg: Regularizer) -> Array:
   """(m,) the semi-dual's default start: a soft minimum of each row of C.
 
@@ -373,7 +364,7 @@ def solve(a, b, C, regularizer: Regularizer, formulation: str = "semi_dual",
       "ot.semi_dual_loss gives the gradient of the optimal value, or stop_gradient its "
       "inputs", (a, b, C, regularizer, init))
   check_k_sparse_feasible(a, C, regularizer, infeasible)
-  dtype = _float_dtype(a, b, C)
+  dtype = precision.compute_dtype(a, b, C)   # half precision: float32
   if rtol is None:
     rtol = 0.0 if tol_given else (1e-9 if dtype == jnp.float64 else 1e-7)
   m, n = C.shape
