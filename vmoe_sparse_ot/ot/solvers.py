@@ -209,7 +209,11 @@ def solve(a, b, C, regularizer: Regularizer, formulation: str = "semi_dual",
        "Kinks"; how close it ends: benchmarks/RESULTS.md, "OT solvers"), 1e-7 in
        float32 (its rounding level) -- but off
        (rtol = 0) when `tol` is given and `rtol` is not: an explicit tol asks
-       for the marginals to that tolerance.
+       for the marginals to that tolerance. Where the problem is smooth (every
+       regularizer but SparsityConstrained with k < m) this rule (and ftol's)
+       fires only once the plan meets the marginals (`plan_feasible`): with
+       a small gamma (1e-3 to 1e-10 against costs of 1) it stopped with rows
+       0.2-4% off, and the marginals are reached in 30-100 iterations more.
   The run also ends after max_iter iterations ("max_iter") or when L-BFGS's line
   search finds no increase ("stalled"); tol == 0 runs exactly max_iter
   iterations ("fixed_iter", Adam).
@@ -556,8 +560,10 @@ def _solve_program(a, b, C, reg, alpha0, beta0, numeric, *, formulation, solver,
     def per_unit(x):
       value, g, T = fun(x)
       return value / unit, g / unit, T
+    gate = _objective_gate(reg, m, formulation)
     st = optim.lbfgs(per_unit, x0, max_iter=max_iter, tol=tol, history=history, ftol=ftol,
-                     patience=patience, rtol=rtol, trace=trace, tol_scale=mass / unit)
+                     patience=patience, rtol=rtol, trace=trace, tol_scale=mass / unit,
+                     objective_gate=None if gate is None else gate * mass / unit)
     # Values back in the caller's units (gradients, the marginals, have none).
     st = st._replace(value=st.value * (unit * s), grad=st.grad * unit,
                      grad_norm=st.grad_norm * unit,
@@ -585,6 +591,19 @@ def _solve_program(a, b, C, reg, alpha0, beta0, numeric, *, formulation, solver,
                   duality_gap=primal * s - value, num_evals=st.num_evals, trace=st.trace,
                   status=st.status, row_error=row_error, col_error=col_error,
                   plan_feasible=feasible)
+
+
+def _objective_gate(reg, m: int, formulation: str) -> Optional[float]:
+  """The L1 marginal error, relative to the mass, below which L-BFGS's
+  objective rules may stop it (`optim.lbfgs`, objective_gate): where the
+  problem is smooth, a plan that `plan_feasible` accepts (both marginals
+  within PLAN_FEASIBLE_RTOL: their sum within twice that for the dual, whose
+  gradient holds both); None (no gate) where k may bind, as a plan at a kink
+  may never meet its marginals. Smooth: every regularizer but
+  SparsityConstrained with k < m."""
+  if isinstance(reg, SparsityConstrained) and reg.k < m:
+    return None
+  return PLAN_FEASIBLE_RTOL * (2.0 if formulation == "dual" else 1.0)
 
 
 # `_cost_scale`: costs whose typical gap (below) lies within [2^-20, 2^20]
