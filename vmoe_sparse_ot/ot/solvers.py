@@ -216,7 +216,9 @@ def solve(a, b, C, regularizer: Regularizer, formulation: str = "semi_dual",
        0.2-4% off, and the marginals are reached in 30-100 iterations more.
   The run also ends after max_iter iterations ("max_iter") or when L-BFGS's line
   search finds no increase ("stalled"); tol == 0 runs exactly max_iter
-  iterations ("fixed_iter", Adam).
+  iterations ("fixed_iter", Adam). `converged` is True only where a rule fired
+  and the plan meets the marginals (`plan_feasible`): never with marginals
+  violated, at any scale of C and gamma.
 
   Args:
     a: (m,) non-negative row marginal.
@@ -292,12 +294,14 @@ def solve(a, b, C, regularizer: Regularizer, formulation: str = "semi_dual",
   (certified to duality_gap with status "interior_point") and `plan` its
   k-sparse gradient, which at a kink is not a coupling (4 x 3 with k = 1:
   one row without mass; k = 2 with masses 3 and 4: rows 12.5% short).
-  `converged` still says the value converged; `plan_feasible` False,
-  `row_error` and `col_error` say the plan is not a coupling, and
-  `primal_plan` (after the interior point) is one, attaining value +
-  duality_gap in P_Psi (its nonzeros per column in primal_nnz_per_column,
-  possibly more than k: P_Psi relaxes the constraint). `reason(full=True)`
-  says all of this in a line.
+  `status` ("objective_tol", "interior_point") says the value converged;
+  `plan_feasible` False, `row_error` and `col_error` say the plan is not a
+  coupling, and so `converged` is False; `primal_plan` (after the interior
+  point) is one, attaining value + duality_gap in P_Psi (its nonzeros per
+  column in primal_nnz_per_column, possibly more than k: P_Psi relaxes the
+  constraint). Where primal_plan has at most k nonzeros per column it is the
+  sparsity-constrained optimum itself, and it is returned as `plan` (then
+  feasible and converged). `reason(full=True)` says all of this in a line.
 
   Extreme costs: where the costs' typical gap (the median over rows of the
   difference between a row's two smallest costs) lies outside [2^-20, 2^20],
@@ -305,10 +309,18 @@ def solve(a, b, C, regularizer: Regularizer, formulation: str = "semi_dual",
   potentials and values scaled back), so a problem with C and gamma both
   scaled by a power of two is solved as the unscaled one. Sentinel costs (1e30 on forbidden pairs among O(1)
   ones) leave the gap O(1) and are solved as before. Scaling cannot help a
-  gamma tiny against the costs (costs 1e30 with gamma 0.1: gamma / C ~ 1e-31
-  at any scale, an unregularized problem on which L-BFGS stalls at C ~ 1
-  too); there the interior point (SparsityConstrained) still certifies the
-  value and returns primal_plan. The plan is invariant only to C and gamma
+  gamma tiny against the costs' spread (costs 1e30 with gamma 0.1: gamma / C
+  ~ 1e-31 at any scale). SquaredL2 and NegEntropy on a 4 x 3 problem with
+  costs 0 to 9 are solved down to gamma 1e-12 in float64 and 1e-3 in
+  float32; far below, the potentials cannot express a plan (u = (alpha - c)
+  / gamma jumps by more than the plan's scale between neighbouring floats
+  of alpha) and the plan at them misses the marginals (all zeros at 1e-31)
+  -- `converged` False, `plan_feasible` False.
+  The interior point (SparsityConstrained, float64) still certifies the
+  value and its primal_plan is a coupling: returned as `plan` where it has
+  at most k nonzeros per column (random 4 x 3 costs times 1e30 with gamma
+  0.1: the LP's optimum, 2 per column), else the plan stays the potentials'
+  own and says it misses the marginals. The plan is invariant only to C and gamma
   scaled together (each regularizer is gamma times a function of the plan:
   gamma <t, log t>, gamma / 2 ||t||^2, gamma Psi(t) under the k-sparsity
   constraint); tested at 1e30 and 1e-28 in float64 and float32. Adam is not
@@ -403,7 +415,8 @@ def solve(a, b, C, regularizer: Regularizer, formulation: str = "semi_dual",
     row, col, feasible = results.host_plan_errors(T, a, b)
     res = _finish_on_kink(res._replace(plan=T, value=value, beta=beta,
                                        duality_gap=primal - value, row_error=row,
-                                       col_error=col, plan_feasible=feasible),
+                                       col_error=col, plan_feasible=feasible,
+                                       converged=res.converged & feasible),
                           a, b, C, regularizer, certain, resume)
   return res
 
@@ -441,7 +454,7 @@ def _finish_on_kink(res: OTResult, a, b, C, reg, certain: bool, resume=None) -> 
     exact = ipm.solve_positive(a, b, C, reg)
   else:
     exact = ipm.solve_on_candidates(a, b, C, reg, res.alpha)
-    if not bool(exact.converged) and dense_affordable:
+    if int(exact.status) != optim.CONVERGED and dense_affordable:
       # A support the barrier could not finish on (its bounds apart, or a
       # candidate pattern with no plan meeting the marginals).
       exact = ipm.solve_positive(a, b, C, reg)
@@ -586,6 +599,11 @@ def _solve_program(a, b, C, reg, alpha0, beta0, numeric, *, formulation, solver,
     value = st.value
     primal = jnp.sum(T * C) + results.plan_primal(reg, T)
   row_error, col_error, feasible = results.plan_errors(T, a, b)
+  # A stop rule can fire on a plan that misses the marginals: the objective
+  # rule at a kink, or any rule where gamma is below what the dtype resolves
+  # against C (C 1e30 times [0, 1) with gamma 0.1: u = (alpha - c) / gamma
+  # spans 1e31, and the plan rounds to zero). converged needs the plan too.
+  converged = converged & feasible
   return OTResult(plan=T, value=value, alpha=alpha * s, beta=beta * s, num_iter=st.num_iter,
                   grad_norm=st.grad_norm, converged=converged,
                   duality_gap=primal * s - value, num_evals=st.num_evals, trace=st.trace,
