@@ -329,6 +329,21 @@ def test_solvers_with_data_dependent_stops_refuse_in_one_line(name):
     assert "\n" not in str(info.value)
 
 
+def test_the_guard_under_jit_and_vmap_over_numpy_arguments():
+  """A vmap over a numpy array inside jit (the sparse_ot router's reference
+  path: its marginals are numpy) handed the guard a numpy constant, which
+  the custom JVP refused; not differentiated, it is the identity."""
+  from vmoe_sparse_ot.ot import validation
+  guard = lambda *x: validation.not_differentiable("no", x)
+  run = jax.jit(lambda y: jax.vmap(guard)(np.ones((2, 3)), y))
+  for got in run(jnp.full((2, 3), 2.0)):
+    assert got.shape == (2, 3)
+  with pytest.raises(ValueError) as info:
+    jax.grad(lambda y: jnp.sum(run(y)[1]))(jnp.ones((2, 3)))
+  # Under jit JAX appends a note on its filtered traceback; the line is ours.
+  assert str(info.value).splitlines()[0] == "no"
+
+
 def test_fixed_iteration_solvers_differentiate_through_their_steps():
   """sinkhorn(tol=0) and batched_semi_dual_adam: unrolled loops, checked by
   differences (the plans of a fixed number of steps, smooth in C here)."""

@@ -42,7 +42,10 @@ def not_differentiable(message: str, tree):
   traced = [i for i, x in enumerate(leaves) if isinstance(x, jax.core.Tracer)]
   if not traced:
     return tree
-  guarded = _guard(message, tuple(leaves[i] for i in traced))
+  # The copy (which XLA drops) makes each leaf an operation of the current
+  # trace: a vmap over a numpy argument inside jit otherwise hands the custom
+  # JVP a numpy constant, which JAX refuses ("non-canonical constant").
+  guarded = _guard(message, tuple(jnp.array(leaves[i], copy=True) for i in traced))
   for i, x in zip(traced, guarded):
     leaves[i] = x
   return jax.tree_util.tree_unflatten(treedef, leaves)
