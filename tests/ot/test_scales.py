@@ -124,3 +124,28 @@ def test_a_k_sparse_optimum_is_returned_as_the_plan():
   assert res.reason() == "interior_point" and bool(res.converged) and bool(res.plan_feasible)
   np.testing.assert_allclose(np.asarray(res.plan), plan, atol=1e-9)
   assert float(res.value) == pytest.approx(lp.fun * 1e30, rel=1e-9)
+
+
+@pytest.mark.parametrize("dtype,offset", [(np.float64, 1e9), (np.float32, 1e3)],
+                         ids=["float64", "float32"])
+def test_cost_offsets_are_solved_as_the_problem_without_them(dtype, offset):
+  """C + offset changes no plan, but formed alpha - c at the offset's size:
+  sparsity-constrained solves stopped short of their marginals (float64 at
+  1e9: plan 0.2 off, float32 at 100). The offsets are taken out first:
+  the plan is C's own, the potentials and the value move by the offset."""
+  reg = ot.SparsityConstrained(3, 0.1)           # k = 3 < m = 4: no kink here
+  with jax.enable_x64(True):
+    best = ot.solve(A, B, C, reg, tol=1e-12)
+  a, b = A.astype(dtype), B.astype(dtype)
+  kwargs = dict(tol=1e-10) if dtype == np.float64 else {}
+  res = ot.solve(a, b, (C + offset).astype(dtype), reg, **kwargs)
+  atol = 1e-8 if dtype == np.float64 else 1e-3
+  assert bool(res.plan_feasible)
+  if dtype == np.float64:
+    assert res.reason() == "converged"
+  np.testing.assert_allclose(np.asarray(res.plan, np.float64), np.asarray(best.plan), atol=atol)
+  assert float(res.value) == pytest.approx(float(best.value) + offset, rel=1e-12 if dtype ==
+                                           np.float64 else 1e-6)
+  alpha = np.asarray(res.alpha, np.float64) - offset
+  np.testing.assert_allclose(alpha - alpha[0], np.asarray(best.alpha) - float(best.alpha[0]),
+                             atol=1e-6 if dtype == np.float64 else 2e-2)

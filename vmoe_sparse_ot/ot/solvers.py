@@ -308,7 +308,12 @@ def solve(a, b, C, regularizer: Regularizer, formulation: str = "semi_dual",
   L-BFGS solves C and gamma divided by a power of two near it (the same plan;
   potentials and values scaled back), so a problem with C and gamma both
   scaled by a power of two is solved as the unscaled one. Sentinel costs (1e30 on forbidden pairs among O(1)
-  ones) leave the gap O(1) and are solved as before. Scaling cannot help a
+  ones) leave the gap O(1) and are solved as before. Offsets common to a
+  row or a column (C + 1e9, which changes no plan, but forms alpha - c at
+  1e9 and left float64 sparsity-constrained solves short of their
+  marginals; C + 100 in float32) are taken out first where they exceed the
+  costs' range (`precision.shift_costs`: exact where they dominate), the
+  potentials and values put back after. Scaling cannot help a
   gamma tiny against the costs' spread (costs 1e30 with gamma 0.1: gamma / C
   ~ 1e-31 at any scale). SquaredL2 and NegEntropy on a 4 x 3 problem with
   costs 0 to 9 are solved down to gamma 1e-12 in float64 and 1e-3 in
@@ -388,6 +393,12 @@ def solve(a, b, C, regularizer: Regularizer, formulation: str = "semi_dual",
   a = jnp.asarray(a, dtype)
   b = jnp.asarray(b, dtype)
   C = jnp.asarray(C, dtype)
+  offsets = None
+  if solver == "lbfgs":
+    # Row and column offsets out (the same plans; see "Extreme costs").
+    C, offsets = precision.shift_costs(C)
+    if offsets is not None and alpha0 is not None:
+      alpha0, beta0 = alpha0 - offsets[0], beta0 - offsets[1]
   finish = (interior_point and formulation == "semi_dual" and solver == "lbfgs"
             and _interior_point_applies(a, b, C, regularizer, any_size))
   certain = finish and _kink_certain(C, regularizer)
@@ -418,7 +429,24 @@ def solve(a, b, C, regularizer: Regularizer, formulation: str = "semi_dual",
                                        col_error=col, plan_feasible=feasible,
                                        converged=res.converged & feasible),
                           a, b, C, regularizer, certain, resume)
-  return res
+  return res if offsets is None else _restore_offsets(res, *offsets, a, b)
+
+
+def _restore_offsets(res: OTResult, r, c, a, b) -> OTResult:
+  """res, solved on C - r - c, in the caller's C: potentials alpha + r and
+  beta + c, values up by <r, a> + <c, b> (b matched to a's mass). The
+  duality gap of a plan T moves by <r, T 1 - a> + <c, T^T 1 - b> (zero for a
+  coupling: primal_plan's, after the interior point)."""
+  b = results.matched_mass(b, a)
+  const = jnp.dot(r, a) + jnp.dot(c, b)
+  gap = res.duality_gap
+  if res.primal_plan is None:
+    gap = gap + jnp.dot(r, jnp.sum(res.plan, 1) - a) + jnp.dot(c, jnp.sum(res.plan, 0) - b)
+  trace = res.trace
+  if trace is not None:
+    trace = trace._replace(value=trace.value + const)
+  return res._replace(alpha=res.alpha + r, beta=res.beta + c, value=res.value + const,
+                      duality_gap=gap, trace=trace)
 
 
 def _interior_point_applies(a, b, C, reg, any_size: bool) -> bool:
