@@ -43,12 +43,14 @@ def _assert_honest(plans, converged, tol):
 
 REGS = {"sparse": lambda g: ot.SparsityConstrained(2, g), "l2": ot.SquaredL2,
         "entropy": ot.NegEntropy}
-CASES = [("sparse", {}), ("l2", {}), ("entropy", {}), ("l2", dict(formulation="dual")),
-         ("entropy", dict(solver="adam", max_iter=300))]
+F64, F32 = np.float64, np.float32
+CASES = [(reg, {}, dtype) for reg in ("sparse", "l2", "entropy") for dtype in (F64, F32)] + [
+    ("l2", dict(formulation="dual"), F64), ("entropy", dict(formulation="dual"), F32),
+    ("entropy", dict(solver="adam", max_iter=300), F64),
+    ("sparse", dict(solver="adam", max_iter=300), F32)]
 
 
-@pytest.mark.parametrize("dtype", [np.float64, np.float32], ids=["float64", "float32"])
-@pytest.mark.parametrize("reg,kwargs", CASES, ids=lambda x: str(x))
+@pytest.mark.parametrize("reg,kwargs,dtype", CASES, ids=str)
 def test_solve_never_reports_convergence_with_violated_marginals(reg, kwargs, dtype):
   """The 25 scale x gamma problems in one vmap (jit: L-BFGS, Adam; the
   interior point runs eagerly only, below)."""
