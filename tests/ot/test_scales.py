@@ -118,9 +118,9 @@ def test_a_k_sparse_optimum_is_returned_as_the_plan():
   against scipy's LP solver: gamma 1e-31 of the costs moves nothing."""
   cost = np.random.default_rng(0).random((4, 3))
   res = ot.solve(A, B, cost * 1e30, ot.SparsityConstrained(2, 0.1))
-  lp = scipy.optimize.linprog(
-      cost.ravel(), A_eq=np.vstack([np.kron(np.eye(4), np.ones(3)), np.kron(np.ones(4), np.eye(3))]),
-      b_eq=np.concatenate([A, B]), bounds=(0, None), method="highs")
+  rows, cols = np.kron(np.eye(4), np.ones(3)), np.kron(np.ones(4), np.eye(3))
+  lp = scipy.optimize.linprog(cost.ravel(), A_eq=np.vstack([rows, cols]),
+                              b_eq=np.concatenate([A, B]), bounds=(0, None), method="highs")
   plan = lp.x.reshape(4, 3)
   assert ((plan > 1e-12).sum(0) <= 2).all()
   assert res.reason() == "interior_point" and bool(res.converged) and bool(res.plan_feasible)
