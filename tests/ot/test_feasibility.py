@@ -142,7 +142,8 @@ def test_k1_no_k_sparse_coupling_warns_and_reports_the_missing_row():
   assert len(record) == 1
   message = str(record[0].message)
   assert "\n" not in message and "n k = 3 x 1 = 3 < m = 4" in message
-  assert res.reason() == "interior_point" and bool(res.converged)
+  # The value is certified, but the plan is no coupling: not converged.
+  assert res.reason() == "interior_point" and not bool(res.converged)
   assert float(res.value) == pytest.approx(35 / 12, rel=1e-9)
   row, col = _l1_errors(res.plan, a, b)
   assert float(res.row_error) == pytest.approx(row, rel=1e-12) and row >= 0.5 - 1e-9
@@ -175,7 +176,8 @@ def test_k2_value_is_the_hand_optimum_and_primal_plan_is_on_its_segment():
   with warnings.catch_warnings():
     warnings.simplefilter("error")   # n k = 6 >= 4: no warning
     res = ot.solve(a, b, C, reg)
-  assert res.reason() == "interior_point" and bool(res.converged)
+  # The value is certified, but no optimal plan is 2-sparse: not converged.
+  assert res.reason() == "interior_point" and not bool(res.converged)
   assert float(res.value) == pytest.approx(45.75, rel=1e-9)
   row, col = _l1_errors(res.plan, a, b)
   # No 2-sparse plan at the optimum is a coupling (see the module docstring).
@@ -205,7 +207,8 @@ def test_scaled_and_integer_variants_report_their_plans(case):
   reg = ot.SparsityConstrained(2, gamma)
   res = ot.solve(a, b, c, reg)
   a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-  assert bool(res.converged)
+  assert res.reason() == "interior_point"     # the value certified ...
+  assert not bool(res.converged)               # ... the plan no coupling
   row, col = _l1_errors(res.plan, a, b)
   assert float(res.row_error) == pytest.approx(row, rel=1e-9, abs=1e-15)
   assert float(res.col_error) == pytest.approx(col, rel=1e-9, abs=1e-15)

@@ -19,7 +19,10 @@ a GPU; interpret mode, for tests, on the CPU).
     res.plan, res.value, res.duality_gap
 
 Everything runs under `jax.jit` and `jax.vmap` (the switch to the interior point
-only eagerly); see docs/ARCHITECTURE.md.
+only eagerly); see docs/ARCHITECTURE.md. Every array map differentiates in both
+modes; the solvers that stop on data-dependent tests say so in one line when
+differentiated. float16 / bfloat16 inputs are computed in float32
+(`ot.precision`). docs/OT.md has the details.
 """
 from vmoe_sparse_ot.ot.batched import batched_semi_dual_adam
 from vmoe_sparse_ot.ot.batched_solve import BatchedSemiDualResult, batched_semi_dual

@@ -36,6 +36,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from vmoe_sparse_ot.ot import optim
+from vmoe_sparse_ot.ot import precision
 from vmoe_sparse_ot.ot import projections
 from vmoe_sparse_ot.ot import selection
 
@@ -125,8 +126,11 @@ def batched_semi_dual_adam(C: Array, a: Array, b: Array, k: int, gamma,
   Returns:
     (G, m, n) plans, equal to vmap(ot.solve(..., solver="adam",
     formulation="semi_dual", tol=0.0, max_iter=num_steps, init=zeros).plan) up
-    to rounding; with return_alpha, (plans, alpha (G, m)) (the final iterate).
+    to rounding; in C's dtype, float32 for float16 / bfloat16 inputs (computed
+    in float32: `ot.precision`); with return_alpha, (plans, alpha (G, m)) (the
+    final iterate). Differentiable through the unrolled steps.
   """
+  C, a, b, gamma, learning_rate = precision.upcast((C, a, b, gamma, learning_rate))
   g, m, n = C.shape
   ct = jnp.transpose(C, (1, 2, 0)) / gamma                               # (m, n, G)
   b_cols = b.T.reshape(1, n * g)

@@ -15,8 +15,8 @@ solvers, each with its paths:
   (`pallas_solve.batched_semi_dual_adam_pallas`, one fused kernel per group);
   'auto' picks by shapes and backend (`adam_path`).
 
-No gradient flows through any of them. Half precision is solved in float32
-(docs/OT.md, "Half precision").
+No gradient flows through any of them (the inputs are taken through
+`lax.stop_gradient`). Half precision is solved in float32 (`ot.precision`).
 """
 from __future__ import annotations
 
@@ -30,6 +30,7 @@ from vmoe_sparse_ot.ot import batched
 from vmoe_sparse_ot.ot import candidates
 from vmoe_sparse_ot.ot import newton
 from vmoe_sparse_ot.ot import pallas_solve
+from vmoe_sparse_ot.ot import precision
 
 Array = jax.Array
 
@@ -138,8 +139,7 @@ def batched_semi_dual(C: Array, a: Array, b: Array, k: int, gamma=1.0, *,
   """
   C, a, b = (jnp.asarray(x) for x in (C, a, b))
   _check(C, a, b, k, solver, max_steps, implementation)
-  dtype = jnp.promote_types(C.dtype, jnp.float32)
-  C, a, b = (lax.stop_gradient(x.astype(dtype)) for x in (C, a, b))
+  C, a, b = (lax.stop_gradient(x) for x in precision.upcast((C, a, b)))
   C = _mask_padding(C, a, b, gamma)
   g, m, n = C.shape
   steps = DEFAULT_STEPS[solver] if max_steps is None else max_steps

@@ -40,6 +40,8 @@ from jax import lax
 
 from vmoe_sparse_ot.ot import batched
 from vmoe_sparse_ot.ot import optim
+from vmoe_sparse_ot.ot import precision
+from vmoe_sparse_ot.ot import validation
 
 Array = jax.Array
 
@@ -127,12 +129,21 @@ def batched_semi_dual_adam_candidates(C: Array, a: Array, b: Array, k: int, gamm
   to rounding); num_candidates: R, rows kept per column (static; None:
   `default_num_candidates`). Where the candidates cannot help (`applies`),
   `batched_semi_dual_adam` itself runs. return_alpha: also return alpha (G, m).
+  float16 / bfloat16 inputs are computed and returned in float32
+  (`ot.precision`). Raises ValueError when differentiated where the candidates
+  apply (their bounds step with `nextafter`, which has no derivative):
+  `batched_semi_dual_adam` is the differentiable form of the same iterates.
   """
+  C, a, b, gamma, learning_rate = precision.upcast((C, a, b, gamma, learning_rate))
   g, m, n = C.shape
   r = default_num_candidates(k, m) if num_candidates is None else num_candidates
   if not applies(k, m, r):
     return batched.batched_semi_dual_adam(C, a, b, k, gamma, num_steps, learning_rate,
                                           return_alpha=return_alpha)
+  C, a, b, gamma, learning_rate = validation.not_differentiable(
+      "ot.batched_semi_dual_adam_candidates cannot be differentiated: use "
+      "ot.batched_semi_dual_adam (the same iterates), or stop_gradient its inputs",
+      (C, a, b, gamma, learning_rate))
   big_n = n * g
   dtype = C.dtype
   ct = (jnp.transpose(C, (1, 2, 0)) / gamma).reshape(m, big_n)          # (m, N)

@@ -55,6 +55,7 @@ from jax import lax
 
 from vmoe_sparse_ot.ot import objectives
 from vmoe_sparse_ot.ot import optim
+from vmoe_sparse_ot.ot import precision
 from vmoe_sparse_ot.ot import results
 from vmoe_sparse_ot.ot import validation
 from vmoe_sparse_ot.ot.regularizers import SparsityConstrained
@@ -74,8 +75,9 @@ _CENTERED = 1e-3
 # shrank mu before Newton had centered and stopped 1e-5 short; it centers
 # within ~60).
 _MAX_STEPS_PER_MU = 100
-# `converged` also needs P_Psi(rounded plan) - S(alpha) <= this * |S(alpha)|.
-_GAP_RTOL = 1e-6
+# Status "converged" (the value certified) also needs P_Psi(rounded plan) -
+# S(alpha) <= this * |S(alpha)|.
+_GAP_RTOL = results.CERTIFIED_RTOL
 # Fraction of the way to the boundary (T = 0, L = 0 or 1) a step may go.
 _TO_BOUNDARY = 0.99
 # Matrix-scaling sweeps for a candidate support's starting plan.
@@ -515,8 +517,13 @@ def solve_interior_point(a, b, C, regularizer: SparsityConstrained, *,
     "converged" (the barrier's rule fired and duality_gap <= 1e-6 |value|),
     "stalled" (the rule fired, the gap is wider) or "max_iter": about the
     value. grad_norm is the largest marginal violation of the k-sparse plan
-    (not zero on a kink), row_error / col_error / plan_feasible its L1
-    errors.
+    at alpha (not zero on a kink), row_error / col_error / plan_feasible the
+    L1 errors of `plan`. Where that plan misses the marginals but
+    primal_plan has at most k nonzeros per column and the value is
+    certified, primal_plan is the sparsity-constrained optimum and is
+    returned as `plan` too. converged: status "converged" and `plan` a
+    coupling (plan_feasible); False at a kink whose optimum has no k-sparse
+    coupling, however well the value is certified (`reason(full=True)`).
 
   Raises:
     ValueError naming the argument: as `solve`, and for zero entries of a or
@@ -529,6 +536,10 @@ def solve_interior_point(a, b, C, regularizer: SparsityConstrained, *,
   rtol = validation.check_pos_float("rtol", rtol)
   validation.check_problem(a, b, C)
   regularizer.validate()
+  a, b, C, regularizer, init = validation.not_differentiable(
+      "ot.solve_interior_point cannot be differentiated (its Newton steps run "
+      "eagerly and stop on data-dependent tests): ot.semi_dual_loss gives the gradient "
+      "of the optimal value, or stop_gradient its inputs", (a, b, C, regularizer, init))
   results.check_k_sparse_feasible(a, C, regularizer, infeasible)
   C = jnp.asarray(C)
   m, n = C.shape
@@ -550,15 +561,37 @@ def solve_interior_point(a, b, C, regularizer: SparsityConstrained, *,
                              rtol=float(rtol))
 
 
+def _settle(res: OTResult, a, b, k: int) -> OTResult:
+  """res with `converged` = certified (status "converged") and `plan` a
+  coupling (plan_feasible), and with primal_plan as the plan where that is
+  the solution: where the optimum is a kink the k-sparse plan at the
+  multipliers misses the marginals, but a primal_plan with at most k
+  nonzeros per column is a k-sparse coupling attaining the certified value
+  (its Psi is 1/2 ||t||^2, so its cost is the sparsity-constrained one and
+  the relaxation's optimum bounds that from below). C 1e30 times [0, 1) with
+  gamma 0.1: the plan at the multipliers was zero (u = (alpha - c) / gamma
+  spans 1e31, and the threshold cancels the mass away), primal_plan exact."""
+  certified = int(res.status) == optim.CONVERGED
+  if (certified and not bool(res.plan_feasible) and res.primal_plan is not None
+      and int(np.max(np.asarray(res.primal_nnz_per_column))) <= k):
+    row, col, feasible = results.host_plan_errors(res.primal_plan, a, b)
+    res = res._replace(plan=res.primal_plan, row_error=row, col_error=col,
+                       plan_feasible=feasible)
+  return res._replace(converged=jnp.asarray(certified and bool(res.plan_feasible)))
+
+
 def solve_positive(a, b, C, reg: SparsityConstrained, *, max_newton: int = 500,
-                   rtol: float = 1e-10, support: _Support | None = None) -> OTResult:
+                   rtol: float = 1e-10, support: _Support | None = None,
+                   settle: bool = True) -> OTResult:
   """`solve_interior_point` without the argument checks (a, b > 0, k < m, n >= 2);
   on `support` (from `support_of`) when given, else on every entry. Eager.
+  settle=False (the rounds of `solve_on_candidates`): the plan at the
+  multipliers and converged = certified, before `_settle`.
   A support needs a plan on it meeting the marginals with more than k entries
   per column, and rows and columns linked into one group by its entries
   (`candidate_mask` sees to the last); else the barrier cannot finish and
   its bounds stay apart."""
-  dtype = jnp.result_type(a, b, C, float)
+  dtype = precision.compute_dtype(a, b, C)    # half precision: float32
   a, b, C = (jnp.asarray(x, dtype) for x in (a, b, C))
   gamma = jnp.asarray(reg.gamma, dtype)
   m, n = C.shape
@@ -596,12 +629,13 @@ def solve_positive(a, b, C, reg: SparsityConstrained, *, max_newton: int = 500,
   row, col, feasible = results.host_plan_errors(plan, a, b)
   nnz = None if coupling is None else jnp.asarray(
       np.count_nonzero(np.asarray(coupling), axis=0), jnp.int32)
-  return OTResult(plan=plan, value=value, alpha=jnp.asarray(alphas[best]), beta=beta,
-                  num_iter=steps, grad_norm=jnp.asarray(grad_norm, dtype),
-                  converged=jnp.asarray(converged), duality_gap=jnp.asarray(gap, dtype),
-                  num_evals=steps, trace=None, status=jnp.asarray(status, jnp.int32),
-                  row_error=row, col_error=col, plan_feasible=feasible,
-                  primal_plan=coupling, primal_nnz_per_column=nnz)
+  res = OTResult(plan=plan, value=value, alpha=jnp.asarray(alphas[best]), beta=beta,
+                 num_iter=steps, grad_norm=jnp.asarray(grad_norm, dtype),
+                 converged=jnp.asarray(converged), duality_gap=jnp.asarray(gap, dtype),
+                 num_evals=steps, trace=None, status=jnp.asarray(status, jnp.int32),
+                 row_error=row, col_error=col, plan_feasible=feasible,
+                 primal_plan=coupling, primal_nnz_per_column=nnz)
+  return _settle(res, a, b, reg.k) if settle else res
 
 
 def solve_on_candidates(a, b, C, reg: SparsityConstrained, alpha, *, max_rounds: int = 4,
@@ -625,7 +659,7 @@ def solve_on_candidates(a, b, C, reg: SparsityConstrained, alpha, *, max_rounds:
   best, upper, primal, finished, steps = None, np.inf, None, False, 0
   for _ in range(max(1, max_rounds)):
     res = solve_positive(a, b, C, reg, max_newton=max_newton, rtol=rtol,
-                         support=support_of(mask))
+                         support=support_of(mask), settle=False)
     steps += int(res.num_iter)
     finished |= int(res.status) != optim.MAX_ITER
     if best is None or float(res.value) > float(best.value):
@@ -643,12 +677,13 @@ def solve_on_candidates(a, b, C, reg: SparsityConstrained, alpha, *, max_rounds:
   converged = finished and agree
   status = optim.CONVERGED if converged else optim.STALLED if finished else optim.MAX_ITER
   dtype = best.value.dtype
-  return best._replace(num_iter=jnp.asarray(steps, jnp.int32),
-                       num_evals=jnp.asarray(steps, jnp.int32),
-                       duality_gap=jnp.asarray(upper - float(best.value), dtype),
-                       converged=jnp.asarray(converged),
-                       status=jnp.asarray(status, jnp.int32),
-                       primal_plan=None if primal is None else primal.primal_plan,
-                       primal_nnz_per_column=None if primal is None
-                       else primal.primal_nnz_per_column)
+  res = best._replace(num_iter=jnp.asarray(steps, jnp.int32),
+                      num_evals=jnp.asarray(steps, jnp.int32),
+                      duality_gap=jnp.asarray(upper - float(best.value), dtype),
+                      converged=jnp.asarray(converged),
+                      status=jnp.asarray(status, jnp.int32),
+                      primal_plan=None if primal is None else primal.primal_plan,
+                      primal_nnz_per_column=None if primal is None
+                      else primal.primal_nnz_per_column)
+  return _settle(res, a, b, reg.k)
 

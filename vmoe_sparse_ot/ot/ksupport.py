@@ -15,9 +15,12 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from vmoe_sparse_ot.ot import precision
+
 Array = jax.Array
 
 
+@precision.half_in_float32
 def squared_k_support_norm(t: Array, k: int, axis: int = -1) -> Array:
   """Psi(t) = 1/2 ||t||_(k)^2 along `axis` (reduced). k >= m gives 1/2 ||t||^2."""
   t = jnp.moveaxis(jnp.asarray(t), axis, -1)

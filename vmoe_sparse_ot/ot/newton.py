@@ -70,6 +70,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from vmoe_sparse_ot.ot import batched
+from vmoe_sparse_ot.ot import precision
 
 Array = jax.Array
 
@@ -163,9 +164,12 @@ def batched_semi_dual_newton(C: Array, a: Array, b: Array, k: int, gamma=1.0, *,
 
   Returns:
     `NewtonResult` (plan (G, m, n) with at most k nonzeros per column, alpha,
-    steps, converged). No gradient flows through the solve (it is a loop of
-    selections); wrap the inputs in `lax.stop_gradient` if they carry one.
+    steps, converged), in C's dtype (float32 for float16 / bfloat16 inputs,
+    computed in float32: `ot.precision`). No gradient flows through the solve:
+    its inputs are taken through `lax.stop_gradient` (a loop of selections
+    with a data-dependent exit has no useful derivative).
   """
+  C, a, b, gamma = (lax.stop_gradient(x) for x in precision.upcast((C, a, b, gamma)))
   g_count, m, n = C.shape
   dtype = C.dtype
   ct = jnp.transpose(C, (1, 2, 0)) / gamma                              # (m, n, G)

@@ -12,12 +12,14 @@ from typing import Tuple
 import jax
 import jax.numpy as jnp
 
+from vmoe_sparse_ot.ot import precision
 from vmoe_sparse_ot.ot import selection
 from vmoe_sparse_ot.ot.regularizers import Regularizer, SparsityConstrained
 
 Array = jax.Array
 
 
+@precision.half_in_float32
 def semi_dual_value_and_grad(alpha: Array, a: Array, b: Array, C: Array,
                              reg: Regularizer,
                              C_t: Array | None = None) -> Tuple[Array, Array, Array]:
@@ -52,11 +54,13 @@ def semi_dual_value_and_grad(alpha: Array, a: Array, b: Array, C: Array,
   return value, a - row_sums, T
 
 
+@precision.half_in_float32
 def semi_dual_objective(alpha: Array, a: Array, b: Array, C: Array, reg: Regularizer) -> Array:
   """The semi-dual objective value (eq. reg_semi_dual before the max)."""
   return semi_dual_value_and_grad(alpha, a, b, C, reg)[0]
 
 
+@precision.half_in_float32
 def dual_value_and_grad(alpha: Array, beta: Array, a: Array, b: Array, C: Array,
                         reg: Regularizer) -> Tuple[Array, Tuple[Array, Array], Array]:
   """D(alpha, beta) = <alpha, a> + <beta, b> - sum_j Omega*_+(alpha + beta_j - c_j).
@@ -78,22 +82,26 @@ def dual_value_and_grad(alpha: Array, beta: Array, a: Array, b: Array, C: Array,
   return value, (a - row_sums, b - col_sums), T
 
 
+@precision.half_in_float32
 def dual_objective(alpha: Array, beta: Array, a: Array, b: Array, C: Array,
                    reg: Regularizer) -> Array:
   """The dual objective value (eq. reg_dual before the max)."""
   return dual_value_and_grad(alpha, beta, a, b, C, reg)[0]
 
 
+@precision.half_in_float32
 def plan_from_semi_dual(alpha: Array, b: Array, C: Array, reg: Regularizer) -> Array:
   """t_j = grad Omega*_{b_j}(alpha - c_j) (eq. semi_dual_primal_link)."""
   return reg.conj_simplex(alpha[:, None] - C, b, axis=0)[1]
 
 
+@precision.half_in_float32
 def plan_from_dual(alpha: Array, beta: Array, C: Array, reg: Regularizer) -> Array:
   """t_j = grad Omega*_+(alpha + beta_j - c_j) (eq. dual_primal_link)."""
   return reg.conj_plus(alpha[:, None] + beta[None, :] - C, axis=0)[1]
 
 
+@precision.half_in_float32
 def primal_objective(T: Array, C: Array, reg: Regularizer) -> Array:
   """<T, C> + sum_j Omega**(t_j): P_Psi for SparsityConstrained, P_Omega otherwise.
 
@@ -102,6 +110,7 @@ def primal_objective(T: Array, C: Array, reg: Regularizer) -> Array:
   return jnp.sum(T * C) + jnp.sum(reg.primal(T, axis=0))
 
 
+@precision.half_in_float32
 def marginal_errors(T: Array, a: Array, b: Array) -> Tuple[Array, Array]:
   """Max-abs violation of the row (T 1 = a) and column (T^T 1 = b) marginals."""
   return jnp.max(jnp.abs(jnp.sum(T, 1) - a)), jnp.max(jnp.abs(jnp.sum(T, 0) - b))

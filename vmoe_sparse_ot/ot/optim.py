@@ -216,7 +216,8 @@ def _lbfgs_inverse_hessian_times(g, S, Y, STY, YTY, gamma0, head):
 
 def lbfgs(fun: Callable, x0: Array, *, max_iter, tol, history: int = 10,
           ftol=0.0, patience=1, rtol=0.0, c1: float = 1e-4,
-          max_linesearch: int = 30, trace: bool = False, tol_scale=1.0) -> OptState:
+          max_linesearch: int = 30, trace: bool = False, tol_scale=1.0,
+          objective_gate=None) -> OptState:
   """L-BFGS ascent with Armijo backtracking. Stops when max|grad| <= tol * tol_scale, when an
   iteration increases the value by <= ftol * |value| (ftol > 0), after max_iter
   iterations, or when the line search can no longer increase the value.
@@ -232,7 +233,15 @@ def lbfgs(fun: Callable, x0: Array, *, max_iter, tol, history: int = 10,
   increase at its maximiser, the Newton decrement's estimate of the suboptimality.
   The test is made before the line search, so a stop costs no evaluation.
 
-  max_iter, tol, ftol, patience and rtol may be traced scalars: a rule whose
+  objective_gate: None (off), or the objective rules (rtol, ftol) fire only
+  at points where sum |grad| <= objective_gate. On a smooth objective a small predicted gain
+  need not mean small marginal errors: with a tiny regularization (gamma
+  1e-3 against costs of 1, curvature ~1 / gamma) rtol = 1e-9 stopped the
+  semi-dual with its plan's rows 0.2% off, 4% at gamma = 1e-6, where the
+  gradient rule alone reached 1e-6 in 30-50 iterations. (At a kink the
+  gradient never vanishes: leave the gate off there.)
+
+  max_iter, tol, ftol, patience, rtol and objective_gate may be traced scalars: a rule whose
   tolerance is 0 is off at run time, so one compiled program serves every
   value. With trace=True max_iter must stay a Python int (the trace's
   length)."""
@@ -307,7 +316,8 @@ def lbfgs(fun: Callable, x0: Array, *, max_iter, tol, history: int = 10,
 
     # Predicted remaining gain small enough: stop without evaluating (ok = True
     # makes the line search loop run zero times; the step is not taken).
-    done = (rtol > 0) & ~bad & (c.it > 0) & (-0.5 * gp <= rtol * jnp.abs(c.f))
+    gated = True if objective_gate is None else jnp.sum(jnp.abs(c.g)) <= objective_gate
+    done = (rtol > 0) & ~bad & (c.it > 0) & (-0.5 * gp <= rtol * jnp.abs(c.f)) & gated
     t0 = jnp.where(c.it == 0, jnp.minimum(1.0, 1.0 / jnp.maximum(jnp.sqrt(-gp), tiny)),
                    1.0).astype(dtype)
     t, f_new, g_new, ok, moved, n = lax.while_loop(
@@ -346,7 +356,7 @@ def lbfgs(fun: Callable, x0: Array, *, max_iter, tol, history: int = 10,
     # step alone (backtracking across a kink) is no sign of convergence.
     tiny_gain = (c.f - f_new <= ftol * jnp.abs(f_new)) & (-0.5 * gp <= ftol * jnp.abs(c.f))
     small = jnp.where(ftol > 0, jnp.where(tiny_gain, c.small + 1, 0), c.small)
-    objective_stop = objective_stop | ((ftol > 0) & ok & (small >= patience))
+    objective_stop = objective_stop | ((ftol > 0) & ok & (small >= patience) & gated)
     stalled = no_gain | objective_stop
     reason = jnp.where(objective_stop, OBJECTIVE_TOL, jnp.where(no_gain, STALLED, c.reason))
     # An iteration stopped by rtol before its line search is not counted (nor

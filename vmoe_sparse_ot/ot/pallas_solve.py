@@ -71,6 +71,8 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 from vmoe_sparse_ot.ot import optim
+from vmoe_sparse_ot.ot import precision
+from vmoe_sparse_ot.ot import validation
 
 Array = jax.Array
 
@@ -267,6 +269,11 @@ def batched_semi_dual_adam_pallas(C: Array, a: Array, b: Array, k: int, gamma, n
     the rounding of the threshold's sum; unmeasured on a GPU.
   return_alpha: also return alpha (G, m), the final iterate (one more small
     output block; without it the kernel is unchanged).
+
+  float16 / bfloat16 inputs are computed and returned in float32
+  (`ot.precision`). Raises ValueError when differentiated (the kernel has no
+  derivative; it gave zero gradients before): `batched_semi_dual_adam` is
+  the differentiable form of the same iterates.
   """
   if block_layout not in _LAYOUTS:
     raise ValueError(f"block_layout must be one of {_LAYOUTS}, got {block_layout!r}")
@@ -276,6 +283,10 @@ def batched_semi_dual_adam_pallas(C: Array, a: Array, b: Array, k: int, gamma, n
     raise ValueError(f"k must be >= 1, got {k}")
   if num_warps is not None and num_warps not in _WARPS:
     raise ValueError(f"num_warps must be one of {_WARPS}, got {num_warps}")
+  C, a, b, gamma, learning_rate = validation.not_differentiable(
+      "ot.batched_semi_dual_adam_pallas cannot be differentiated: use "
+      "ot.batched_semi_dual_adam (the same iterates), or stop_gradient its inputs",
+      precision.upcast((C, a, b, gamma, learning_rate)))
   g, m, n = C.shape
   if interpret is None:
     interpret = jax.default_backend() == "cpu"

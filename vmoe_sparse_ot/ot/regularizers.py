@@ -22,6 +22,7 @@ from jax import lax
 from jax.scipy.special import logsumexp, xlogy
 
 from vmoe_sparse_ot.ot import ksupport
+from vmoe_sparse_ot.ot import precision
 from vmoe_sparse_ot.ot import projections
 from vmoe_sparse_ot.ot import selection
 
@@ -102,10 +103,12 @@ class NegEntropy(Regularizer):
     _check_gamma(gamma)
     self.gamma = gamma
 
+  @precision.half_in_float32
   def conj_plus(self, s, axis=0):
     g = jnp.exp(s / self.gamma - 1)
     return self.gamma * jnp.sum(g, axis=axis), g
 
+  @precision.half_in_float32
   def conj_simplex(self, s, b, axis=0):
     """gamma b logsumexp(s / gamma) - gamma b log b; gradient b softmax(s / gamma)."""
     bb = _bexpand(b, s, axis)
@@ -117,6 +120,7 @@ class NegEntropy(Regularizer):
     dval_db = self.gamma * (lse - jnp.log(bb) - 1)
     return jnp.squeeze(val, axis), t, jnp.squeeze(dval_db, axis)
 
+  @precision.half_in_float32
   def primal(self, t, axis=0):
     return self.gamma * jnp.sum(xlogy(t, t), axis=axis)
 
@@ -129,10 +133,12 @@ class SquaredL2(Regularizer):
     _check_gamma(gamma)
     self.gamma = gamma
 
+  @precision.half_in_float32
   def conj_plus(self, s, axis=0):
     p = jnp.maximum(s, 0) / self.gamma
     return 0.5 * self.gamma * jnp.sum(p * p, axis=axis), p
 
+  @precision.half_in_float32
   def conj_simplex(self, s, b, axis=0):
     """<s, t> - gamma/2 ||t||^2 at t = proj_{b simplex}(s / gamma)."""
     bb = _bexpand(b, s, axis)
@@ -142,6 +148,7 @@ class SquaredL2(Regularizer):
     val = _simplex_value(t, tau, bb, self.gamma, axis)
     return val, t, self.gamma * jnp.squeeze(tau, axis)
 
+  @precision.half_in_float32
   def primal(self, t, axis=0):
     return 0.5 * self.gamma * jnp.sum(t * t, axis=axis)
 
@@ -200,6 +207,7 @@ class SparsityConstrained(Regularizer):
     """
     return self.k < m and not selection.uses_radix(self.k, m, dtype, minor_axis)
 
+  @precision.half_in_float32
   def conj_plus(self, s, axis=0):
     """1/(2 gamma) sum_{i<=k} [s_[i]]_+^2; gradient [topk(s)]_+ / gamma."""
     axis = axis % s.ndim
@@ -213,6 +221,7 @@ class SparsityConstrained(Regularizer):
     val, p, idx = self.conj_plus_sparse(s, axis)
     return val, selection.densify(p, idx, m, axis)
 
+  @precision.half_in_float32
   def conj_plus_sparse(self, s, axis=0):
     """`conj_plus` with the maximiser in compact form (requires k < m; any k,
     but for large k the selection sorts: see `compact`).
@@ -224,6 +233,7 @@ class SparsityConstrained(Regularizer):
     p = jnp.maximum(values, 0) / self.gamma
     return 0.5 * self.gamma * jnp.sum(p * p, axis=axis), p, idx
 
+  @precision.half_in_float32
   def conj_simplex(self, s, b, axis=0):
     """gamma/2 sum_{i<=k} 1[u_[i] >= tau] (u_[i]^2 - tau^2), u = s / gamma."""
     axis = axis % s.ndim
@@ -239,6 +249,7 @@ class SparsityConstrained(Regularizer):
     val, sp, dval_db = self.conj_simplex_sparse(s, b, axis)
     return val, selection.densify(sp.values, sp.indices, m, axis), dval_db
 
+  @precision.half_in_float32
   def conj_simplex_sparse(self, s, b, axis=0):
     """`conj_simplex` with the maximiser in compact form (requires k < m; any
     k, but for large k the selection sorts: see `compact`).
@@ -263,9 +274,11 @@ class SparsityConstrained(Regularizer):
     val = _simplex_value(sp.values, sp.tau, bb, self.gamma, axis)
     return val, sp, self.gamma * jnp.squeeze(sp.tau, axis)
 
+  @precision.half_in_float32
   def primal(self, t, axis=0):
     return self.gamma * ksupport.squared_k_support_norm(t, self.k, axis)
 
+  @precision.half_in_float32
   def nonconvex_value(self, t, axis=0):
     """Omega(t) itself: gamma/2 ||t||^2, or +inf where a column has > k nonzeros."""
     nnz = jnp.sum(t != 0, axis=axis)

@@ -28,17 +28,27 @@ class OTResult(NamedTuple):
   plan: (m, n) transport plan recovered from the potentials (SparsityConstrained:
     at most k nonzeros per column). A coupling of a and b only where
     `plan_feasible`: where k binds the optimum is a kink of the semi-dual and
-    its k-sparse plan may leave rows short (see `primal_plan`).
+    its k-sparse plan may leave rows short (see `primal_plan`). Status
+    "interior_point": `primal_plan` instead where the potentials' plan is no
+    coupling and primal_plan has at most k nonzeros per column (then it is
+    the sparsity-constrained optimum).
   value: the dual / semi-dual objective at the returned potentials.
   alpha: (m,) potential of the rows.
   beta: (n,) potential of the columns; for the semi-dual, beta_j = dS/db_j (the
     potential that makes the semi-dual plan the dual one).
   num_iter: solver iterations run.
-  grad_norm: max |gradient| of the objective = largest marginal violation of plan.
-  converged: the *value* converged: a stop rule fired (grad_norm <= tol * sum(a),
-    or (L-BFGS) the objective rule, see `solve`; status "interior_point": the
-    optimum certified to duality_gap). False after max_iter, a stall, or with
-    tol == 0. It says nothing about the plan's marginals: see plan_feasible.
+  grad_norm: max |gradient| of the objective at the potentials = the largest
+    marginal violation of the plan recovered from them.
+  converged: a stop rule fired (grad_norm <= tol * sum(a), or (L-BFGS) the
+    objective rule, see `solve`; status "interior_point": the optimum
+    certified to duality_gap) *and* `plan` meets the marginals
+    (plan_feasible). False after max_iter, a stall, with tol == 0, and
+    wherever the plan misses the marginals, whatever rule fired: at a kink
+    whose optimum has no k-sparse coupling (`status` then still says the
+    value converged: "objective_tol", "interior_point"; see
+    `reason(full=True)`), or where gamma is too small against the costs'
+    spread for the dtype to resolve a plan (C 1e30 times [0, 1) with gamma
+    0.1 in float32: u = (alpha - c) / gamma spans 1e31).
   duality_gap: P(plan) - value, P the convex primal <T, C> + sum_j Omega**(t_j)
     (gamma Psi for SparsityConstrained). Not a certificate unless the marginals
     hold, i.e. grad_norm is small. Status "interior_point": P(primal_plan) -
@@ -53,9 +63,10 @@ class OTResult(NamedTuple):
     1)_j - b_j| / sum(a): the L1 marginal errors of `plan`, relative to the
     mass (b rescaled to sum(a)); 0 for a coupling.
   plan_feasible: bool, row_error and col_error <= `PLAN_FEASIBLE_RTOL` (1e-3,
-    0.1% of the mass). converged with plan_feasible False: the value is
-    (certified, for "interior_point") the optimum but `plan` is not a coupling
-    -- a binding k's kink, or n k < m where no k-sparse coupling exists.
+    0.1% of the mass). A value stop ("objective_tol", "interior_point") with
+    plan_feasible False: the value is (certified, for "interior_point") the
+    optimum but `plan` is not a coupling -- a binding k's kink, or n k < m
+    where no k-sparse coupling exists -- and converged is False.
   primal_plan: status "interior_point" (and `solve_interior_point`): (m, n) a
     coupling of a and b (marginals to rounding) that attains value +
     duality_gap in the convex primal P_Psi: the barrier's plan with its
@@ -94,16 +105,21 @@ class OTResult(NamedTuple):
     (row_error 0.25, col_error 0); primal_plan is a coupling (nonzeros per
     column [4, 2, 3])".
     """
-    name = optim.STATUS[int(self.status)]
+    status = int(self.status)
+    name = optim.STATUS[status]
     if not full or self.row_error is None:
       return name
-    if not bool(self.converged):
-      value = "value not converged"
-    elif int(self.status) == optim.INTERIOR_POINT:
-      gap = float(self.duality_gap) / max(abs(float(self.value)), np.finfo(float).tiny)
-      value = f"value certified (duality_gap {gap:.1g} of it)"
-    else:
+    # About the value, from the status (converged also needs the plan).
+    gap = float(self.duality_gap) / max(abs(float(self.value)), np.finfo(float).tiny)
+    if status == optim.INTERIOR_POINT or (status == optim.CONVERGED
+                                          and self.primal_plan is not None):
+      certified = status == optim.CONVERGED or gap <= CERTIFIED_RTOL
+      value = (f"value certified (duality_gap {gap:.1g} of it)" if certified
+               else f"value not certified (duality_gap {gap:.1g} of it)")
+    elif status in (optim.CONVERGED, optim.OBJECTIVE_TOL):
       value = "value converged"
+    else:
+      value = "value not converged"
     errors = f"(row_error {float(self.row_error):.2g}, col_error {float(self.col_error):.2g})"
     plan = ("plan feasible " if bool(self.plan_feasible) else "plan infeasible ") + errors
     text = f"{name}: {value}; {plan}"
@@ -112,6 +128,10 @@ class OTResult(NamedTuple):
       text += f"; primal_plan is a coupling (nonzeros per column {nnz})"
     return text
 
+
+# The interior point's bounds agree to this (relative to the value) when it
+# certifies the optimum (`interior_point._GAP_RTOL`).
+CERTIFIED_RTOL = 1e-6
 
 # `OTResult.plan_feasible`: the plan's L1 marginal errors relative to the mass
 # are at most this. Smooth problems' L-BFGS stops (objective rule) left up to

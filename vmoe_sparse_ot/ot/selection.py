@@ -14,9 +14,17 @@ bit per counting pass, or two along the contiguous axis (variadic reductions).
 `top_k_mask` forms the selection mask densely by comparison; `top_k` reads the
 positions off the packed keys and gathers the k exact values, so that what
 follows a selection (the projections of `ot.projections`) costs O(k) per slice.
+
+Differentiation: a selection is piecewise constant, so masks and indices
+(bool, int) carry no derivative (JAX gives them float0 tangents, and
+`jax.jacfwd` refuses non-float outputs); the selected values are entries of
+x, and their derivative is dx at the selected positions, in both modes.
+Selection only compares entries, exact in every dtype: half precision is
+selected as it is (`threshold_top_k_mask` compares it as float32).
 """
 from __future__ import annotations
 
+import functools
 from typing import Tuple
 
 import jax
@@ -421,7 +429,8 @@ def top_k_mask(x: Array, k: int, axis: int = -1) -> Tuple[Array, Array]:
   if _use_keys(x):
     keys, top, shift, nb = _top_keys(x, k, axis)
     kth = lax.slice_in_dim(top, k - 1, k, axis=axis)
-    return keys >= kth, _decode_keys(top, x.dtype, shift, nb)
+    values = _decode_keys(top, x.dtype, shift, nb)
+    return keys >= kth, _values_of(values, x, _key_indices(top, m, x.dtype, nb), axis)
   values, indices = _top_pairs(x, k, axis)
   prev_v = lax.slice_in_dim(values, k - 1, k, axis=axis)
   prev_i = lax.slice_in_dim(indices, k - 1, k, axis=axis)
@@ -452,9 +461,32 @@ def top_k(x: Array, k: int, axis: int = -1) -> Tuple[Array, Array]:
   if not _use_keys(x):
     return _top_pairs(x, k, axis)
   _, top, shift, nb = _top_keys(x, k, axis)
-  low = (1 << 32) - 1 if x.dtype == jnp.float32 else (1 << nb) - 1
-  indices = ((m - 1) - (top & low)).astype(jnp.int32)
+  indices = _key_indices(top, m, x.dtype, nb)
   return jnp.take_along_axis(x, indices, axis=axis), indices
+
+
+def _key_indices(top: Array, m: int, dtype, nb: int) -> Array:
+  """int32 positions of packed keys (`_sort_keys`: m - 1 - index in the low bits)."""
+  low = (1 << 32) - 1 if dtype == jnp.float32 else (1 << nb) - 1
+  return ((m - 1) - (top & low)).astype(jnp.int32)
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(3,))
+def _values_of(values: Array, x: Array, indices: Array, axis: int) -> Array:
+  """`values`, read off packed keys, with the derivative of x at `indices`.
+
+  Bits of keys carry no derivative: without this rule the values of
+  `top_k_mask` differentiated to zero. The indices cost nothing unless
+  differentiated (only the rule reads them; XLA drops them otherwise).
+  """
+  del x, indices, axis
+  return values
+
+
+@_values_of.defjvp
+def _values_of_jvp(axis, primals, tangents):
+  values, _, indices = primals
+  return values, jnp.take_along_axis(tangents[1], indices, axis=axis)
 
 
 def densify(values: Array, indices: Array, m: int, axis: int = -1) -> Array:

@@ -6,6 +6,7 @@ only on concrete inputs, so `solve` and `sinkhorn` still work on tracers under
 """
 from __future__ import annotations
 
+import functools
 import numbers
 
 import jax
@@ -15,6 +16,39 @@ import numpy as np
 
 def is_concrete(x) -> bool:
   return not isinstance(x, jax.core.Tracer)
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(0,))
+def _guard(message: str, xs):
+  return xs
+
+
+@_guard.defjvp
+def _guard_jvp(message, primals, tangents):
+  raise ValueError(message)
+
+
+def not_differentiable(message: str, tree):
+  """`tree` unchanged; differentiating through its traced leaves (forward or
+  reverse mode, under jit or not) raises ValueError(message), one line.
+
+  For the entry points whose loops stop on data-dependent tests: JAX cannot
+  transpose those loops, and its own error names a `while_loop` the caller
+  never wrote. Concrete leaves are left alone (no device transfer eagerly);
+  where nothing is differentiated the guard is an identity that compiles to
+  nothing.
+  """
+  leaves, treedef = jax.tree_util.tree_flatten(tree)
+  traced = [i for i, x in enumerate(leaves) if isinstance(x, jax.core.Tracer)]
+  if not traced:
+    return tree
+  # The copy (which XLA drops) makes each leaf an operation of the current
+  # trace: a vmap over a numpy argument inside jit otherwise hands the custom
+  # JVP a numpy constant, which JAX refuses ("non-canonical constant").
+  guarded = _guard(message, tuple(jnp.array(leaves[i], copy=True) for i in traced))
+  for i, x in zip(traced, guarded):
+    leaves[i] = x
+  return jax.tree_util.tree_unflatten(treedef, leaves)
 
 
 def check_problem(a, b, C):
