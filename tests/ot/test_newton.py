@@ -96,7 +96,7 @@ CASES = {
     "token_choice": (2, 64, 8, 2, 2.0, "token_choice", None),
 }
 # The stated tolerance (ot/newton.py), against Adam-50 on the same problems: at the
-# tiny config's shapes no larger; elsewhere, in 10 steps, a gap at most 2.5x and a
+# tiny config's shapes with logits of scale 2, no larger; elsewhere, in 10 steps, a gap at most 2.5x and a
 # row-mass error at most 1.35x Adam-50's (measured up to 2.0x and 1.31x on these
 # cases), and with max_steps=30 no larger than Adam-50's. Where E k < S (no
 # k-sparse plan meets the rows) 10 steps are not enough: 30 are asked there.

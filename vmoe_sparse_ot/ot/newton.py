@@ -47,10 +47,12 @@ evaluation, as for Adam's plan after its last step).
 
 How close it gets, against Adam-50 on the same problems (benchmarks/
 router_solvers.py; tests/ot/test_newton.py):
-- at the B/32 routing shapes (S = 400, E = 32, k = 28) and the tiny config's
-  (S = 64, E = 8, k = 16), expert-choice form, logit scales 1 and 4: in 10
-  steps a semi-dual gap and a row-mass error no larger (benchmarks/RESULTS.md,
-  "The router's solvers", gives the ratios);
+- at the B/32 routing shapes (S = 400, E = 32, k = 28), both forms, logit
+  scales 1 and 4: in 10 steps a semi-dual gap and a row-mass error no larger
+  (0.34-0.93x and 0.52-0.96x; benchmarks/RESULTS.md, "The router's solvers");
+- at the tiny config's (S = 64, E = 8, k = 16): a row-mass error no larger, a
+  gap no larger at logit scales 1 and 2 and within 5% at scale 4 (0.92-1.04x
+  over three seeds);
 - elsewhere (E k close to S with peaked logits, S not a multiple of E, token
   choice at small sizes): in 10 steps a gap within 2.5x and a row-mass error
   within 1.35x (measured up to 2.0x and 1.31x); with max_steps=30 no larger
