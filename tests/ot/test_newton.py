@@ -73,7 +73,7 @@ def gap_and_row_error(res, C, a, b, k, opt):
 # Adam-50's (the means over the groups).
 @pytest.mark.parametrize("scale", [1.0, 4.0])
 def test_newton_matches_adam_50_at_the_b32_routing_shapes(scale):
-  C, a, b, k = router_problem(3, 400, 32, 28, scale, seed=21)
+  C, a, b, k = router_problem(2, 400, 32, 28, scale, seed=21)
   opt = optimum(C, a, b, k)
   args = tuple(jnp.asarray(x) for x in (C, a, b))
   res, adam = _solve(*args, k=k), _solve(*args, k=k, solver="adam", max_steps=50)
@@ -101,6 +101,7 @@ CASES = {
 # cases), and with max_steps=30 no larger than Adam-50's. Where E k < S (no
 # k-sparse plan meets the rows) 10 steps are not enough: 30 are asked there.
 GAP_RATIO, ERR_RATIO = 2.5, 1.35
+LOOSE = ("peaked", "k1_infeasible", "s_not_multiple_of_e", "token_choice")
 
 
 @pytest.mark.parametrize("name", list(CASES))
@@ -111,7 +112,8 @@ def test_newton_is_within_its_tolerance_of_the_optimum(name):
   args = tuple(jnp.asarray(x) for x in (C, a, b))
   adam_gap, adam_err = gap_and_row_error(_solve(*args, k=k, solver="adam", max_steps=50),
                                          C, a, b, k, opt)
-  for steps in (None, 30):
+  # 30 steps where 10 fall short of Adam-50 (each cap is one more program).
+  for steps in (None, 30) if name in LOOSE else (None,):
     res = _solve(*args, k=k, max_steps=steps)
     gap, err = gap_and_row_error(res, C, a, b, k, opt)
     plan = np.asarray(res.plan)

@@ -123,6 +123,20 @@ def cost_scale(C: Array, b: Array, k: int, gamma) -> Array:
   return jnp.maximum(jnp.sqrt(var), floor)
 
 
+def _spd_solve(mat: Array, rhs: Array) -> Array:
+  """x (G, p) with mat x = rhs for symmetric positive definite mat (G, p, p).
+
+  By Cholesky: both systems here are SPD (the damped M, and Woodbury's K,
+  strictly diagonally dominant), and the factorisation compiles to half the
+  program of `jnp.linalg.solve`'s pivoted LU with its autodiff rules (the
+  router's train step compiles this once per MoE layer).
+  """
+  low = lax.linalg.cholesky(mat, symmetrize_input=False)
+  y = lax.linalg.triangular_solve(low, rhs[..., None], left_side=True, lower=True)
+  return lax.linalg.triangular_solve(low, y, left_side=True, lower=True,
+                                     transpose_a=True)[..., 0]
+
+
 def newton_direction(t: Array, grad: Array, damping: Array, gamma) -> Array:
   """d (m, G) solving (M + diag(damping)) d = grad on each group's current piece.
 
@@ -137,14 +151,14 @@ def newton_direction(t: Array, grad: Array, damping: Array, gamma) -> Array:
   if m <= n:
     h = jnp.einsum("ijg,ljg->gil", s / jnp.maximum(size, 1)[None], s, precision=_HIGHEST)
     h = jnp.vectorize(jnp.diag, signature="(m)->(m,m)")(diag.T) - h / gamma
-    return jnp.linalg.solve(h, grad.T[..., None])[..., 0].T
+    return _spd_solve(h, grad.T).T
   # Woodbury: n x n. An empty column (no mass) gets K_jj = gamma and no coupling.
   k_mat = jnp.einsum("ijg,ilg->gjl", s / diag[:, None, :], s, precision=_HIGHEST)
   eye = jnp.eye(n, dtype=t.dtype)
   k_mat = gamma * jnp.maximum(size, 1).T[:, :, None] * eye - k_mat
   scaled = grad / diag                                                  # (m, G)
   rhs = jnp.einsum("ijg,ig->gj", s, scaled, precision=_HIGHEST)
-  y = jnp.linalg.solve(k_mat, rhs[..., None])[..., 0]                   # (G, n)
+  y = _spd_solve(k_mat, rhs)                                            # (G, n)
   return scaled + jnp.einsum("ijg,gj->ig", s, y, precision=_HIGHEST) / diag
 
 
