@@ -142,11 +142,11 @@ def train(args):
         start = time.perf_counter()
         summary = trainer.train_and_evaluate(config, workdir)
         wall = time.perf_counter() - start
-        routing = router_study.routing_summary(workdir)
-        steps = _last_metric(workdir, "solver_steps")
+        names = [name for name, _ in router_study.ROUTING_METRICS] + ["solver_steps"]
+        routing = router_study.routing_summary(workdir, names)
       row = dict(seed=seed, solver=solver, top1=100 * float(summary["eval"]["accuracy"]),
                  steps_per_sec=float(summary.get("steps_per_sec", float("nan"))),
-                 wall_s=wall, solver_steps=steps, **routing)
+                 wall_s=wall, **routing)
       rows.append(row)
       print(json.dumps(row), flush=True)
   for solver in ("newton", "adam"):
@@ -157,20 +157,6 @@ def train(args):
           f"{stat('dropped_fraction')[0]:.4f}  MaxVio {stat('max_load_violation')[0]:.3f}  "
           f"steps/s {stat('steps_per_sec')[0]:.2f}  solver steps {stat('solver_steps')[0]:.1f}")
   return rows
-
-
-def _last_metric(workdir, name):
-  from vmoe_sparse_ot.train import metrics as metrics_lib
-  import os
-  last = {}
-  with open(os.path.join(workdir, metrics_lib.METRICS_FILE)) as f:
-    for line in f:
-      record = json.loads(line)
-      if record.get("split") == "train":
-        values = [v for k, v in record.items() if k.endswith("/" + name)]
-        if values:
-          last = values
-  return float(np.mean(last)) if last else float("nan")
 
 
 def main(argv=None):
@@ -184,13 +170,13 @@ def main(argv=None):
   p.add_argument("--threads", help="XLA's CPU threads (xla_threads); 1 for the time part")
   p.add_argument("--json")
   args = p.parse_args(argv)
-  out = {}
   parts = {"quality": quality, "time": timing, "train": train}
-  for part in args.part.split(","):
-    if part not in parts:
-      print(f"--part: unknown part {part!r}; one of {sorted(parts)}", file=sys.stderr)
-      return 2
-    out[part] = parts[part](args)
+  wanted = args.part.split(",")
+  unknown = [part for part in wanted if part not in parts]
+  if unknown:   # before any part runs
+    print(f"--part: unknown part {unknown[0]!r}; one of {sorted(parts)}", file=sys.stderr)
+    return 2
+  out = {part: parts[part](args) for part in wanted}
   if args.json:
     with open(args.json, "w") as f:
       json.dump(out, f, indent=1)

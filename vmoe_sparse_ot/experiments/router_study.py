@@ -131,11 +131,14 @@ def router_available(config) -> tuple[bool, str]:
   return True, ''
 
 
-def routing_summary(workdir: str) -> dict[str, float]:
-  """ROUTING_METRICS of the run's last train log interval, averaged over MoE layers.
+def routing_summary(workdir: str,
+                    names: Sequence[str] = tuple(n for n, _ in ROUTING_METRICS)
+                    ) -> dict[str, float]:
+  """`names` (default: ROUTING_METRICS') of the run's last train log interval,
+  averaged over MoE layers.
 
   Read from WORKDIR/metrics.jsonl (names 'routing/LAYER/METRIC'); {} for a dense
-  model.
+  model, and no entry for a name the run did not log.
   """
   import json  # pylint: disable=g-import-not-at-top
   from vmoe_sparse_ot.train import metrics as metrics_lib  # pylint: disable=g-import-not-at-top
@@ -146,7 +149,7 @@ def routing_summary(workdir: str) -> dict[str, float]:
       if record.get('split') == 'train' and any(k.startswith('routing/') for k in record):
         last = record
   out = {}
-  for name, _ in ROUTING_METRICS:
+  for name in names:
     values = [v for k, v in (last or {}).items()
               if k.startswith('routing/') and k.rsplit('/', 1)[1] == name]
     if values:
