@@ -47,6 +47,7 @@ from vmoe_sparse_ot.train import optimizer as optimizer_lib  # pylint: disable=w
 from vmoe_sparse_ot import parallel  # pylint: disable=wrong-import-position
 from vmoe_sparse_ot.train import state as state_lib  # pylint: disable=wrong-import-position
 from vmoe_sparse_ot.train import step as step_lib  # pylint: disable=wrong-import-position
+from vmoe_sparse_ot.train import mixup as mixup_lib  # pylint: disable=wrong-import-position
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GIB = 1024 ** 3
@@ -108,7 +109,7 @@ def compile_step(config):
   state = state_lib.with_shardings(abstract_state, state_sharding)
   step = jax.jit(step_lib.make_step(model, tx, float(config.label_smoothing),
                                    int(config.microsteps), config.loss.name,
-                                   float(config.mixup.p)),
+                                   mixup_lib.Mixup(float(config.mixup.p))),
                  in_shardings=(state_sharding, batch_sharding),
                  out_shardings=(state_sharding, parallel.replicated(mesh)),
                  donate_argnums=(0,))

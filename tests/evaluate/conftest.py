@@ -14,6 +14,7 @@ import jax
 import numpy as np
 import pytest
 
+from vmoe_sparse_ot.train import run_record
 from tests.train.helpers import small_config
 
 EVAL_SPLIT = 'test[:200]'
@@ -63,7 +64,7 @@ def train(config, workdir) -> None:
   step = jax.jit(step_lib.make_step(model, tx))
   batches = trainer._dataset(config, config.dataset.train_split, config.batch_size,  # pylint: disable=protected-access
                              training=True).as_numpy_iterator()
-  meta = trainer.run_meta(config, abstract)
+  meta = run_record.make(config, abstract)
   saver = checkpoints.Checkpointer(str(workdir), async_save=False)
   for t in range(1, config.train_steps + 1):
     train_state, _ = step(train_state, next(batches))

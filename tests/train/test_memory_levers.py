@@ -9,7 +9,7 @@ from tests.nn.helpers import tiny_config
 from vmoe_sparse_ot import nn
 from vmoe_sparse_ot import config as config_lib
 from vmoe_sparse_ot.train import state as state_lib
-from vmoe_sparse_ot.train import trainer
+from vmoe_sparse_ot.train import run_record
 from vmoe_sparse_ot.train import step as step_lib
 
 
@@ -106,13 +106,13 @@ def test_checkpoints_resume_and_evaluate_across_compute_keys():
   # record written before they existed lacks them, and says implementation='fast'
   # (every record before 'auto' did), which is not compared either.
   now = config.model.to_dict()
-  assert trainer.run_meta(config, {})['model_config'] == trainer._json(
+  assert run_record.make(config, {})['model_config'] == run_record.as_json(
       nn.model_config.without_compute_keys(now, only_defaults=True))
-  old = trainer._json(nn.model_config.without_compute_keys(now))
+  old = run_record.as_json(nn.model_config.without_compute_keys(now))
   old['encoder']['moe']['router']['sparse_ot']['implementation'] = 'fast'
   config.model.remat, config.model.dtype = True, 'bfloat16'
   assert checkpoint_config.model_config_differences(old, config.model) == []
-  checkpoints.check_compatible({'model_config': old}, trainer.run_meta(config, {})['model_config'],
+  checkpoints.check_compatible({'model_config': old}, run_record.make(config, {})['model_config'],
                                {}, 'dir')
   config.model.hidden_size += 8   # Other keys are still compared.
   diffs = checkpoint_config.model_config_differences(old, config.model)

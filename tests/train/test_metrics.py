@@ -38,7 +38,7 @@ def test_train_metrics_remember_the_first_nonfinite_step():
   m = _run([11, 12, 13], values)
   assert int(m.first_nonfinite_step) == 12
   logger = progress_lib.ProgressLogger(
-      first_step=11, total_steps=20, every_steps=5, batch_size=4,
+      steps=range(11, 21), every_steps=5, batch_size=4,
       learning_rate=lambda s: 0.1, writer=None,
       last_good=lambda bad: f'The last good checkpoint is step {bad - 2} in DIR.')
   with pytest.raises(NonFiniteLossError, match=r'^Non-finite training loss or gradient at '

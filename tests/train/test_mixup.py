@@ -53,7 +53,7 @@ def _state(seed=0):
 
 def test_train_step_mixes_with_a_key_derived_from_the_step():
   step = jax.jit(step_lib.make_step(Linear(), optax.sgd(0.1), loss='sigmoid_xent',
-                                   mixup_p=0.5))
+                                   mixup=mixup.Mixup(0.5)))
   state = _state()
   new, values = step(state, BATCH)
   # By hand: step 1 splits fold_in(key, 1) into (mixup key, model key).
@@ -221,8 +221,8 @@ def test_device_granularity_mixes_within_each_devices_shard_of_the_mesh():
     ratios.append(float(r[0]))
   assert len(set(ratios)) == 4 and min(ratios) >= 0.5
   # The train step mixes the same way under the mesh.
-  step = step_lib.make_step(Linear(), optax.sgd(0.1), loss='sigmoid_xent', mixup_p=0.5,
-                           mixup_granularity='device', mixup_size=3)
+  step = step_lib.make_step(Linear(), optax.sgd(0.1), loss='sigmoid_xent',
+                           mixup=mixup.Mixup(0.5, 'device', 3))
   state = state_lib.create({'w': jax.random.normal(jax.random.key(0), (2, 8))},
                            optax.sgd(0.1), jax.random.key(1))
   with jax.set_mesh(mesh):

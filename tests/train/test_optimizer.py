@@ -290,23 +290,3 @@ def test_adafactor_with_bfloat16_momentum_trains_a_few_steps():
     state, values = step(state, batch)
     losses.append(float(values['loss']))
   assert np.isfinite(losses).all() and losses[-1] < losses[0]
-
-
-@pytest.mark.parametrize('name', ['adam', 'sgd', 'adafactor'])
-def test_initial_state_does_not_depend_on_the_schedule(name):
-  # train.programs keeps the initializing programs under a key without the
-  # schedule (programs.INIT_FROM): a learning-rate sweep in one process shares
-  # them. That holds while the optimizer state starts from the step count alone,
-  # never from a learning rate (as optax.inject_hyperparams would store).
-  params = {'dense': {'kernel': np.ones((4, 3), np.float32), 'bias': np.zeros(3, np.float32)}}
-  config = _cfg(name=name, gradient_clip_norm=1.0, weight_decay=0.1)
-  states = []
-  for schedule in (dict(name='warmup_cosine_decay', peak_value=3e-3, end_value=1e-5,
-                        warmup_steps=5, decay_steps=100),
-                   dict(name='warmup_linear_decay', peak_value=1.0, end_value=0.0,
-                        warmup_steps=0, decay_steps=7)):
-    tx = opt.make_optimizer(config, opt.make_schedule(schedule, 200), params)
-    states.append(jax.jit(tx.init)(params))
-  assert jax.tree.structure(states[0]) == jax.tree.structure(states[1])
-  for a, b in zip(jax.tree.leaves(states[0]), jax.tree.leaves(states[1])):
-    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))

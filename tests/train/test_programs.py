@@ -3,6 +3,7 @@ import jax
 
 from vmoe_sparse_ot import parallel
 from vmoe_sparse_ot.train import programs
+from vmoe_sparse_ot.train import run as run_lib
 from tests.train.helpers import small_config
 
 
@@ -43,16 +44,16 @@ def test_key_leaves_out_what_only_drives_the_loop():
 
 
 def test_key_leaves_out_where_the_run_starts():
-  """The seed and a source of weights choose the initial state (whose programs are
-  keyed by the seed, below), not the train step: its random keys are state data."""
+  """The seed and a source of weights choose the initial state, not the programs:
+  their random keys are arguments or state data."""
   mesh = _mesh(jax.devices()[:1])
   key = programs.run_key(small_config(), mesh)
   assert key == programs.run_key(small_config(seed=1), mesh)
   assert key == programs.run_key(small_config(initialization__path='/w/dense',
                                               initialization__step=3), mesh)
-  init = programs.INIT_FROM
-  assert (programs.run_key(small_config(seed=1), mesh, only=init)
-          != programs.run_key(small_config(), mesh, only=init))
+  for only in (run_lib.VARIABLES_FROM, run_lib.STATE_FROM, run_lib.EVAL_FROM):
+    assert (programs.run_key(small_config(seed=1), mesh, only=only)
+            == programs.run_key(small_config(), mesh, only=only))
 
 
 def test_partial_keys_hold_only_what_their_functions_are_built_from():
@@ -61,17 +62,25 @@ def test_partial_keys_hold_only_what_their_functions_are_built_from():
   def key(only, **overrides):
     return programs.run_key(small_config(**overrides), mesh, only=only)
 
-  init, evaluation = programs.INIT_FROM, programs.EVAL_FROM
-  # Another loss, batch, logging interval, label smoothing or learning rate
-  # trains with another step, from the same initial state.
+  variables, state = run_lib.VARIABLES_FROM, run_lib.STATE_FROM
+  evaluation = run_lib.EVAL_FROM
+  # Another loss, batch, logging interval or label smoothing trains with another
+  # step, from the same initial state.
   for other in (dict(loss__name='sigmoid_xent'), dict(batch_size=32), dict(log_every_steps=1),
-                dict(label_smoothing=0.1), dict(eval_batch_size=32),
+                dict(label_smoothing=0.1), dict(eval_batch_size=32)):
+    assert key(variables, **other) == key(variables), other
+    assert key(state, **other) == key(state), other
+  # The initial state closes over the optimizer, so over its schedule: another
+  # learning rate or length (when the decay runs to the last step) is another
+  # state program, and the same model variables.
+  for other in (dict(optimizer__b2=0.99), dict(optimizer__name='sgd'),
                 dict(schedule__peak_value=1e-2), dict(train_steps=50, schedule__decay_steps=None)):
-    assert key(init, **other) == key(init), other
-  for other in (dict(seed=1), dict(model__hidden_size=48), dict(dataset__image_size=32),
-                dict(dataset__channels=3), dict(optimizer__b2=0.99),
-                dict(optimizer__name='sgd')):
-    assert key(init, **other) != key(init), other
+    assert key(variables, **other) == key(variables), other
+    assert key(state, **other) != key(state), other
+  for other in (dict(model__hidden_size=48), dict(dataset__image_size=32),
+                dict(dataset__channels=3)):
+    assert key(variables, **other) != key(variables), other
+    assert key(state, **other) != key(state), other
   # The evaluation step: the model and the loss only.
   for other in (dict(seed=1), dict(schedule__peak_value=1e-2), dict(optimizer__name='sgd'),
                 dict(batch_size=32), dict(eval_batch_size=32)):
@@ -81,7 +90,7 @@ def test_partial_keys_hold_only_what_their_functions_are_built_from():
   # The mesh alone; a partial key is never a whole run's.
   assert key((), seed=1, model__hidden_size=48) == key(())
   assert key((), seed=1) != programs.run_key(small_config(), _mesh(jax.devices()[1:2]), only=())
-  assert key(init) != programs.run_key(small_config(), mesh)
+  assert key(state) != programs.run_key(small_config(), mesh)
 
 
 def test_get_builds_once_per_key_and_name_and_keeps_the_latest_keys():

@@ -10,6 +10,7 @@ import pytest
 
 from vmoe_sparse_ot import checkpoints
 from vmoe_sparse_ot import errors
+from vmoe_sparse_ot.train import periodic_eval
 from vmoe_sparse_ot.train import trainer
 from tests import compile_profile
 from tests.train.helpers import small_config
@@ -235,25 +236,7 @@ def test_periodic_fewshot_runs_first_every_n_and_last_step(monkeypatch, tmp_path
   # Few-shot reads the evaluation model (evaluate.model_overrides), as the reference.
   from vmoe_sparse_ot import nn  # pylint: disable=g-import-not-at-top
   model = nn.build_model(config.model)
-  assert models == [trainer.eval_model(config, model)] and models[0] != model
-
-
-def test_checkpoints_from_before_dataset_sampling_resume_with_stream():
-  # What a checkpoint recorded before config.dataset.sampling existed.
-  old = {'data': {'name': 'embedded_mnist', 'split': 'train[:4096]', 'batch_size': 16,
-                  'seed': 0, 'shuffle_buffer': 1024}}
-  config = small_config('router=sparse_ot', dataset__sampling='stream', seed=0)
-  stream = trainer._stream_meta(config.dataset, 16, 0)  # pylint: disable=protected-access
-  assert stream == old['data']
-  checkpoints.check_resume(old, {'data': stream}, 'DIR')
-  config = small_config('router=sparse_ot', seed=0)
-  index = trainer._stream_meta(config.dataset, 16, 0)  # pylint: disable=protected-access
-  assert index == {**{k: v for k, v in old['data'].items() if k != 'shuffle_buffer'},
-                   'sampling': 'index'}
-  with pytest.raises(errors.ResumeMismatchError,
-                     match=r"dataset.sampling: checkpoint '<absent>', config 'index'.*"
-                     r"config.dataset.sampling='stream': set it to resume"):
-    checkpoints.check_resume(old, {'data': index}, 'DIR')
+  assert models == [periodic_eval.eval_model(config, model)] and models[0] != model
 
 
 def test_evaluation_with_model_overrides_drops_fewer_tokens(tmp_path, topk_six_steps):

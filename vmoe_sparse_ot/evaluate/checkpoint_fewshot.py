@@ -29,7 +29,7 @@ from vmoe_sparse_ot.evaluate.checkpoint_config import CheckpointMismatchError
 from vmoe_sparse_ot.evaluate.checkpoint_config import describe_model
 from vmoe_sparse_ot.evaluate.checkpoint_config import read_checkpoint_meta
 from vmoe_sparse_ot.evaluate.checkpoint_config import resolve_model_config
-from vmoe_sparse_ot.train import trainer
+from vmoe_sparse_ot.train import periodic_eval
 
 RESULTS_FILE = workdir_layout.FEWSHOT_RESULTS
 
@@ -78,7 +78,9 @@ def run(config: ml_collections.ConfigDict, workdir: str, step: int | None = None
       parallel.replicated(mesh))
   # The model of the evaluations during training (config.evaluate.model_overrides,
   # e.g. another capacity factor), whose features periodic few-shot reads.
-  evaluator = transfer.make_evaluator(config, trainer.eval_model(config, model), mesh=mesh)
+  periodic_eval.log_eval_overrides(config)
+  evaluator = transfer.make_evaluator(config, periodic_eval.eval_model(config, model),
+                                      mesh=mesh)
   results = evaluator.run(params, model_state)
   payload = {
       'workdir': os.path.abspath(workdir),

@@ -25,7 +25,7 @@ mixes exactly as an uninterrupted one.
 """
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from typing import Any, Mapping, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -34,6 +34,24 @@ from vmoe_sparse_ot.config.schema import MIXUP_GRANULARITIES as GRANULARITIES
 
 # Batch entries that are mixed; the rest (the integer 'label') are kept.
 MIXED = ('image', 'labels')
+
+
+class Mixup(NamedTuple):
+  """The train step's mixup (`config.mixup`).
+
+  p: the Beta(p, p) parameter of the mixing weights; 0 turns mixup off.
+  granularity: 'batch' (one draw for the batch), 'device' (one per device shard)
+    or 'example' (one per example, within its shard).
+  size: how many images each mixed image is made of (>= 2).
+  """
+  p: float = 0.0
+  granularity: str = 'batch'
+  size: int = 2
+
+  @classmethod
+  def from_config(cls, mixup: Any) -> 'Mixup':
+    """From `config.mixup`."""
+    return cls(float(mixup.p), mixup.granularity, int(mixup.size))
 
 
 def mix_ratio(key: jax.Array, p: float, shape: tuple[int, ...] = ()) -> jax.Array:

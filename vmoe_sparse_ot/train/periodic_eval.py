@@ -22,11 +22,16 @@ from __future__ import annotations
 
 from typing import Any, Callable, Iterable, Mapping, NamedTuple
 
+import flax.linen
 import jax
 import jax.numpy as jnp
+import ml_collections
 from absl import logging
 
+from vmoe_sparse_ot import data as data_lib
+from vmoe_sparse_ot import nn
 from vmoe_sparse_ot.config.schema import EVAL_DATASET_KEYS
+from vmoe_sparse_ot.nn import overrides as model_overrides_lib
 from vmoe_sparse_ot.nn import routing_stats
 from vmoe_sparse_ot.train import losses as losses_lib
 
@@ -57,6 +62,27 @@ def eval_sets(config: Mapping[str, Any]) -> list[EvalSet]:
                        entry['pp'] if entry['pp'] is not None else ds['pp_eval'],
                        entry['label_key']))
   return out
+
+
+def eval_model(config: ml_collections.ConfigDict, model: flax.linen.Module):
+  """The model of the evaluations during training: `model`, or the one of
+  `config.evaluate.model_overrides` over config.model (the same parameters)."""
+  overrides = config.evaluate.get('model_overrides') or {}
+  if not overrides:
+    return model
+  overrides = overrides.to_dict() if hasattr(overrides, 'to_dict') else dict(overrides)
+  model_config = model_overrides_lib.apply_overrides(config.model, overrides,
+                                                     'config.evaluate.model_overrides')
+  return nn.build_model(model_config)
+
+
+def log_eval_overrides(config: ml_collections.ConfigDict) -> None:
+  """Logs the overrides of `eval_model`'s model, if any, in one line."""
+  overrides = config.evaluate.get('model_overrides') or {}
+  if overrides:
+    overrides = overrides.to_dict() if hasattr(overrides, 'to_dict') else dict(overrides)
+    changed = ', '.join(f'{k}={v!r}' for k, v in model_overrides_lib.leaves(overrides).items())
+    logging.info('Evaluating with config.evaluate.model_overrides: %s', changed)
 
 
 def metric_key(name: str, metric: str) -> str:
@@ -167,7 +193,6 @@ def ensemble_metrics(sums: Mapping[str, Any], count: int) -> dict[str, Any]:
 
 def make_datasets(config, sets: Iterable[EvalSet], batch_size: int) -> list[tuple[EvalSet, Any]]:
   """(set, its single-pass padded tf.data stream for this process), in order."""
-  from vmoe_sparse_ot import data as data_lib  # pylint: disable=g-import-not-at-top
   ds = config['dataset']
   return [(s, data_lib.make_dataset(
       s.dataset, s.split, batch_size=batch_size, image_size=ds['image_size'],

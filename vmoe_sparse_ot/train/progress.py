@@ -31,7 +31,8 @@ def format_duration(seconds: float) -> str:
 
 
 class ProgressLogger:
-  """Logs on the first step, every `every_steps` and on `total_steps`.
+  """Logs on the first step, every `every_steps` and on the last step of `steps`
+  (`first_step`, `total_steps`).
 
   `log(step, metrics)` fetches the device-side `TrainMetrics`, raises
   NonFiniteLossError when a loss or gradient norm of the interval was NaN/Inf,
@@ -40,17 +41,17 @@ class ProgressLogger:
   advice on where to resume (`Checkpointer.last_good`).
   """
 
-  def __init__(self, *, first_step: int, total_steps: int, every_steps: int,
-               batch_size: int, learning_rate: Callable[[int], Any], writer,
-               last_good: Callable[[int], str], compiles: bool = True):
-    self.first_step, self.total_steps = first_step, total_steps
+  def __init__(self, *, steps: range, every_steps: int, batch_size: int,
+               learning_rate: Callable[[int], Any], writer, last_good: Callable[[int], str],
+               compiles: bool = True):
+    self.first_step, self.total_steps = steps.start, steps.stop - 1
     self.every_steps, self.batch_size = every_steps, batch_size
     self._learning_rate, self._writer, self._last_good = learning_rate, writer, last_good
     self._start = time.monotonic()
     self._paused = 0.0  # Seconds spent paused since the start.
     self._compiled = False  # Whether the first (compiling) step was reported.
     self._compiles = compiles  # Whether that step compiles its program (not kept from before).
-    self._last_time, self._last_step = 0.0, first_step - 1
+    self._last_time, self._last_step = 0.0, steps.start - 1
     self.history: list[tuple[int, float]] = []  # (step, mean loss of the interval).
     self.losses: list[float] = []  # Every step's loss.
     self.last_interval: dict[str, Any] | None = None

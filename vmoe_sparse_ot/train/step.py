@@ -27,12 +27,12 @@ def _flatten_routing(routing: dict[str, dict[str, Any]]) -> dict[str, Any]:
 
 
 def make_step(model, tx: optax.GradientTransformation, label_smoothing: float = 0.0,
-              microsteps: int = 1, loss: str = 'softmax_xent', mixup_p: float = 0.0,
-              mixup_granularity: str = 'batch', mixup_size: int = 2):
+              microsteps: int = 1, loss: str = 'softmax_xent',
+              mixup: mixup_lib.Mixup = mixup_lib.Mixup()):
   """(TrainState, batch) -> (TrainState one step later, {metric name: scalar}).
 
   `loss` names a `train.losses` loss ('cross_entropy' is its value); with
-  `mixup_p` > 0 the batch is mixed first (`train.mixup`, a key split off the
+  `mixup.p` > 0 the batch is mixed first (`train.mixup`, a key split off the
   step's; 'device' and 'example' granularity mix within the batch's shards over
   the mesh the step is traced under). With `microsteps` > 1 the gradient is accumulated over that many
   microbatches (`vmoe_sparse_ot.train.microsteps`); the metrics are their means.
@@ -69,10 +69,10 @@ def make_step(model, tx: optax.GradientTransformation, label_smoothing: float = 
   def step_fn(state: TrainState, batch):
     step = state.step + 1
     key = jax.random.fold_in(state.key, step)
-    if mixup_p:
+    if mixup.p:
       mixup_key, key = jax.random.split(key)
-      batch = mixup_lib.mixup(mixup_key, batch, mixup_p, granularity=mixup_granularity,
-                              size=mixup_size, num_shards=mixup_lib.mesh_shards(parallel.AXES))
+      batch = mixup_lib.mixup(mixup_key, batch, mixup.p, granularity=mixup.granularity,
+                              size=mixup.size, num_shards=mixup_lib.mesh_shards(parallel.AXES))
     grads, values, statistics = microsteps_lib.accumulate(
         lambda p, b, k: grads_and_values(p, state.model_state, b, k), state.params, batch,
         key, microsteps)
