@@ -17,10 +17,10 @@ import flax.linen as nn
 import jax.numpy as jnp
 
 from vmoe_sparse_ot.nn import model_config
+from vmoe_sparse_ot.nn import model_options
 from vmoe_sparse_ot.nn import router_state
 from vmoe_sparse_ot.nn.model_config import COMPUTE_KEYS
 from vmoe_sparse_ot.nn.model_options import MODEL_DTYPES, MODELS, check_model_options
-from vmoe_sparse_ot.nn.model_options import model_options
 from vmoe_sparse_ot.nn.routers import ROUTERS, RouterConfig, parse_router_options
 from vmoe_sparse_ot.nn.routers.base import OptionError
 from vmoe_sparse_ot.nn.variants import variant_sizes
@@ -40,7 +40,7 @@ def build_model(model_config: Mapping[str, Any]) -> nn.Module:
   ValueErrors naming the key), before anything is traced or compiled; missing
   keys take the options' defaults.
   """
-  opts = model_options(model_config)
+  opts = model_options.model_options(model_config)
   enc = opts.encoder
   hidden_size, num_layers, num_heads = opts.hidden_size, enc.num_layers, enc.num_heads
   mlp_dim, patch_size, rep = enc.mlp_dim, _pair(opts.patch_size), opts.representation_size
