@@ -57,7 +57,7 @@ SLOWEST_FIRST = (
     "tests/ot/test_interior_point.py",
     "tests/train/test_recipes.py",
     "tests/train/test_initialization.py",
-    "tests/nn/test_routers.py",
+    "tests/nn/routers/test_sparse_ot.py",
     "tests/ot/test_start.py",
     "tests/ot/test_duality.py",
     "tests/ot/test_numerics.py",

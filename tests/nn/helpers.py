@@ -3,6 +3,7 @@ import jax
 import ml_collections
 
 from vmoe_sparse_ot.nn import routers
+from vmoe_sparse_ot.nn import routing
 from vmoe_sparse_ot.nn.model_config import default_model_config
 from vmoe_sparse_ot.nn.routing_metrics import common_metrics
 
@@ -11,6 +12,7 @@ from vmoe_sparse_ot.nn.routing_metrics import common_metrics
 # one program per shape and config.
 jit_route = jax.jit(routers.route, static_argnames=("cfg", "capacity", "train"))
 jit_common_metrics = jax.jit(common_metrics)
+jit_expert_weights = jax.jit(routing.expert_weights, static_argnames="group_size")
 
 
 def tiny_config(router: str = "topk", **router_overrides) -> ml_collections.ConfigDict:

@@ -7,6 +7,7 @@ import jax
 import jax.numpy as jnp
 
 from vmoe_sparse_ot.nn import routing as rt
+from tests.nn.helpers import jit_expert_weights
 
 
 @pytest.mark.parametrize("s,e,k,cf,expected", [
@@ -127,3 +128,12 @@ def test_assign_expert_choice_top_c_tokens():
   np.testing.assert_array_equal(valid[0], [[True, True], [True, False]])
   np.testing.assert_array_equal(token_index[0, 0], [0, 2])
   assert token_index[0, 1, 0] == 1
+
+
+def test_expert_weights_of_a_sparse_routing():
+  # G=1, S=3, E=2, C=2: expert 0 holds tokens 2, 0; expert 1 holds token 2 and an empty slot.
+  r = rt.Routing(np.array([[[2, 0], [2, 0]]], np.int32),
+                 np.array([[[True, True], [True, False]]]),
+                 np.array([[[0.25, 0.5], [0.75, 0.0]]], np.float32), np.zeros((), np.float32), {})
+  np.testing.assert_array_equal(jit_expert_weights(r, 3),
+                                [[[0.5, 0.0], [0.0, 0.0], [0.25, 0.75]]])

@@ -2,7 +2,6 @@
 import numpy as np
 import jax
 
-from vmoe_sparse_ot.nn import routing_stats
 from vmoe_sparse_ot.nn import routers
 from vmoe_sparse_ot.nn import routing as rt
 from vmoe_sparse_ot.nn.routing_metrics import max_load_violation
@@ -92,11 +91,3 @@ def test_max_load_violation_skips_empty_groups():
   load = np.array([[4, 0, 2, 2], [0, 0, 0, 0], [1, 1, 1, 1]])
   np.testing.assert_allclose(jax.jit(max_load_violation)(load), (4 / 2 - 1 + 0) / 2)
 
-
-def test_eval_counts_match_training_metrics():
-  # routing_stats counts from per-token weights (B, N, E) with the same `token_counts`.
-  weights = np.array([[[0.5, 0.5], [1.0, 0.0], [0.0, 0.0]]], np.float32)
-  sums = jax.jit(routing_stats.routing_sums)(weights, np.array([True]))
-  summary = routing_stats.summarize(jax.device_get(sums))
-  assert (summary["dropped_fraction"], summary["tokens_with_1_expert"],
-          summary["tokens_with_2plus_experts"]) == (1 / 3, 1 / 3, 1 / 3)

@@ -67,7 +67,7 @@ def test_matches_fast_in_float32_with_ties_padding_and_groups(variant):
 def test_matches_fast_in_float64_with_ties_and_k_that_does_not_bind(variant):
   # k = 4 binds; k = 20 > m = 12 does not (the kernel clamps it to m: all rows
   # members, the plain simplex projection, which 'fast' computes without selection).
-  # The token choice form's transposed shapes: tests/nn/test_sparse_ot_pallas.py.
+  # The token choice form's transposed shapes: tests/nn/routers/test_sparse_ot_pallas.py.
   C, a, b = _router_problem(np.float64)
   for k, gamma in ((4, 0.5), (20, 1.0)):
     got, want = _both(C, a, b, k, gamma, variant)

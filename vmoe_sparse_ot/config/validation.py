@@ -8,9 +8,9 @@ message naming the full key, the value and what is allowed, e.g.
 
   config.schedule.peak_value=-0.001: must be > 0
 
-The checks that the model and the routers own (the model's name, classifier,
-dtype, remat and split_rngs; `model.variant`; the routers' shared options, each
-by its `check=`) are theirs, in `nn`, called from here and worded as above. A
+The checks that the model and the routers own (every model option's, defined
+with it in `nn.model_options`; the routers' shared options, each by its
+`check=`) are theirs, in `nn`, called from here and worded as above. A
 router's own section is checked by the router when the model is built
 (`nn.build_model`), which the command lines call right after these checks. What
 needs the disk, the datasets or a traced model is in `config.preflight`.
@@ -21,11 +21,13 @@ import math
 import re
 from typing import Any, Mapping
 
+from vmoe_sparse_ot import initialization
 from vmoe_sparse_ot.config_keys import check_keys
+from vmoe_sparse_ot.data import pp as pp_lib
 from vmoe_sparse_ot.config import fewshot_section as fewshot_config
 from vmoe_sparse_ot.nn import routers
-from vmoe_sparse_ot.nn.model_config import check_model_options
-from vmoe_sparse_ot.nn.model_config import variant_sizes
+from vmoe_sparse_ot.nn.model_options import check_model_options
+from vmoe_sparse_ot.nn.variants import variant_sizes
 from vmoe_sparse_ot.nn.routers.base import OptionError
 from vmoe_sparse_ot.config.schema import AUGMENTATIONS
 from vmoe_sparse_ot.config.schema import EVAL_DATASET_KEYS
@@ -135,21 +137,12 @@ def _owned(check, *args):
 
 
 def _validate_model(config) -> None:
-  # The model's choices and flags (name, classifier, dtype, remat, split_rngs)
-  # and the routers' shared options are checked by their owners in `nn`.
+  # Each model option and the routers' shared options are checked by their
+  # owners in `nn`; here, what spans sections or is training's own.
   _owned(check_model_options, config['model'])
   if config['model']['num_classes'] is None:
     _fail('model.num_classes', None, 'training needs a head: set the number of classes '
           '(None builds a backbone without one, for nn.build_model and initialization)')
-  _int(config, 'model.num_classes', 1)
-  _int(config, 'model.hidden_size', 1)
-  _int(config, 'model.representation_size', 0, optional=True)
-  _number(config, 'model.head_bias_init')
-  _int(config, 'model.encoder.num_layers', 1)
-  _int(config, 'model.encoder.num_heads', 1)
-  _int(config, 'model.encoder.mlp_dim', 1)
-  for key in ('dropout_rate', 'attention_dropout_rate'):
-    _number(config, f'model.encoder.{key}', low=0, high=1, high_open=True)
   hidden, heads, patch = model_sizes(config['model'])
   if hidden % heads:
     raise ConfigError(f'config.model.hidden_size={hidden} must be divisible by '
@@ -160,8 +153,6 @@ def _validate_model(config) -> None:
                       f'config.model.patch_size={tuple(patch)}')
   if config['model']['name'] != 'vit_moe':
     return
-  _int(config, 'model.encoder.moe.num_experts', 1)
-  _int(config, 'model.encoder.moe.group_size', 1)
   router = config['model']['encoder']['moe']['router']
   num_experts = config['model']['encoder']['moe']['num_experts']
   group_size = config['model']['encoder']['moe']['group_size']
@@ -181,7 +172,6 @@ def _validate_pp(config) -> None:
 
   Pure Python (no TensorFlow): the ops' output is checked in `preflight.check_datasets`.
   """
-  from vmoe_sparse_ot.data import pp as pp_lib  # pylint: disable=g-import-not-at-top
   dataset = config['dataset']
   for key, training in (('pp_train', True), ('pp_eval', False)):
     value = dataset[key]
@@ -220,7 +210,6 @@ def _validate_profile(config) -> None:
 
 def _validate_eval_datasets(config) -> None:
   """Names, keys and values of `config.evaluate.datasets`; pp strings parsed (no TF)."""
-  from vmoe_sparse_ot.data import pp as pp_lib  # pylint: disable=g-import-not-at-top
   datasets = config['evaluate']['datasets']
   if not hasattr(datasets, 'items'):
     _fail('evaluate.datasets', datasets, 'must be a dict {name: {dataset, split, pp, '
@@ -262,7 +251,6 @@ def _validate_initialization(config) -> None:
   _int(config, 'initialization.step', 0, optional=True)
   for key in ('raise_if_target_unmatched', 'raise_if_source_unmatched'):
     _choice(config, f'initialization.{key}', (True, False))
-  from vmoe_sparse_ot import initialization  # pylint: disable=g-import-not-at-top
   try:
     initialization.parse_rules(init['rules'])
   except ValueError as e:

@@ -14,6 +14,7 @@ from typing import Any, Mapping
 import jax
 import numpy as np
 
+from vmoe_sparse_ot import nn
 from vmoe_sparse_ot.trees import path_name
 
 
@@ -91,7 +92,6 @@ def same_variables_model_config(model_config: Any, overrides: Mapping[str, Any],
   variables (parameters and router state, each of the same shape) on images of
   `input_shape`. Raises ValueError in one line naming `where.KEY`: a key the model
   config lacks, a value the model refuses, or the override that changes a shape."""
-  from vmoe_sparse_ot import nn  # pylint: disable=g-import-not-at-top
   overrides = _as_dict(overrides) if hasattr(overrides, 'to_dict') else overrides
   new = apply_overrides(model_config, overrides, where)
   try:

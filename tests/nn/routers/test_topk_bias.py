@@ -9,24 +9,8 @@ from vmoe_sparse_ot.nn import routers
 from vmoe_sparse_ot.nn.moe import MoeLayer
 from vmoe_sparse_ot.nn.routers import topk_bias
 from tests.nn.helpers import jit_route
+from tests.nn.routers.helpers import ALL, LOGITS, cfg, slots
 from vmoe_sparse_ot.nn.routing_metrics import common_metrics
-
-ALL = np.ones((1, 4), bool)
-# S=4 tokens, E=3 experts (as in test_routers.py).
-LOGITS = np.array([[[3.0, 1.0, 0.0],
-                    [0.0, 2.0, 1.5],
-                    [1.0, 0.0, 2.0],
-                    [2.5, 0.5, 2.0]]], np.float32)
-
-
-def cfg(name, **options):
-  return routers.RouterConfig(name, routers.ROUTERS[name].options(**options))
-
-
-def _slots(r):
-  ti, va = np.asarray(r.token_index)[0], np.asarray(r.valid)[0]   # numpy: no compile
-  return {e: sorted(ti[e][va[e]].tolist()) for e in range(ti.shape[0])}
-
 
 # Jitted once per shape and config (eagerly, each op compiles as its own program).
 _jit_softmax = jax.jit(jax.nn.softmax)
@@ -52,7 +36,7 @@ def test_bias_changes_the_choice_but_not_the_combine_weights():
   # Expert 0's gate never beats the others' once it is down by 1: every token
   # takes {1, 2}, each weighted by its unbiased softmax gate.
   r, stats = _route([-1.0, 0.0, 0.0])
-  assert _slots(r) == {0: [], 1: [0, 1, 2, 3], 2: [0, 1, 2, 3]}
+  assert slots(r) == {0: [], 1: [0, 1, 2, 3], 2: [0, 1, 2, 3]}
   np.testing.assert_array_equal(stats["load"], [0, 4, 4])
   gates = np.asarray(_jit_softmax(LOGITS[0]))
   ti, va, w = (np.asarray(a)[0] for a in (r.token_index, r.valid, r.combine_weight))
@@ -63,7 +47,7 @@ def test_bias_changes_the_choice_but_not_the_combine_weights():
   # 0.5 in logits; +0.2 on expert 1 does not move t3 (gap 1.5) but takes t2's
   # second choice (expert 0, gate 0.245 vs 0.090 + 0.2).
   r, _ = _route([0.0, 0.2, 0.0])
-  assert _slots(r) == {0: [0, 3], 1: [0, 1, 2], 2: [1, 2, 3]}
+  assert slots(r) == {0: [0, 3], 1: [0, 1, 2], 2: [1, 2, 3]}
   assert r.combine_weight.shape == (1, 3, 4)
 
 

@@ -6,24 +6,13 @@ import jax.numpy as jnp
 
 from vmoe_sparse_ot.nn import routers
 from vmoe_sparse_ot.nn.routers import sinkhorn_ec
+from tests.nn.routers.helpers import numpy_sinkhorn
 
 G, S, E = 3, 8, 4
 
 
 def _cfg(**section):
   return routers.parse_router_options({"name": "sinkhorn_ec", "sinkhorn_ec": section})
-
-
-def _numpy_plan(logits, mask, eps, iters):
-  """Scaling-form Sinkhorn, expert scaling first; mass 1 per real token, n_real / E each expert."""
-  kernel = np.exp(logits.astype(np.float64) / eps)
-  a = mask.astype(np.float64)
-  b = np.full(logits.shape[1], a.sum() / logits.shape[1])
-  u, v = np.ones(len(a)), np.ones(len(b))
-  for _ in range(iters):
-    v = b / (kernel.T @ u)
-    u = a / (kernel @ v)
-  return u[:, None] * kernel * v[None, :]
 
 
 def test_each_expert_takes_its_top_c_tokens_of_the_plan():
@@ -36,7 +25,7 @@ def test_each_expert_takes_its_top_c_tokens_of_the_plan():
   gates = np.asarray(jax.nn.softmax(logits, axis=-1))
   token_index, valid = np.asarray(r.token_index), np.asarray(r.valid)
   for g in range(G):
-    plan = _numpy_plan(logits[g], mask[g], 1.0, 7)
+    plan = numpy_sinkhorn(logits[g], 1.0, 7, mask=mask[g])
     real = np.flatnonzero(mask[g])
     for e in range(E):
       taken = token_index[g, e][valid[g, e]]
@@ -56,7 +45,7 @@ def test_plans_match_a_numpy_sinkhorn_and_padding_gets_no_mass():
   opts = _cfg(num_iters=5, epsilon=0.5).options
   plans = np.asarray(jax.jit(lambda x, m: sinkhorn_ec.plans(x, m, opts))(logits, mask))
   for g in range(2):
-    np.testing.assert_allclose(plans[g], _numpy_plan(logits[g], mask[g], 0.5, 5),
+    np.testing.assert_allclose(plans[g], numpy_sinkhorn(logits[g], 0.5, 5, mask=mask[g]),
                                rtol=2e-4, atol=1e-6)
   np.testing.assert_array_equal(plans[1, 6:], 0.0)
   np.testing.assert_allclose(plans[1].sum(1)[:6], 1.0, rtol=1e-5)   # token rows exact
