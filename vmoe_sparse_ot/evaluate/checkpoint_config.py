@@ -16,7 +16,7 @@ import ml_collections
 from vmoe_sparse_ot import checkpoints
 from vmoe_sparse_ot.errors import CheckpointRestoreError
 from vmoe_sparse_ot.nn.model_config import without_compute_keys
-from vmoe_sparse_ot.config.files import flatten
+from vmoe_sparse_ot.trees import flatten
 
 
 class CheckpointMismatchError(ValueError):
