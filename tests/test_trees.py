@@ -59,3 +59,16 @@ def test_shape_differences_lists_changed_missing_and_extra_names_sorted():
   ]
   assert trees.shape_differences(have, dict(have)) == []
   assert trees.shape_differences({}, {}) == []
+
+
+def test_differences_write_values_with_show_and_name_the_missing_side():
+  have = {'model.dtype': 'float32', 'model.k': 1, 'model.only_have': None}
+  want = {'model.dtype': 'bfloat16', 'model.k': 1, 'model.only_want': [2, 2]}
+  assert trees.differences(have, want, labels=('checkpoint', 'config'), show=repr) == [
+      "model.dtype: checkpoint 'float32', config 'bfloat16'",
+      "model.only_have: checkpoint None, config '<absent>'",
+      "model.only_want: checkpoint '<absent>', config [2, 2]",
+  ]
+  assert trees.differences({'a': 1}, {'a': 2}) == ['a: 1 -> 2']
+  assert trees.differences(have, dict(have)) == []
+

@@ -1,11 +1,11 @@
 """Names of nested things: dotted keys of a nested dict, slash paths of a jax tree,
-and the shapes of a tree's leaves compared by name.
+and two flat dicts (of shapes, of config values) compared name by name.
 
 The bottom of the package: imports nothing of it, so every layer can use it.
 """
 from __future__ import annotations
 
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 import numpy as np
 
@@ -44,26 +44,34 @@ def leaf_shapes(tree: Any) -> dict[str, list[int]]:
   return {name: list(np.shape(leaf)) for name, leaf in flatten_tree(tree).items()}
 
 
-def shape_differences(have: Mapping[str, Sequence[int]], want: Mapping[str, Sequence[int]],
-                      labels: Optional[tuple[str, str]] = None) -> list[str]:
-  """One line per name whose shape differs between two flat {name: shape} dicts.
+def differences(have: Mapping[str, Any], want: Mapping[str, Any],
+                labels: Optional[tuple[str, str]] = None,
+                show: Callable[[Any], str] = str) -> list[str]:
+  """One line per name whose value differs between two flat {name: value} dicts.
 
   Args:
-    have, want: {name: shape}; a shape is any sequence of ints (compared as lists).
-    labels: None for 'name: [2, 3] -> [4, 3]' (have -> want); a pair
-      (have_label, want_label), e.g. ('checkpoint', 'model'), for
-      'name: checkpoint [2, 3], model [4, 3]'.
+    have, want: {name: value}, values compared with ==.
+    labels: None for 'name: HAVE -> WANT'; a pair (have_label, want_label), e.g.
+      ('checkpoint', 'config'), for 'name: checkpoint HAVE, config WANT'.
+    show: how a value is written (str; repr for config values, so strings show quoted).
 
   Returns:
-    The lines, sorted by name; a name missing on one side shows `ABSENT` there.
-    [] when both dicts hold the same names with the same shapes.
+    The lines, sorted by name; a name missing on one side shows `show(ABSENT)`
+    there. [] when both dicts hold the same names with equal values.
   """
-  have = {k: list(v) for k, v in have.items()}
-  want = {k: list(v) for k, v in want.items()}
   out = []
   for name in sorted(set(have) | set(want)):
     a, b = have.get(name, ABSENT), want.get(name, ABSENT)
     if a != b:
-      out.append(f'{name}: {a} -> {b}' if labels is None
-                 else f'{name}: {labels[0]} {a}, {labels[1]} {b}')
+      out.append(f'{name}: {show(a)} -> {show(b)}' if labels is None
+                 else f'{name}: {labels[0]} {show(a)}, {labels[1]} {show(b)}')
   return out
+
+
+def shape_differences(have: Mapping[str, Sequence[int]], want: Mapping[str, Sequence[int]],
+                      labels: Optional[tuple[str, str]] = None) -> list[str]:
+  """`differences` of two flat {name: shape} dicts, shapes compared and written as lists:
+  'name: [2, 3] -> [4, 3]', or with labels=('checkpoint', 'model')
+  'name: checkpoint [2, 3], model [4, 3]'; `ABSENT` for a missing name."""
+  return differences({k: list(v) for k, v in have.items()},
+                     {k: list(v) for k, v in want.items()}, labels)

@@ -7,7 +7,7 @@ from typing import Any
 
 from vmoe_sparse_ot.errors import ResumeMismatchError
 from vmoe_sparse_ot.nn.model_config import without_compute_keys
-from vmoe_sparse_ot.trees import flatten, leaf_shapes, shape_differences
+from vmoe_sparse_ot.trees import differences, flatten, leaf_shapes, shape_differences
 
 
 def param_shapes(params: Any) -> dict[str, list[int]]:
@@ -16,14 +16,9 @@ def param_shapes(params: Any) -> dict[str, list[int]]:
 
 
 def _differences(saved: Any, now: Any, prefix: str) -> list[str]:
-  flat_saved = flatten(saved or {}) if isinstance(saved, dict) else {'': saved}
-  flat_now = flatten(now or {}) if isinstance(now, dict) else {'': now}
-  out = []
-  for key in sorted(set(flat_saved) | set(flat_now)):
-    a, b = flat_saved.get(key, '<absent>'), flat_now.get(key, '<absent>')
-    if a != b:
-      out.append(f'{prefix}{"." + key if key else ""}: checkpoint {a!r}, config {b!r}')
-  return out
+  """'prefix.a.b: checkpoint X, config Y' per differing key (`prefix` alone for a value)."""
+  named = lambda tree: flatten(tree, prefix + '.') if isinstance(tree, dict) else {prefix: tree}
+  return differences(named(saved), named(now), labels=('checkpoint', 'config'), show=repr)
 
 
 def _join(problems: list[str], limit: int = 12) -> str:
