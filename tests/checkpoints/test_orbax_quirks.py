@@ -62,7 +62,8 @@ def test_abandoned_writes_under_a_failed_step_are_not_logged(monkeypatch):
   monkeypatch.setattr(sys, 'unraisablehook', sys.unraisablehook)
   asyncio_logger = logging.getLogger('asyncio')
   monkeypatch.setattr(asyncio_logger, 'filters', list(asyncio_logger.filters))
-  monkeypatch.setattr(orbax_quirks._ABANDONED_READS, 'paths', set())  # pylint: disable=protected-access
+  abandoned = orbax_quirks._ABANDONED_READS  # pylint: disable=protected-access
+  monkeypatch.setattr(abandoned, 'paths', set())
   orbax_quirks.quiet_abandoned_io('/w/checkpoints/8.orbax-checkpoint-tmp-1/')
   keep = asyncio_logger.filter
   assert not keep(_record('asyncio', logging.ERROR, 'Future exception was never retrieved '
