@@ -17,7 +17,7 @@ PACKAGE = 'vmoe_sparse_ot'
 # Bottom to top. A name is a top-level module or package of vmoe_sparse_ot; a
 # package's `__main__` is a command line, in the top layer.
 LAYERS = (
-    ('foundations', ('errors', 'trees', 'atomic', 'workdir_layout', 'config_keys',
+    ('foundations', ('errors', 'trees', 'values', 'atomic', 'workdir_layout', 'config_keys',
                      'quiet_logs', 'filesystem')),
     ('ot', ('ot',)),
     ('nn, data', ('nn', 'data')),

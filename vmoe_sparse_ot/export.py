@@ -32,16 +32,16 @@ import numpy as np
 
 from vmoe_sparse_ot.initialization import names as names_lib
 from vmoe_sparse_ot.initialization import npz as npz_lib
-from vmoe_sparse_ot.initialization import sources
+from vmoe_sparse_ot.trees import flatten_tree
 
 PROG = 'python -m vmoe_sparse_ot.export'
 
 
 def exported_arrays(params, naming: str = 'vit') -> dict[str, np.ndarray]:
   """{name in `naming`: numpy array} of a params tree (bfloat16 widened to float32)."""
-  import jax
+  import jax  # lazy: --help and the argument checks answer before JAX loads
   out = {}
-  for name, value in sources.flatten_tree(params).items():
+  for name, value in flatten_tree(params).items():
     array = np.asarray(jax.device_get(value))
     if array.dtype.name == 'bfloat16':
       array = array.astype(np.float32)
@@ -55,7 +55,7 @@ def export(workdir: str, out: str, step: int | None = None, naming: str = 'vit')
   Raises ValueError naming the argument: WORKDIR or --step without a checkpoint
   that restores, OUT that cannot be written.
   """
-  from vmoe_sparse_ot import checkpoints
+  from vmoe_sparse_ot import checkpoints  # lazy: as jax above (Orbax loads in seconds)
   try:
     params, _, step = checkpoints.restore_params_with_meta(workdir, step)
   except errors.CheckpointRestoreError as e:

@@ -10,7 +10,6 @@ import pytest
 from tests.evaluate.conftest import EVAL_BATCH
 from tests.train.helpers import ROOT
 from vmoe_sparse_ot import nn
-from vmoe_sparse_ot.evaluate import overrides as overrides_lib
 from vmoe_sparse_ot.initialization import flatten_tree
 from vmoe_sparse_ot import checkpoints
 
@@ -179,45 +178,6 @@ def test_bad_overrides_are_value_errors_naming_the_key(workdir):
     vmoe_sparse_ot.load(str(workdir), step=3)
   with pytest.raises(ValueError, match=r'images must be float32 \(B, 28, 28, 1\)'):
     vmoe_sparse_ot.load(str(workdir)).predict(np.zeros((2, 8, 8, 1)))
-
-
-def _model_config(router='topk', **router_keys):
-  config = nn.model_config.default_model_config()
-  config.encoder.moe.router.name = router
-  config.encoder.moe.router.update(router_keys)
-  return config
-
-
-def test_apply_routing_overrides_sets_the_keys_and_checks_them():
-  base = _model_config(capacity=8)
-  out = overrides_lib.apply_routing_overrides(
-      base, router='sparse_ot', num_selected_experts=1, capacity_factor=0.5,
-      batch_priority=np.bool_(True))
-  router = out['encoder']['moe']['router']
-  assert (router['name'], router['num_selected_experts'], router['capacity_factor'],
-          router['capacity'], router['batch_priority']) == ('sparse_ot', 1, 0.5, None, True)
-  assert base.encoder.moe.router.capacity == 8  # A copy; the input is left alone.
-  assert overrides_lib.apply_routing_overrides(base) == base.to_dict()
-  assert overrides_lib.capacity(out) == 4  # ceil(64 * 1 * 0.5 / 8) = 4
-  for kwargs, message in [
-      ({'num_selected_experts': 9}, 'num_selected_experts=9: must be <= 8, the number of experts'),
-      ({'capacity': 65}, 'capacity=65: must be <= 64, the group size'),
-      ({'capacity': 4, 'capacity_factor': 1.0}, 'give either capacity_factor or capacity'),
-      ({'batch_priority': 'yes'}, "batch_priority='yes': must be True or False"),
-      ({'num_selected_experts': 1.5}, 'num_selected_experts=1.5: must be an integer >= 1')]:
-    with pytest.raises(overrides_lib.RoutingOverrideError, match=message):
-      overrides_lib.apply_routing_overrides(base, **kwargs)
-  # sparse_ot with its own k: k is C, so a capacity factor would silently do nothing.
-  with pytest.raises(overrides_lib.RoutingOverrideError,
-                     match=r"capacity_factor=0.5: has no effect: router 'sparse_ot' takes its "
-                     r'buffer size from its own options .*sparse_ot.\*\), C=16'):
-    config = _model_config('sparse_ot')
-    config.encoder.moe.router.sparse_ot.k = 16
-    overrides_lib.apply_routing_overrides(config, capacity_factor=0.5)
-  dense = _model_config()
-  dense.name = 'vit'
-  with pytest.raises(overrides_lib.RoutingOverrideError, match="'vit', which has no MoE layers"):
-    overrides_lib.apply_routing_overrides(dense, capacity_factor=0.5)
 
 
 def test_load_checkpoint_without_workdir_equals_the_workdir_model(released, eval_data, loaded,

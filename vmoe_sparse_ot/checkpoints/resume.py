@@ -5,30 +5,20 @@ from __future__ import annotations
 
 from typing import Any
 
-import jax
-import numpy as np
-
 from vmoe_sparse_ot.errors import ResumeMismatchError
 from vmoe_sparse_ot.nn.model_config import without_compute_keys
-from vmoe_sparse_ot.trees import flatten, path_name
+from vmoe_sparse_ot.trees import differences, flatten, leaf_shapes, shape_differences
 
 
 def param_shapes(params: Any) -> dict[str, list[int]]:
   """{'a/b/kernel': shape} for a params tree of arrays or ShapeDtypeStructs."""
-  flat = jax.tree_util.tree_flatten_with_path(params)[0]
-  return {path_name(path): list(np.shape(leaf))
-          for path, leaf in flat}
+  return leaf_shapes(params)
 
 
 def _differences(saved: Any, now: Any, prefix: str) -> list[str]:
-  flat_saved = flatten(saved or {}) if isinstance(saved, dict) else {'': saved}
-  flat_now = flatten(now or {}) if isinstance(now, dict) else {'': now}
-  out = []
-  for key in sorted(set(flat_saved) | set(flat_now)):
-    a, b = flat_saved.get(key, '<absent>'), flat_now.get(key, '<absent>')
-    if a != b:
-      out.append(f'{prefix}{"." + key if key else ""}: checkpoint {a!r}, config {b!r}')
-  return out
+  """'prefix.a.b: checkpoint X, config Y' per differing key (`prefix` alone for a value)."""
+  named = lambda tree: flatten(tree, prefix + '.') if isinstance(tree, dict) else {prefix: tree}
+  return differences(named(saved), named(now), labels=('checkpoint', 'config'), show=repr)
 
 
 def _join(problems: list[str], limit: int = 12) -> str:
@@ -42,11 +32,9 @@ def check_compatible(meta: dict[str, Any], model_config: dict[str, Any],
   # model.dtype / model.remat change how the model computes, not its parameters.
   problems = _differences(without_compute_keys(meta.get('model_config') or {}),
                           without_compute_keys(model_config), 'model')
-  saved_shapes, shapes = meta.get('param_shapes', {}), param_shapes(abstract_params)
-  for key in sorted(set(saved_shapes) | set(shapes)):
-    if saved_shapes.get(key) != shapes.get(key):
-      problems.append(f'param {key}: checkpoint shape {saved_shapes.get(key)}, '
-                      f'config shape {shapes.get(key)}')
+  problems += ['param ' + line for line in shape_differences(
+      meta.get('param_shapes', {}), param_shapes(abstract_params),
+      labels=('checkpoint shape', 'config shape'))]
   if problems:
     raise ResumeMismatchError(
         f'The checkpoint in {directory} does not match the config; use a fresh --workdir '

@@ -30,6 +30,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 from absl import logging
+from jax.experimental import multihost_utils
 
 from vmoe_sparse_ot.checkpoints import layout
 from vmoe_sparse_ot.checkpoints import orbax_quirks
@@ -124,7 +125,6 @@ def _all_processes_ok(ok: bool) -> bool:
   """Every process must take the same step: one failing read fails it for all."""
   if jax.process_count() == 1:
     return ok
-  from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
   return bool(np.all(multihost_utils.process_allgather(np.int32(ok))))
 
 
@@ -246,7 +246,6 @@ class Checkpointer:
     moved = [os.path.basename(layout.move_aside(self.directory, s, suffix))
              if jax.process_index() == 0 else f'{s}{suffix}' for s in steps]
     if jax.process_count() > 1:
-      from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
       multihost_utils.sync_global_devices('checkpoints_set_aside')
     self._manager.close()  # Forget the renamed steps.
     self._manager = open_manager(self._workdir, **self._options)

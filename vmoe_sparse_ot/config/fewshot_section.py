@@ -18,6 +18,7 @@ from typing import Any, Mapping
 import ml_collections
 
 from vmoe_sparse_ot.config_keys import check_keys
+from vmoe_sparse_ot.values import is_int
 
 # How the ridge's L2 is chosen (evaluate.ridge, evaluate.transfer): leave-one-out or
 # a held-out split of the few-shot examples, or the reference V-MoE code's rule
@@ -101,9 +102,6 @@ def validate(fewshot: Mapping[str, Any]) -> None:
 
   def fail(key, allowed):
     raise ValueError(f'config.fewshot.{key}={fewshot[key]!r}: {allowed}')
-
-  def is_int(v):
-    return isinstance(v, int) and not isinstance(v, bool)
 
   if not is_int(fewshot['every_steps']) or fewshot['every_steps'] < 0:
     fail('every_steps', 'must be an integer >= 0 (0 disables periodic few-shot)')

@@ -16,6 +16,8 @@ from typing import Any, Mapping
 
 from vmoe_sparse_ot import workdir_layout
 from vmoe_sparse_ot.errors import first_line
+from vmoe_sparse_ot.nn.abstract_init import abstract_variables
+from vmoe_sparse_ot.trees import flatten_tree
 from vmoe_sparse_ot.config.schema import EVAL_DATASET_KEYS
 from vmoe_sparse_ot.config.validation import ConfigError
 from vmoe_sparse_ot.config.validation import validate
@@ -30,15 +32,10 @@ def check_initialization(config: Mapping[str, Any], workdir: str, model) -> None
   path = config['initialization']['path']
   if path is None or workdir_layout.has_checkpoint(workdir):
     return
-  import jax  # pylint: disable=g-import-not-at-top
-  import numpy as np  # pylint: disable=g-import-not-at-top
   from vmoe_sparse_ot import initialization  # pylint: disable=g-import-not-at-top
   ds = config['dataset']
-  image = jax.ShapeDtypeStruct((1, ds['image_size'], ds['image_size'], ds['channels']),
-                               np.float32)
-  abstract = jax.eval_shape(
-      lambda x: model.init({'params': jax.random.key(0)}, x, train=False)['params'], image)
-  shapes = {k: v.shape for k, v in initialization.flatten_tree(abstract).items()}
+  abstract = abstract_variables(model, (ds['image_size'], ds['image_size'], ds['channels']))
+  shapes = {k: v.shape for k, v in flatten_tree(abstract['params']).items()}
   try:
     initialization.plan(shapes, config['initialization'],
                         num_prefix_tokens=int(config['model']['classifier'] == 'token'))

@@ -38,6 +38,7 @@ from vmoe_sparse_ot.config.schema import PARAM_NAMINGS
 from vmoe_sparse_ot.config.schema import SAMPLINGS
 from vmoe_sparse_ot.config.schema import SCHEDULES
 from vmoe_sparse_ot.config.schema import base_config
+from vmoe_sparse_ot.values import is_int
 
 # Sections whose keys are checked against `base_config()`; 'model.encoder.moe.router'
 # is left to the router (its options depend on the router).
@@ -63,10 +64,6 @@ def _fail(key: str, value: Any, allowed: str) -> None:
   raise ConfigError(f'config.{key}={value!r}: {allowed}')
 
 
-def _is_int(value: Any) -> bool:
-  return isinstance(value, int) and not isinstance(value, bool)
-
-
 def _is_number(value: Any) -> bool:
   return isinstance(value, (int, float)) and not isinstance(value, bool)
 
@@ -75,7 +72,7 @@ def _int(config, key: str, minimum: int | None = None, *, optional: bool = False
   value = _get(config, key)
   if optional and value is None:
     return
-  if not _is_int(value):
+  if not is_int(value):
     _fail(key, value, 'must be an integer' + (' or None' if optional else ''))
   if minimum is not None and value < minimum:
     _fail(key, value, f'must be an integer >= {minimum}' + (' or None' if optional else ''))
@@ -122,8 +119,8 @@ def model_sizes(model: Mapping[str, Any]) -> tuple[int, int, tuple[int, int]]:
     sizes = _owned(variant_sizes, variant)
     return sizes['hidden_size'], sizes['num_heads'], sizes['patch_size']
   patch = model['patch_size']
-  patch = (patch, patch) if _is_int(patch) else tuple(patch)
-  if len(patch) != 2 or not all(_is_int(p) and p >= 1 for p in patch):
+  patch = (patch, patch) if is_int(patch) else tuple(patch)
+  if len(patch) != 2 or not all(is_int(p) and p >= 1 for p in patch):
     _fail('model.patch_size', model['patch_size'], 'must be a positive integer or a pair')
   return model['hidden_size'], model['encoder']['num_heads'], patch
 
@@ -361,7 +358,7 @@ def validate(config: Mapping[str, Any]) -> None:
   # Mesh.
   for key in ('data', 'expert'):
     value = config['mesh'][key]
-    if not _is_int(value) or (value < 1 and value != -1):
+    if not is_int(value) or (value < 1 and value != -1):
       _fail(f'mesh.{key}', value, 'must be a positive integer or -1 (as many as fit)')
   if config['model']['name'] == 'vit_moe' and config['mesh']['expert'] > 0:
     num_experts = config['model']['encoder']['moe']['num_experts']

@@ -12,21 +12,18 @@ import numbers
 
 from vmoe_sparse_ot.data.pp_registry import image_op
 from vmoe_sparse_ot.data.pp_registry import tf
+from vmoe_sparse_ot.values import is_int
 
 RESIZE_METHODS = ('bilinear', 'nearest', 'bicubic', 'area', 'lanczos3', 'lanczos5',
                   'gaussian', 'mitchellcubic')
 
 
-def _is_int(x) -> bool:
-  return isinstance(x, int) and not isinstance(x, bool)
-
-
 def _size(size, what: str) -> tuple[int, int]:
   """An int H (square) or a pair (H, W) of positive ints -> (H, W)."""
-  if _is_int(size) and size >= 1:
+  if is_int(size) and size >= 1:
     return size, size
   if (isinstance(size, (tuple, list)) and len(size) == 2
-      and all(_is_int(s) and s >= 1 for s in size)):
+      and all(is_int(s) and s >= 1 for s in size)):
     return int(size[0]), int(size[1])
   raise ValueError(f'{what}={size!r} must be a positive integer or a pair (height, width)')
 
@@ -103,7 +100,7 @@ def resize(size, method='bilinear', antialias=False):
 @image_op('resize_small')
 def resize_small(smaller_size, method='area', antialias=False):
   """Resizes so that the shorter side is `smaller_size`, keeping the aspect ratio."""
-  if not (_is_int(smaller_size) and smaller_size >= 1):
+  if not (is_int(smaller_size) and smaller_size >= 1):
     raise ValueError(f'smaller_size={smaller_size!r} must be a positive integer')
   _check_resize(method, antialias)
 
@@ -197,7 +194,7 @@ def decode_jpeg_and_inception_crop(size=None, area_min=5, area_max=100, ratio_mi
 def reshape(new_shape):
   """The value reshaped to `new_shape` (a tuple of ints, -1 for one inferred axis)."""
   if not (isinstance(new_shape, (tuple, list)) and new_shape
-          and all(_is_int(d) and (d >= 1 or d == -1) for d in new_shape)
+          and all(is_int(d) and (d >= 1 or d == -1) for d in new_shape)
           and list(new_shape).count(-1) <= 1):
     raise ValueError(f'new_shape={new_shape!r} must be a tuple of positive ints (one may '
                      'be -1)')

@@ -16,7 +16,7 @@ import ml_collections
 from vmoe_sparse_ot import checkpoints
 from vmoe_sparse_ot.errors import CheckpointRestoreError
 from vmoe_sparse_ot.nn.model_config import without_compute_keys
-from vmoe_sparse_ot.config.files import flatten
+from vmoe_sparse_ot.trees import differences, flatten
 
 
 class CheckpointMismatchError(ValueError):
@@ -48,12 +48,9 @@ def model_config_differences(saved: dict[str, Any], model_config: Any) -> list[s
   # JSON round trip: tuples become lists, as they come back from the checkpoint.
   now = json.loads(json.dumps(model_config.to_dict() if hasattr(model_config, 'to_dict')
                               else dict(model_config)))
-  flat_saved = flatten(without_compute_keys(saved))
-  flat_now = flatten(without_compute_keys(now))
-  return [f'model.{k}: config {flat_now.get(k, "<absent>")!r}, checkpoint '
-          f'{flat_saved.get(k, "<absent>")!r}'
-          for k in sorted(set(flat_saved) | set(flat_now))
-          if flat_saved.get(k, '<absent>') != flat_now.get(k, '<absent>')]
+  return differences(flatten(without_compute_keys(now), 'model.'),
+                     flatten(without_compute_keys(saved), 'model.'),
+                     labels=('config', 'checkpoint'), show=repr)
 
 
 def resolve_model_config(config: ml_collections.ConfigDict, meta: dict[str, Any], *,

@@ -29,6 +29,12 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from vmoe_sparse_ot import nn
+from vmoe_sparse_ot.nn import routers
+from vmoe_sparse_ot.nn.abstract_init import abstract_variables
+from vmoe_sparse_ot.trees import leaf_shapes, shape_differences
+from vmoe_sparse_ot.values import is_int
+
 ROUTING_OVERRIDES = ('router', 'num_selected_experts', 'capacity_factor', 'capacity',
                      'batch_priority')
 ROUTER_KEY = 'model.encoder.moe.router'
@@ -42,16 +48,11 @@ class RoutingOverrideError(ValueError):
     super().__init__(f'{key}={value!r}: {problem}' if key else problem)
 
 
-def _is_int(value: Any) -> bool:
-  return isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_))
-
-
 def normalize_routing_overrides(overrides: Mapping[str, Any]) -> dict[str, Any]:
   """Checks names, types and ranges (no checkpoint needed); returns them as plain Python values.
 
   Raises RoutingOverrideError naming the first bad key.
   """
-  from vmoe_sparse_ot.nn import routers  # pylint: disable=g-import-not-at-top  (flax)
   out = {}
   for key, value in overrides.items():
     if key not in ROUTING_OVERRIDES:
@@ -60,13 +61,14 @@ def normalize_routing_overrides(overrides: Mapping[str, Any]) -> dict[str, Any]:
     if key == 'router' and value not in routers.ROUTERS:
       raise RoutingOverrideError(key, value,
                                  f'unknown router; valid: {", ".join(sorted(routers.ROUTERS))}')
-    if key == 'num_selected_experts' and not (_is_int(value) and value >= 1):
+    if key == 'num_selected_experts' and not (is_int(value, numpy_ints=True) and value >= 1):
       raise RoutingOverrideError(key, value, 'must be an integer >= 1')
     if key == 'capacity_factor' and not (
         isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_))
         and math.isfinite(value) and value > 0):
       raise RoutingOverrideError(key, value, 'must be a finite number > 0')
-    if key == 'capacity' and value is not None and not (_is_int(value) and value >= 1):
+    if key == 'capacity' and value is not None and not (
+        is_int(value, numpy_ints=True) and value >= 1):
       raise RoutingOverrideError(key, value, 'must be an integer >= 1 or None')
     if key == 'batch_priority' and not isinstance(value, (bool, np.bool_)):
       raise RoutingOverrideError(key, value, 'must be True or False')
@@ -95,7 +97,6 @@ def apply_routing_overrides(model_config: Mapping[str, Any], **overrides: Any) -
       (nothing to route), or a capacity override the router ignores (e.g. `sparse_ot`
       with its own `k`, which fixes C).
   """
-  from vmoe_sparse_ot import nn  # pylint: disable=g-import-not-at-top  (flax)
   overrides = normalize_routing_overrides(overrides)
   config = copy.deepcopy(model_config.to_dict() if hasattr(model_config, 'to_dict')
                          else dict(model_config))
@@ -128,7 +129,6 @@ def apply_routing_overrides(model_config: Mapping[str, Any], **overrides: Any) -
 
 def _check_capacity_applies(config, overrides, group_size: int, num_experts: int) -> None:
   """Refuses a capacity override that the router's own capacity rule does not read."""
-  from vmoe_sparse_ot.nn import routers  # pylint: disable=g-import-not-at-top
   key = next((k for k in ('capacity_factor', 'capacity') if k in overrides), None)
   if key is None or overrides[key] is None or group_size == 1:
     return
@@ -146,7 +146,6 @@ def _check_capacity_applies(config, overrides, group_size: int, num_experts: int
 
 def capacity(model_config: Mapping[str, Any]) -> int | None:
   """C, the buffer slots per expert and group of the model's MoE layers (None for 'vit')."""
-  from vmoe_sparse_ot.nn import routers  # pylint: disable=g-import-not-at-top
   if model_config.get('name') != 'vit_moe':
     return None
   moe = model_config['encoder']['moe']
@@ -204,13 +203,8 @@ def check_param_shapes(model, param_shapes: Mapping[str, list[int]],
   `param_shapes` {'a/b/kernel': shape} from checkpoint metadata (or the restored
   arrays); only shapes are traced, no array is made.
   """
-  from vmoe_sparse_ot.nn import overrides as nn_overrides  # pylint: disable=g-import-not-at-top
-  expected = {name.removeprefix('params/'): shape for name, shape in
-              nn_overrides.variable_shapes(model, input_shape).items()
-              if name.startswith('params/')}
-  have = {k: list(v) for k, v in param_shapes.items()}
-  diffs = [f'{k}: checkpoint {have.get(k, "<absent>")}, model {expected.get(k, "<absent>")}'
-           for k in sorted(set(expected) | set(have)) if expected.get(k) != have.get(k)]
+  expected = leaf_shapes(abstract_variables(model, input_shape)['params'])
+  diffs = shape_differences(param_shapes, expected, labels=('checkpoint', 'model'))
   if diffs:
     key = next((k for k in ROUTING_OVERRIDES if k in overrides), '')
     raise RoutingOverrideError(

@@ -27,8 +27,10 @@ import numpy as np
 
 from vmoe_sparse_ot import initialization
 from vmoe_sparse_ot import nn
+from vmoe_sparse_ot.nn.abstract_init import abstract_variables
 from vmoe_sparse_ot.errors import first_line
 from vmoe_sparse_ot.evaluate import overrides as overrides_lib
+from vmoe_sparse_ot.trees import flatten_tree
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,12 +53,7 @@ def _listing(names: list[str], limit: int = 6) -> str:
 def target_params(model_config: Mapping[str, Any], image_shape: tuple[int, int, int]
                   ) -> dict[str, Any]:
   """{name: jax.ShapeDtypeStruct} of the parameters of the model of `model_config`."""
-  import jax  # pylint: disable=g-import-not-at-top
-  model = nn.build_model(model_config)
-  image = jax.ShapeDtypeStruct((1, *image_shape), np.float32)
-  abstract = jax.eval_shape(
-      lambda x: model.init({'params': jax.random.key(0)}, x, train=False)['params'], image)
-  return initialization.flatten_tree(abstract)
+  return flatten_tree(abstract_variables(nn.build_model(model_config), image_shape)['params'])
 
 
 def read_weights(checkpoint: str, model_config: Mapping[str, Any], *,

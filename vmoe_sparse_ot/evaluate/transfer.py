@@ -27,6 +27,7 @@ import ml_collections
 import numpy as np
 from absl import logging
 
+from vmoe_sparse_ot import data
 from vmoe_sparse_ot.config import fewshot_section as fewshot_config
 from vmoe_sparse_ot.evaluate import features as features_lib
 from vmoe_sparse_ot.evaluate import ridge
@@ -221,10 +222,6 @@ def make_evaluator(config: ml_collections.ConfigDict, model, *, mesh=None) -> Fe
   is resized to the model's input, or preprocessed by `config.fewshot.pp`. Raises `DatasetError` naming the dataset that
   cannot be loaded.
   """
-  # Imported here: the data package pulls in TensorFlow, which config files that
-  # only want default_fewshot_config() should not pay for.
-  from vmoe_sparse_ot import data  # pylint: disable=import-outside-toplevel
-
   fs = config.fewshot
   fewshot_config.validate(fs)
   if fs.batch_size % jax.process_count():

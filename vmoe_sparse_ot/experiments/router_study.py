@@ -44,6 +44,8 @@ from typing import Any, Sequence
 import numpy as np
 
 from vmoe_sparse_ot import errors
+from vmoe_sparse_ot import nn
+from vmoe_sparse_ot.nn import abstract_init
 
 NAME = 'router_study'
 ROUTERS = ('topk', 'sbase', 'sparse_ot', 'expert_choice', 'sinkhorn_ec', 'soft_moe',
@@ -116,16 +118,10 @@ def make_config(router: str, steps: int, seed: int, *, quick: bool):
 
 def router_available(config) -> tuple[bool, str]:
   """Whether the installed model builds with this config's router (abstract init)."""
-  import jax  # pylint: disable=g-import-not-at-top
-  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  from vmoe_sparse_ot import nn  # pylint: disable=g-import-not-at-top
   ds = config.dataset
   try:
-    model = nn.build_model(config.model)
-    keys = {'params': jax.random.key(0), 'gating': jax.random.key(1),
-            'dropout': jax.random.key(2)}
-    jax.eval_shape(lambda: model.init(
-        keys, jnp.zeros((1, ds.image_size, ds.image_size, ds.channels)), train=False))
+    abstract_init.abstract_variables(nn.build_model(config.model),
+                                     (ds.image_size, ds.image_size, ds.channels))
   except ValueError as e:
     return False, errors.first_line(e)
   return True, ''

@@ -17,9 +17,9 @@ from vmoe_sparse_ot.initialization.names import from_ours, to_ours
 from vmoe_sparse_ot.initialization.npz import WeightsFileError, read_npz, write_npz
 from vmoe_sparse_ot.initialization.rules import (InitializationError, Mapped, map_onto,
                                                  parse_rules)
-from vmoe_sparse_ot.initialization.sources import (Source, flatten_tree, read_source,
-                                                   unflatten)
+from vmoe_sparse_ot.initialization.sources import Source, read_source, unflatten
 from vmoe_sparse_ot.initialization.transforms import TRANSFORMS
+from vmoe_sparse_ot.trees import flatten_tree  # re-exported: initialization.flatten_tree
 
 
 def _listing(what: str, names: list[str], limit: int = 8) -> str:
@@ -88,7 +88,7 @@ def initialize_sharded(fresh: Any, init_config: Mapping[str, Any], shardings: An
   Every process reads the source and places its own shards, so this runs the
   same on one device, on a mesh and across processes.
   """
-  import jax  # pylint: disable=g-import-not-at-top
+  import jax  # lazy: export's command line imports this package; JAX loads when weights move
   flat = {k: np.asarray(jax.device_get(v)) for k, v in flatten_tree(fresh).items()}
   params, _ = initialize(flat, init_config, num_prefix_tokens=num_prefix_tokens, log=log)
   return jax.tree.map(

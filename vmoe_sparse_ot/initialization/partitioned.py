@@ -58,6 +58,7 @@ import msgpack
 import numpy as np
 
 from vmoe_sparse_ot import filesystem
+from vmoe_sparse_ot.values import is_int
 
 try:
   import ml_dtypes
@@ -232,7 +233,7 @@ def _read_index(path: str, max_bytes: int) -> tuple[int, list[_Array]]:
     if version not in VERSIONS:
       raise _Refused(f"unknown version {_short(version)}")
     shard_count = top["shard_count"]
-    if not _is_int(shard_count) or not 1 <= shard_count <= MAX_SHARD_COUNT:
+    if not is_int(shard_count) or not 1 <= shard_count <= MAX_SHARD_COUNT:
       raise _Refused(f"shard_count {_short(shard_count)} is not an int in [1, {MAX_SHARD_COUNT}]")
     leaves: list[tuple[str, bytes]] = []
     if not isinstance(top["index"], dict):
@@ -295,7 +296,7 @@ def _parse_index_info(key: str, payload: bytes, shard_count: int, max_bytes: int
     if len(shards) != len(slices):
       raise _Refused(f"{len(slices)} chunk slices but {len(shards)} shard numbers")
     for shard in shards:
-      if not _is_int(shard) or not 0 <= shard < shard_count:
+      if not is_int(shard) or not 0 <= shard < shard_count:
         raise _Refused(f"shard number {_short(shard)} is not an int in [0, {shard_count})")
     _check_tiling(shape, slices)
   except _Refused as e:
@@ -306,7 +307,7 @@ def _parse_index_info(key: str, payload: bytes, shard_count: int, max_bytes: int
 def _shape(value: Any) -> tuple[int, ...]:
   if not isinstance(value, list) or len(value) > 32:
     raise _Refused(f"shape {_short(value)} is not a list of at most 32 ints")
-  if not all(_is_int(d) and 0 <= d <= _MAX_DIM for d in value):
+  if not all(is_int(d) and 0 <= d <= _MAX_DIM for d in value):
     raise _Refused(f"shape {_short(value)} has a dimension that is not an int in [0, 2**62]")
   return tuple(value)
 
@@ -334,7 +335,7 @@ def _slice_nd(data: Any, shape: tuple[int, ...]) -> Slices:
     start, stop, step = triple
     start = 0 if start is None else start
     stop = dim if stop is None else stop
-    if not (_is_int(start) and _is_int(stop) and step in (None, 1) and 0 <= start <= stop <= dim):
+    if not (is_int(start) and is_int(stop) and step in (None, 1) and 0 <= start <= stop <= dim):
       raise _Refused(f"chunk slice {_short(triple)} is outside shape {shape}")
     out.append((start, stop))
   return tuple(out)
@@ -531,10 +532,6 @@ def _regular_file_size(path: str, why_needed: str) -> int:
   if not st.is_regular:
     raise PartitionedFormatError(f"{_base(path)}: not a regular file")
   return st.size
-
-
-def _is_int(x: Any) -> bool:
-  return isinstance(x, int) and not isinstance(x, bool)
 
 
 def _volume(sl: Slices) -> int:

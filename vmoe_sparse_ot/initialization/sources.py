@@ -21,7 +21,7 @@ import numpy as np
 
 from vmoe_sparse_ot import filesystem
 from vmoe_sparse_ot import workdir_layout
-from vmoe_sparse_ot import trees
+from vmoe_sparse_ot.trees import flatten_tree
 from vmoe_sparse_ot.initialization import names as names_lib
 from vmoe_sparse_ot.initialization import npz as npz_lib
 from vmoe_sparse_ot.initialization import partitioned
@@ -36,13 +36,6 @@ class Source:
   naming: str        # 'ours', 'vit' or 'vmoe': how the source names its parameters.
   description: str   # For the log: what was read.
   model_config: dict[str, Any] | None = None   # A workdir's model config.
-
-
-def flatten_tree(tree: Any) -> dict[str, Any]:
-  """{'a/b/c': leaf} of a nested dict / pytree."""
-  import jax  # pylint: disable=g-import-not-at-top  (config checks import this module)
-  flat = jax.tree_util.tree_flatten_with_path(tree)[0]
-  return {trees.path_name(path): leaf for path, leaf in flat}
 
 
 def unflatten(flat: dict[str, Any]) -> dict[str, Any]:
@@ -106,13 +99,13 @@ def _remote_kind(path: str, what: str) -> str:
 
 def _read_workdir(path: str, step: int | None):
   # Reading Orbax checkpoints (with the fallback past damaged steps) is the
-  # trainer's checkpoint module's job; imported here, lazily, to keep one reader.
-  from vmoe_sparse_ot import checkpoints  # pylint: disable=g-import-not-at-top
+  # checkpoints package's job: one reader.
+  import jax  # lazy: export's command line imports this module (its --help, before JAX)
+  from vmoe_sparse_ot import checkpoints  # lazy: as jax (Orbax loads in seconds)
   try:
     params, meta, step = checkpoints.restore_params_with_meta(path, step)
   except (OSError, ValueError) as e:
     raise InitializationError(f'initialization.path: {e}') from None
-  import jax  # pylint: disable=g-import-not-at-top
   arrays = {k: np.asarray(jax.device_get(v)) for k, v in flatten_tree(params).items()}
   return arrays, f'workdir {path} (step {step})', meta.get('model_config')
 

@@ -11,11 +11,9 @@ from __future__ import annotations
 import copy
 from typing import Any, Mapping
 
-import jax
-import numpy as np
-
 from vmoe_sparse_ot import nn
-from vmoe_sparse_ot.trees import path_name
+from vmoe_sparse_ot.nn.abstract_init import abstract_variables
+from vmoe_sparse_ot.trees import leaf_shapes, shape_differences
 
 
 def _as_dict(config: Any) -> dict:
@@ -70,20 +68,7 @@ def leaves(overrides: Mapping[str, Any], prefix: str = '') -> dict[str, Any]:
 def variable_shapes(model, input_shape: tuple[int, ...]) -> dict[str, list[int]]:
   """{'params/a/b/kernel': shape, 'router_state/...': shape} of `model.init` on one
   image of `input_shape` (H, W, C); only shapes are traced, no array is made."""
-  image = jax.ShapeDtypeStruct((1, *input_shape), np.float32)
-  variables = jax.eval_shape(lambda x: model.init(
-      {'params': jax.random.key(0), 'gating': jax.random.key(0),
-       'dropout': jax.random.key(0)}, x, train=False), image)
-  return {path_name(path): list(np.shape(leaf))
-          for path, leaf in jax.tree_util.tree_flatten_with_path(dict(variables))[0]}
-
-
-def shape_differences(have: Mapping[str, Any], want: Mapping[str, Any]) -> list[str]:
-  """'name: checkpoint [..], model [..]' for every entry whose shape differs."""
-  have = {k: list(v) for k, v in have.items()}
-  want = {k: list(v) for k, v in want.items()}
-  return [f'{k}: {have.get(k, "<absent>")} -> {want.get(k, "<absent>")}'
-          for k in sorted(set(have) | set(want)) if have.get(k) != want.get(k)]
+  return leaf_shapes(abstract_variables(model, input_shape))
 
 
 def same_variables_model_config(model_config: Any, overrides: Mapping[str, Any],

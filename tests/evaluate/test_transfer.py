@@ -1,14 +1,11 @@
-"""Few-shot protocol, feature extraction (masked, sharded) and the periodic action."""
+"""evaluate.transfer: the few-shot protocol, its evaluator and the periodic action."""
 import flax.linen as flax_nn
 import jax
 import numpy as np
 import pytest
 from clu import metric_writers
-from jax.sharding import Mesh
 
-from tests.evaluate.helpers import clusters
-from vmoe_sparse_ot import nn
-from vmoe_sparse_ot.evaluate import features
+from tests.evaluate.helpers import LinearModel, batches, clusters, image_data
 from vmoe_sparse_ot.evaluate import transfer
 
 L2_REGS = tuple(2.0**k for k in range(-10, 20))
@@ -106,79 +103,15 @@ def test_sample_few_shot_draws_shot_distinct_examples_per_class():
     transfer.sample_few_shot(labels, 4, 0, 4)
 
 
-# --- Feature extraction and the evaluator, with a tiny contract-conforming model.
-
-
-class _LinearModel(flax_nn.Module):
-  """`logits, aux = apply(images, train)` with aux['pre_logits'] = a linear map."""
-
-  @flax_nn.compact
-  def __call__(self, images, train):
-    del train
-    pre = flax_nn.Dense(6, name='pre')(images.reshape(images.shape[0], -1))
-    return flax_nn.Dense(3, name='head')(pre), {'pre_logits': pre}
-
-
-def _batches(images, labels, batch_size):
-  """Padded full batches with a mask, like data.make_dataset(training=False)."""
-  n = len(labels)
-  pad = -n % batch_size
-  images = np.concatenate([images, np.full((pad,) + images.shape[1:], 7.0, np.float32)])
-  labels = np.concatenate([labels, np.full(pad, -1, np.int32)])
-  mask = np.arange(n + pad) < n
-  return [{'image': images[i:i + batch_size], 'label': labels[i:i + batch_size],
-           'mask': mask[i:i + batch_size]} for i in range(0, n + pad, batch_size)]
-
-
-def _image_data(seed, n, num_classes=3):
-  patterns = np.random.default_rng(99).normal(size=(num_classes, 4, 4, 1))
-  rng = np.random.default_rng(seed)
-  labels = rng.integers(0, num_classes, size=n).astype(np.int32)
-  images = patterns[labels] + 0.05 * rng.normal(size=(n, 4, 4, 1))
-  return images.astype(np.float32), labels
-
-
-def test_extract_drops_padding_and_matches_direct_apply():
-  model = _LinearModel()
-  images, labels = _image_data(0, 21)
-  params = model.init(jax.random.key(0), images[:1], False)['params']
-  feats, got_labels = features.extract(features.make_feature_fn(model), params,
-                                       _batches(images, labels, 8))
-  assert feats.shape == (21, 6) and feats.dtype == np.float32
-  np.testing.assert_array_equal(got_labels, labels)
-  _, aux = model.apply({'params': params}, images, train=False)
-  np.testing.assert_allclose(feats, aux['pre_logits'], rtol=1e-5, atol=1e-6)
-
-
-def test_sharded_extraction_of_vmoe_matches_single_device():
-  cfg = nn.model_config.default_model_config()
-  cfg.hidden_size, cfg.encoder.num_layers, cfg.encoder.mlp_dim = 16, 1, 32
-  cfg.encoder.num_heads, cfg.encoder.moe.num_experts, cfg.encoder.moe.group_size = 2, 4, 4
-  cfg.encoder.moe.layers = '0'  # the one block is an MoE block
-  model = nn.build_model(cfg)
-  rng = np.random.default_rng(0)
-  images = rng.normal(size=(13, 8, 8, 1)).astype(np.float32)
-  labels = rng.integers(0, 10, size=13).astype(np.int32)
-  init = jax.jit(lambda key, x: model.init({'params': key}, x, train=False))
-  params = init(jax.random.key(0), images[:2])['params']
-  batches = _batches(images, labels, 8)
-  want, want_labels = features.extract(features.make_feature_fn(model), params, batches)
-  assert want.shape == (13, 16)
-  mesh = Mesh(np.array(jax.devices()[:8]).reshape(4, 2), ('data', 'expert'))
-  got, got_labels = features.extract(features.make_feature_fn(model, mesh=mesh), params, batches)
-  np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
-  np.testing.assert_array_equal(got_labels, want_labels)
-  with pytest.raises(ValueError, match='multiple of the number of devices in the mesh, 8'):
-    features.extract(features.make_feature_fn(model, mesh=mesh), params,
-                     _batches(images, labels, 6))
+# --- The evaluator, with a tiny contract-conforming model.
 
 
 def _evaluator(**kwargs):
-  model = _LinearModel()
-  train_images, train_labels = _image_data(1, 30)
-  test_images, test_labels = _image_data(2, 20)
-  ds = transfer.FewShotDataset('toy', 'train', 'test', 3, _batches(train_images, train_labels, 8),
-                              _batches(test_images, test_labels, 8))
+  model = LinearModel()
+  train_images, train_labels = image_data(1, 30)
+  test_images, test_labels = image_data(2, 20)
+  ds = transfer.FewShotDataset('toy', 'train', 'test', 3, batches(train_images, train_labels, 8),
+                              batches(test_images, test_labels, 8))
   evaluator = transfer.FewShotEvaluator(
       model, {'toy': ds}, shots=(1, 2), seeds=(0, 1), l2_regs=L2_REGS, **kwargs)
   params = model.init(jax.random.key(0), train_images[:1], False)['params']
@@ -323,8 +256,8 @@ def test_reference_l2_selection_matches_a_brute_force_re_implementation():
     tr_x = (patterns[tr_y] + noise * rng.normal(size=(24, 2, 2, 2))).astype(np.float32)
     te_x = (patterns[te_y] + noise * rng.normal(size=(40, 2, 2, 2))).astype(np.float32)
     data[key] = (tr_x.reshape(24, -1), tr_y, te_x.reshape(40, -1), te_y)
-    datasets[key] = transfer.FewShotDataset(key, 'train', 'test', 3, _batches(tr_x, tr_y, 8),
-                                            _batches(te_x, te_y, 8))
+    datasets[key] = transfer.FewShotDataset(key, 'train', 'test', 3, batches(tr_x, tr_y, 8),
+                                            batches(te_x, te_y, 8))
   model = _Identity()
   params = model.init(jax.random.key(0), data['clean'][0][:1].reshape(1, 2, 2, 2),
                       False)['params']
