@@ -21,8 +21,10 @@ import math
 import re
 from typing import Any, Mapping
 
+from vmoe_sparse_ot import initialization
 from vmoe_sparse_ot.config_keys import check_keys
 from vmoe_sparse_ot.config import fewshot_section as fewshot_config
+from vmoe_sparse_ot.data import pp as pp_lib
 from vmoe_sparse_ot.nn import routers
 from vmoe_sparse_ot.nn.model_config import check_model_options
 from vmoe_sparse_ot.nn.model_config import variant_sizes
@@ -181,7 +183,6 @@ def _validate_pp(config) -> None:
 
   Pure Python (no TensorFlow): the ops' output is checked in `preflight.check_datasets`.
   """
-  from vmoe_sparse_ot.data import pp as pp_lib  # pylint: disable=g-import-not-at-top
   dataset = config['dataset']
   for key, training in (('pp_train', True), ('pp_eval', False)):
     value = dataset[key]
@@ -220,7 +221,6 @@ def _validate_profile(config) -> None:
 
 def _validate_eval_datasets(config) -> None:
   """Names, keys and values of `config.evaluate.datasets`; pp strings parsed (no TF)."""
-  from vmoe_sparse_ot.data import pp as pp_lib  # pylint: disable=g-import-not-at-top
   datasets = config['evaluate']['datasets']
   if not hasattr(datasets, 'items'):
     _fail('evaluate.datasets', datasets, 'must be a dict {name: {dataset, split, pp, '
@@ -262,7 +262,6 @@ def _validate_initialization(config) -> None:
   _int(config, 'initialization.step', 0, optional=True)
   for key in ('raise_if_target_unmatched', 'raise_if_source_unmatched'):
     _choice(config, f'initialization.{key}', (True, False))
-  from vmoe_sparse_ot import initialization  # pylint: disable=g-import-not-at-top
   try:
     initialization.parse_rules(init['rules'])
   except ValueError as e:
