@@ -53,7 +53,7 @@ SLOWEST_FIRST = (
     "tests/experiments/test_mnist_clustering.py",
     "tests/evaluate/test_evaluate_job.py",
     "tests/experiments/test_router_study.py",
-    "tests/evaluate/test_fewshot_job.py",
+    "tests/test_fewshot.py",
     "tests/ot/test_interior_point.py",
     "tests/train/test_recipes.py",
     "tests/train/test_initialization.py",

@@ -193,7 +193,7 @@ COMMANDS = {
     # The same flags on a shrunken run, its table and results.json checked.
     'python -m vmoe_sparse_ot.fewshot --config=configs/vmoe_tiny_mnist.py '
     f'--workdir={_README_WORKDIR}': Covered(
-        'tests/evaluate/test_fewshot_job.py::'
+        'tests/test_fewshot.py::'
         'test_job_evaluates_latest_checkpoint_prints_table_and_writes_json'),
     'bash scripts/main.sh': Covered(
         'tests/test_docs.py::test_documented_command[bash scripts/main.sh --config.train_steps=300]'),

@@ -216,17 +216,6 @@ def test_a_resume_that_would_change_the_schedule_or_the_router_is_one_line(main_
   assert len([f for f in os.listdir(workdir) if f.startswith('events.out')]) == 1
 
 
-def test_quickstart_refuses_a_mistake_before_anything_trains(tmp_path):
-  """`python -m vmoe_sparse_ot.quickstart` (scripts/main.sh) checks its few-shot step's
-  datasets before training: a dataset that does not exist is its one line, before a
-  workdir exists (its flags parse as the trainer's: cli.parse_flags, tested above)."""
-  proc = _run('vmoe_sparse_ot.quickstart', f'--config={TINY}', f'--workdir={tmp_path}/w',
-              '--config.fewshot.datasets.mnist.name=nope')
-  line = _one_line_error(proc, 'python -m vmoe_sparse_ot.quickstart')
-  assert "config.fewshot.datasets.mnist: dataset 'nope' is neither embedded" in line
-  assert not (tmp_path / 'w').exists()
-
-
 def test_data_help_prints_only_its_usage(main_results):
   _, proc = main_results['data_help']
   assert proc.returncode == 0 and proc.stderr == ''

@@ -31,12 +31,15 @@ quiet_logs.setup_environment()  # Before TensorFlow loads (via data).
 # pylint: disable=g-import-not-at-top,wrong-import-position
 from absl import app
 from absl import flags
+import jax
 from ml_collections import config_flags
 
+from vmoe_sparse_ot import checkpoints
 from vmoe_sparse_ot import config as config_lib
 from vmoe_sparse_ot import errors
 from vmoe_sparse_ot.config import cli
 from vmoe_sparse_ot.config import reference
+from vmoe_sparse_ot.evaluate import transfer
 
 PROG = 'python -m vmoe_sparse_ot.main'
 # Seconds without a heartbeat after which the coordination service declares a
@@ -78,7 +81,6 @@ def initialize_distributed(coordinator_address: str | None, num_processes: int,
     raise ValueError('--coordinator_address is required when --num_processes > 1')
   if not 0 <= process_id < num_processes:
     raise ValueError(f'--process_id={process_id} must be in [0, --num_processes={num_processes})')
-  import jax
   # Only affects the CPU backend; accelerators use their own collectives.
   jax.config.update('jax_cpu_collectives_implementation', 'gloo')
   jax.distributed.initialize(coordinator_address=coordinator_address,
@@ -103,7 +105,6 @@ def lost_peer(error: BaseException) -> bool:
 def lost_peer_message(error: BaseException, workdir: str, process_index: int,
                       process_count: int) -> str:
   """The one line a surviving process prints: who was lost, and how to resume."""
-  from vmoe_sparse_ot import checkpoints  # Imports jax: not before it is needed.
   lost = (f'process {1 - process_index}' if process_count == 2
           else f'another of the {process_count} processes')
   text = ' '.join(str(error).split()).replace('Error dispatching computation: ', '')
@@ -125,7 +126,6 @@ def _exit_lost_peer(error: BaseException, workdir: str) -> None:
   aborts this one with a C++ fatal log of ~40 lines; the checkpoint manager and
   the metric writers were already closed as the error propagated.
   """
-  import jax
   print(lost_peer_message(error, workdir, jax.process_index(), jax.process_count()),
         file=sys.stderr, flush=True)
   sys.stdout.flush()
@@ -154,14 +154,13 @@ def main(argv: list[str]) -> None:
   try:
     config_lib.check_before_training(config, _WORKDIR.value)
     initialize_distributed(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
-    import jax
     config_lib.validate_for_devices(config, jax.device_count(), jax.process_count())
     # Last of the checks, so a refused run leaves no empty workdir behind.
     config_lib.make_directory(_WORKDIR.value, '--workdir')
   except (OSError, ValueError) as e:
     cli.fail(PROG, e)
-  from vmoe_sparse_ot.evaluate import transfer
-  from vmoe_sparse_ot.train import trainer
+  # lazy: seconds of TensorFlow, optax, CLU; --help, --print_config, bad configs skip them
+  from vmoe_sparse_ot.train import trainer  # pylint: disable=g-import-not-at-top
   try:
     summary = trainer.train_and_evaluate(
         config, _WORKDIR.value, allow_schedule_change=_ALLOW_SCHEDULE_CHANGE.value,
@@ -176,7 +175,6 @@ def main(argv: list[str]) -> None:
       cli.fail(PROG, e, status=1, first_line_only=False)
     raise
   ev = summary['eval']
-  import jax
   if jax.process_index() == 0:
     print(f'Final {config.dataset.eval_split} accuracy at step {summary["step"]}: '
           f'{100 * ev["accuracy"]:.2f}% ({ev["num_examples"]} examples, '

@@ -31,10 +31,22 @@ from vmoe_sparse_ot import quiet_logs
 quiet_logs.setup_environment()  # Before TensorFlow loads (tensorboard, data).
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
+import jax
+from matplotlib import colors as mcolors
+import ml_collections
 import numpy as np
+from tensorboard.backend.event_processing import event_accumulator
+from tensorboard.util import tensor_util
 
+from vmoe_sparse_ot import checkpoints
+from vmoe_sparse_ot import data
 from vmoe_sparse_ot import errors
+from vmoe_sparse_ot import filesystem
+from vmoe_sparse_ot import nn
 from vmoe_sparse_ot import plotting_style
+from vmoe_sparse_ot.config.preflight import check_directory
+from vmoe_sparse_ot.config.preflight import make_directory
+from vmoe_sparse_ot.evaluate import overrides as eval_overrides
 
 PROG = 'python -m vmoe_sparse_ot.plot'
 Series = dict[str, tuple[np.ndarray, np.ndarray]]
@@ -42,8 +54,6 @@ Series = dict[str, tuple[np.ndarray, np.ndarray]]
 
 def read_scalars(workdir: str) -> Series:
   """{tag: (steps, values)} of every scalar in WORKDIR's TensorBoard event files."""
-  from tensorboard.backend.event_processing import event_accumulator
-  from tensorboard.util import tensor_util
   acc = event_accumulator.EventAccumulator(
       workdir, size_guidance={event_accumulator.TENSORS: 0, event_accumulator.SCALARS: 0})
   acc.Reload()
@@ -245,7 +255,6 @@ def expert_choices(model, params, images: np.ndarray, classifier: str,
   member 0's routing, `nn.ensemble`). `model_state`:
   the router state to route with (`nn.router_state`; None for none).
   """
-  import jax  # pylint: disable=g-import-not-at-top  (only the routing figure needs it)
   b = images.shape[0]
   # Jitted: applied eagerly, the model compiles each of its ops on its own.
   apply = jax.jit(lambda variables, x: model.apply(variables, x, train=False,
@@ -276,7 +285,6 @@ def plot_routing(images: np.ndarray, choices: dict[str, np.ndarray], num_experts
   `images` (B, H, W, C) in [-1, 1]; `choices[layer]` (B, P) expert per patch or -1
   (dropped), P a square grid. The digit is drawn in white over the expert colours.
   """
-  from matplotlib import colors as mcolors
   b, size = images.shape[0], images.shape[1]
   layers = list(choices)
   fig, axes = plotting_style.figure(b, 1 + len(layers), panel=(1.9, 1.9))
@@ -333,9 +341,6 @@ def routing_data(workdir: str, meta: dict[str, Any], *, dataset: str | None = No
   only, so that a mistake is one line naming the flag (ValueError or OSError)
   before any figure is written.
   """
-  from vmoe_sparse_ot import data
-  from vmoe_sparse_ot import filesystem
-  from vmoe_sparse_ot.config.preflight import check_directory
   run_dataset = _run_config(workdir).get('dataset', {})
   dataset = dataset or run_dataset.get('name') or meta.get('data', {}).get('name')
   split = split or run_dataset.get('eval_split') or 'test'
@@ -356,10 +361,6 @@ def routing_data(workdir: str, meta: dict[str, Any], *, dataset: str | None = No
 def routing_figure(workdir: str, path: str, *, num_images: int = 4, dataset: str | None = None,
                    split: str | None = None, data_dir: str | None = None) -> str | None:
   """Restores the latest checkpoint and draws `plot_routing` for `num_images` images."""
-  import ml_collections
-  from vmoe_sparse_ot import data
-  from vmoe_sparse_ot import nn
-  from vmoe_sparse_ot import checkpoints
   params, meta, step = checkpoints.restore_params_with_meta(workdir)
   model_config = ml_collections.ConfigDict(meta['model_config'])
   if model_config.name != 'vit_moe':
@@ -393,8 +394,7 @@ def routing_figure(workdir: str, path: str, *, num_images: int = 4, dataset: str
 
 def _capacity(model_config: dict[str, Any]) -> int | None:
   try:
-    from vmoe_sparse_ot.evaluate.overrides import capacity  # The router's own rule.
-    return capacity(model_config)
+    return eval_overrides.capacity(model_config)  # The router's own rule.
   except Exception:  # pylint: disable=broad-except  (a picture without the line is fine)
     return None
 
@@ -416,7 +416,6 @@ def plot_workdir(workdir: str, out: str | None = None, *, num_images: int = 4,
   meta = {}
   has_checkpoint = workdir_layout.has_checkpoint(workdir)
   if has_checkpoint:
-    from vmoe_sparse_ot import checkpoints
     meta = checkpoints.read_meta(workdir)[0]
   meta_model = meta.get('model_config')
   routing = num_images > 0 and (meta_model or {}).get('name') == 'vit_moe'
@@ -425,7 +424,6 @@ def plot_workdir(workdir: str, out: str | None = None, *, num_images: int = 4,
   results_path = os.path.join(workdir, workdir_layout.FEWSHOT_RESULTS)
   if not scalars and not has_checkpoint and not os.path.isfile(results_path):
     raise FileNotFoundError(_nothing_to_plot(workdir))
-  from vmoe_sparse_ot.config.preflight import make_directory
   make_directory(out, '--out')
   label = os.path.basename(os.path.normpath(workdir))
   if meta_model and meta_model.get('name') == 'vit_moe':

@@ -24,16 +24,19 @@ from __future__ import annotations
 from absl import app
 from absl import flags
 
+import jax
+
 from vmoe_sparse_ot import main as train_command
+from vmoe_sparse_ot import plot
 from vmoe_sparse_ot import quiet_logs
 from vmoe_sparse_ot.config import cli
+from vmoe_sparse_ot.evaluate import checkpoint_fewshot
 
 PROG = 'python -m vmoe_sparse_ot.quickstart'
 FEWSHOT_PROG = 'python -m vmoe_sparse_ot.fewshot'
 
 
 def main(argv: list[str]) -> None:
-  from vmoe_sparse_ot.evaluate import checkpoint_fewshot  # pylint: disable=g-import-not-at-top
   if flags.FLAGS.print_config:
     train_command.main(argv)
     return
@@ -51,10 +54,8 @@ def main(argv: list[str]) -> None:
   workdir = flags.FLAGS.workdir
   print('== Few-shot linear transfer', flush=True)
   checkpoint_fewshot.run_command(FEWSHOT_PROG, config, workdir, use_checkpoint_config=True)
-  import jax  # pylint: disable=g-import-not-at-top
   if jax.process_index() == 0:
     print(f'== Plots (curves, expert load, routing, few-shot) in {workdir}/plots', flush=True)
-    from vmoe_sparse_ot import plot  # pylint: disable=g-import-not-at-top
     plot.main([workdir])
 
 

@@ -18,6 +18,7 @@ from typing import Any, Mapping
 import ml_collections
 
 from vmoe_sparse_ot.config_keys import check_keys
+from vmoe_sparse_ot.data import pp as pp_lib
 from vmoe_sparse_ot.values import is_int
 
 # How the ridge's L2 is chosen (evaluate.ridge, evaluate.transfer): leave-one-out or
@@ -122,7 +123,6 @@ def validate(fewshot: Mapping[str, Any]) -> None:
   if fewshot['pp'] is not None:
     if not isinstance(fewshot['pp'], str) or not fewshot['pp'].strip():
       fail('pp', 'must be a pp string such as "decode|resize(224)|value_range(-1, 1)" or None')
-    from vmoe_sparse_ot.data import pp as pp_lib  # pylint: disable=g-import-not-at-top
     try:
       pp_lib.build(fewshot['pp'], training=False)  # The parser: no TensorFlow.
     except ValueError as e:

@@ -14,7 +14,15 @@ from __future__ import annotations
 import os
 from typing import Any, Mapping
 
+import jax
+import numpy as np
+
+from vmoe_sparse_ot import data
+from vmoe_sparse_ot import initialization
+from vmoe_sparse_ot import nn
 from vmoe_sparse_ot import workdir_layout
+from vmoe_sparse_ot.nn import overrides as nn_overrides
+from vmoe_sparse_ot.config import pp_targets
 from vmoe_sparse_ot.errors import first_line
 from vmoe_sparse_ot.nn.abstract_init import abstract_variables
 from vmoe_sparse_ot.trees import flatten_tree
@@ -32,7 +40,6 @@ def check_initialization(config: Mapping[str, Any], workdir: str, model) -> None
   path = config['initialization']['path']
   if path is None or workdir_layout.has_checkpoint(workdir):
     return
-  from vmoe_sparse_ot import initialization  # pylint: disable=g-import-not-at-top
   ds = config['dataset']
   abstract = abstract_variables(model, (ds['image_size'], ds['image_size'], ds['channels']))
   shapes = {k: v.shape for k, v in flatten_tree(abstract['params']).items()}
@@ -91,7 +98,6 @@ def check_datasets(config: Mapping[str, Any], *, training: bool = True,
   prepared: names the dataset, the data_dir and how to prepare it) or ValueError
   (unknown name or split, too few classes), each one line.
   """
-  from vmoe_sparse_ot import data  # pylint: disable=g-import-not-at-top  (TensorFlow)
   ds = config['dataset']
   data_dir = ds['data_dir']
   if training:
@@ -122,7 +128,6 @@ def check_datasets(config: Mapping[str, Any], *, training: bool = True,
 
 def _check_fewshot_pp(config, key: str, stored_shape: tuple | None) -> None:
   """config.fewshot.pp gives the model's input and the integer label on dataset `key`."""
-  from vmoe_sparse_ot import data  # pylint: disable=g-import-not-at-top  (TensorFlow)
   pp, ds = config['fewshot']['pp'], config['dataset']
   if pp is None:
     return
@@ -146,8 +151,6 @@ def _check_pp_output(config, pp_key: str, pp: str | None, *, training: bool,
   `stored_shape`: (H, W, C) of the dataset's stored images, which the pp output
   must bring to the model's size (see `data.trace_pp`).
   """
-  from vmoe_sparse_ot import data  # pylint: disable=g-import-not-at-top  (TensorFlow)
-  from vmoe_sparse_ot.config import pp_targets  # pylint: disable=g-import-not-at-top
   ds = config['dataset']
   size = ds['image_size']
   if pp is None:  # The `augment` modes give the image and keep the label.
@@ -171,7 +174,6 @@ def _check_pp_output(config, pp_key: str, pp: str | None, *, training: bool,
 
 def _check_eval_datasets(config) -> None:
   """Each `config.evaluate.datasets` entry: its data, label feature and pp output."""
-  from vmoe_sparse_ot import data  # pylint: disable=g-import-not-at-top  (TensorFlow)
   ds = config['dataset']
   for name, entry in config['evaluate']['datasets'].items():
     entry = {**EVAL_DATASET_KEYS, **dict(entry)}
@@ -205,7 +207,6 @@ def check_model_overrides(config: Mapping[str, Any]) -> None:
   overrides = config['evaluate'].get('model_overrides') or {}
   if not overrides:
     return
-  from vmoe_sparse_ot.nn import overrides as nn_overrides  # pylint: disable=g-import-not-at-top
   ds = config['dataset']
   try:
     nn_overrides.same_variables_model_config(
@@ -230,7 +231,6 @@ def check_before_training(config: Mapping[str, Any], workdir: str) -> None:
   if config['dataset']['data_dir']:
     check_directory(config['dataset']['data_dir'], 'config.dataset.data_dir')
   check_datasets(config)
-  from vmoe_sparse_ot import nn  # pylint: disable=g-import-not-at-top
   model = nn.build_model(config['model'])
   check_model_overrides(config)
   check_initialization(config, workdir, model)

@@ -31,7 +31,9 @@ from typing import Any, Callable, Mapping
 import ml_collections
 import numpy as np
 
+from vmoe_sparse_ot import data
 from vmoe_sparse_ot.config import schema
+from vmoe_sparse_ot.data import pp as pp_lib
 
 MAPPED, NO_EFFECT, REFUSED = 'mapped', 'no effect', 'refused'
 
@@ -120,7 +122,6 @@ def _choice(key: str, table: Mapping[str, str], ours: str):
 
 def image_size_of(pp: str, key: str) -> int:
   """The image side a reference pp string ends with: its last size-setting op."""
-  from vmoe_sparse_ot.data import pp as pp_lib  # No TensorFlow: the parser only.
   size = None
   for call in pp_lib.parse(pp):
     if call.name in _SIZE_OPS:
@@ -140,7 +141,6 @@ def image_size_of(pp: str, key: str) -> int:
 
 
 def _channels_of(pp: str) -> int:
-  from vmoe_sparse_ot.data import pp as pp_lib
   for call in pp_lib.parse(pp):
     if call.name == 'decode':
       return int(call.args[0] if call.args else call.kwargs.get('channels', 3))
@@ -155,7 +155,6 @@ _READ_KEYWORDS, _WRITE_KEYWORDS = ('inkey', 'key', 'labels_key'), ('outkey', 'ke
 def _label_feature(pp: str, key: str) -> str | None:
   """The dataset feature besides 'image' and 'label' that a pp string reads (ImageNet
   ReaL's 'real_label'), which this project reads as the dataset's label_key."""
-  from vmoe_sparse_ot.data import pp as pp_lib  # No TensorFlow: the parser only.
   present, features = {'image', 'label'}, []
   for call in pp_lib.parse(pp):
     for keyword in _READ_KEYWORDS:
@@ -913,8 +912,7 @@ def _stderr_line(line: str) -> None:
 
 def _num_examples(*args, **kwargs) -> int:
   # TensorFlow loads (seconds) only when train_epochs asks a split's size: reading
-  # `data.num_examples` imports the TFDS pipeline, so not before the call.
-  from vmoe_sparse_ot import data  # pylint: disable=g-import-not-at-top
+  # the attribute `data.num_examples` imports the TFDS pipeline, so not before the call.
   return data.num_examples(*args, **kwargs)
 
 

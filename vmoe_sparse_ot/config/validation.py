@@ -25,6 +25,7 @@ from vmoe_sparse_ot import initialization
 from vmoe_sparse_ot.config_keys import check_keys
 from vmoe_sparse_ot.data import pp as pp_lib
 from vmoe_sparse_ot.config import fewshot_section as fewshot_config
+from vmoe_sparse_ot.data import pp as pp_lib
 from vmoe_sparse_ot.nn import routers
 from vmoe_sparse_ot.nn.model_options import check_model_options
 from vmoe_sparse_ot.nn.variants import variant_sizes

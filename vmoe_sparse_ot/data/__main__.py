@@ -9,6 +9,8 @@ import sys
 import time
 
 from vmoe_sparse_ot import errors
+from vmoe_sparse_ot import quiet_logs
+from vmoe_sparse_ot.data import embedded
 
 # The embedded datasets' names, known without importing TensorFlow (so that
 # --help and argument errors print nothing else); tests check they match.
@@ -32,10 +34,9 @@ def _parse(argv):
 
 def main(argv=None) -> None:
   args = _parse(sys.argv[1:] if argv is None else argv)
-  from vmoe_sparse_ot import quiet_logs  # pylint: disable=g-import-not-at-top
   quiet_logs.setup_environment()
+  # lazy: config imports JAX and Flax (seconds); --help and a bad name answer without them
   from vmoe_sparse_ot.config import preflight  # pylint: disable=g-import-not-at-top
-  from vmoe_sparse_ot.data import embedded  # pylint: disable=g-import-not-at-top
   quiet_logs.quiet_library_logs()
   data_dir = args.data_dir or embedded.default_data_dir()
   prog = 'python -m vmoe_sparse_ot.data'

@@ -28,6 +28,7 @@ from __future__ import annotations
 import math
 from typing import Any, Sequence
 
+import jax
 import numpy as np
 import tensorflow as tf
 import tensorflow_datasets as tfds
@@ -126,7 +127,6 @@ def num_examples(name: str, split: str, data_dir: str | None = None) -> int:
 
 def _process_defaults(process_index, process_count) -> tuple[int, int]:
   if process_index is None or process_count is None:
-    import jax  # pylint: disable=g-import-not-at-top
     process_index = jax.process_index() if process_index is None else process_index
     process_count = jax.process_count() if process_count is None else process_count
   if not 0 <= process_index < process_count:
@@ -404,5 +404,4 @@ def _fixed_shape(key: str, spec: tf.TensorSpec, pp: str) -> tuple[int, ...]:
 
 def to_global(batch: dict[str, np.ndarray], sharding: Any) -> dict[str, Any]:
   """Per-process numpy batch -> global jax.Arrays laid out by `sharding` (batch axis)."""
-  import jax  # pylint: disable=g-import-not-at-top
   return jax.tree.map(lambda x: jax.make_array_from_process_local_data(sharding, x), batch)

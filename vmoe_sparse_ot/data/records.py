@@ -26,6 +26,7 @@ import threading
 from typing import Sequence
 
 import numpy as np
+import tensorflow as tf
 
 _HEADER = struct.Struct('<Q')  # A tfrecord starts with its length (uint64, little endian).
 _LENGTH_CRC, _DATA_CRC = 4, 4
@@ -64,7 +65,6 @@ def _open(path: str):
   # Python's own file object is ~30x faster than tf.io.gfile for small reads.
   if _is_local(path):
     return open(path, 'rb')  # pylint: disable=consider-using-with
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
   return tf.io.gfile.GFile(path, 'rb')
 
 
@@ -72,7 +72,6 @@ def _stat(path: str) -> tuple[int, int]:
   if _is_local(path):
     st = os.stat(path)
     return st.st_size, st.st_mtime_ns
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
   st = tf.io.gfile.stat(path)
   return st.length, int(st.mtime_nsec)
 

@@ -22,6 +22,8 @@ import os
 
 import jax
 import numpy as np
+from sklearn.cluster import KMeans
+from sklearn.datasets import load_sample_images
 
 from vmoe_sparse_ot import ot
 from vmoe_sparse_ot.experiments import common, style
@@ -42,7 +44,6 @@ LABELS = {'sparsity_constrained': f'Sparsity-constr. (k={K})',
 
 def images(quick: bool = False) -> dict:
   """{'china': (H, W, 3), 'flower': (H, W, 3)} float64 in [0, 1]."""
-  from sklearn.datasets import load_sample_images  # pylint: disable=import-outside-toplevel
   data = load_sample_images()
   step = DOWNSAMPLE[quick]
   out = {}
@@ -54,7 +55,6 @@ def images(quick: bool = False) -> dict:
 
 def quantise(img, num_colors: int, num_samples: int, seed: int = 0):
   """k-means palette of img (H, W, 3): centres (N, 3), frequencies (N,), labels (H, W)."""
-  from sklearn.cluster import KMeans  # pylint: disable=import-outside-toplevel
   pixels = img.reshape(-1, 3)
   rng = np.random.default_rng(seed)
   subset = pixels[rng.choice(len(pixels), min(num_samples, len(pixels)), replace=False)]

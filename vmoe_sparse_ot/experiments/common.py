@@ -4,7 +4,10 @@ import io
 import os
 import time
 
+import jax
 import numpy as np
+
+from vmoe_sparse_ot import ot
 
 
 def pot():
@@ -23,7 +26,6 @@ def quiet_stdout():
 
 def enable_x64():
   """Runs JAX in float64 (the experiments compare objective values to ~1e-8)."""
-  import jax  # pylint: disable=import-outside-toplevel
   jax.config.update('jax_enable_x64', True)
 
 
@@ -33,7 +35,6 @@ def seeds_or(seeds: int | None, default: int) -> int:
 
 def timed(fn, *args, **kwargs):
   """(result, seconds) of fn(*args, **kwargs), blocking on JAX arrays."""
-  import jax  # pylint: disable=import-outside-toplevel
   start = time.perf_counter()
   out = fn(*args, **kwargs)
   jax.block_until_ready(out)
@@ -62,11 +63,9 @@ PLAN_SOLVE = dict(solver='lbfgs', max_iter=3000, tol=1e-10, ftol=1e-14)
 
 def solve_plan(a, b, C, reg, formulation: str = 'semi_dual', **kwargs):
   """`ot.solve` with `PLAN_SOLVE` settings (overridable); returns the OTResult."""
-  from vmoe_sparse_ot import ot  # pylint: disable=import-outside-toplevel
   return ot.solve(a, b, C, reg, formulation=formulation, **dict(PLAN_SOLVE, **kwargs))
 
 
 def sinkhorn_plan(a, b, C, epsilon: float, max_iter: int = 20000, tol: float = 1e-10):
   """The entropic plan (the project's log-domain Sinkhorn); returns the SinkhornResult."""
-  from vmoe_sparse_ot import ot  # pylint: disable=import-outside-toplevel
   return ot.sinkhorn(a, b, C, epsilon, max_iter=max_iter, tol=tol)

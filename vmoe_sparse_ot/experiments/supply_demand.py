@@ -26,7 +26,14 @@ from __future__ import annotations
 
 import time
 
+import jax
+import jax.numpy as jnp
+from matplotlib.collections import LineCollection
 import numpy as np
+
+from vmoe_sparse_ot import ot
+from vmoe_sparse_ot.experiments import common
+from vmoe_sparse_ot.experiments import style
 
 NAME = 'supply_demand'
 EARTH_RADIUS_KM = 6371.0
@@ -96,9 +103,6 @@ def great_circle_km(p, q):
 
 def solve_plans(demand_xyz, supply_xyz, k: int, max_iter: int):
   """Entropic and sparsity-constrained plans (m demand, n supply) and diagnostics."""
-  import jax  # pylint: disable=g-import-not-at-top
-  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  from vmoe_sparse_ot import ot  # pylint: disable=g-import-not-at-top
   m, n = len(demand_xyz), len(supply_xyz)
   C = jnp.asarray(great_circle_km(demand_xyz, supply_xyz) / 1000.0, jnp.float32)
   a = jnp.ones((m,), jnp.float32)  # One unit per demand location.
@@ -186,8 +190,6 @@ def _edge_segments(demand, supply, plan, floor: float, num_points: int = 12):
 
 def plot(demand, supply, ent, sparse, k: int, path: str) -> None:
   """Two longitude/latitude maps: entropic plan (a), sparsity-constrained plan (b)."""
-  from matplotlib.collections import LineCollection  # pylint: disable=g-import-not-at-top
-  from vmoe_sparse_ot.experiments import style  # pylint: disable=g-import-not-at-top
   fig, axes = style.figure(2, 1, width=10, height=10.5)
   d_lon, d_lat = xyz_to_lonlat(demand)
   s_lon, s_lat = xyz_to_lonlat(supply)
@@ -227,7 +229,6 @@ def plot(demand, supply, ent, sparse, k: int, path: str) -> None:
 
 def format_table(payload: dict) -> str:
   """Nonzeros, per-supplier maxima, mean cost and marginal errors of both plans."""
-  from vmoe_sparse_ot.experiments import common  # pylint: disable=g-import-not-at-top
   rows = [['plan', 'nonzeros', 'max per supplier', 'suppliers per location', '<50% served',
            'mean cost (km)', 'row err', 'col err', 'iters', 'seconds']]
   for name, s in payload['plans'].items():

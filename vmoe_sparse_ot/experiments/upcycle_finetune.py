@@ -25,7 +25,14 @@ import pathlib
 import tempfile
 from typing import Any
 
+import jax
 import numpy as np
+
+from vmoe_sparse_ot import config as config_lib
+from vmoe_sparse_ot import experiments
+from vmoe_sparse_ot.evaluate import job
+from vmoe_sparse_ot.experiments import style
+from vmoe_sparse_ot.train import trainer
 
 NAME = 'upcycle_finetune'
 CONFIG_FILE = pathlib.Path(__file__).resolve().parents[2] / 'configs' / 'vmoe_tiny_mnist.py'
@@ -39,8 +46,6 @@ EVALS = ((1.0, False), (1.0, True), (0.5, False), (0.5, True))
 def make_config(router: str, steps: int, seed: int, *, dense: bool = False,
                 digits: bool = False, init: str | None = None, quick: bool = False):
   """The tiny MNIST config for one run; `quick` shrinks it (`experiments.QUICK_MODEL`)."""
-  from vmoe_sparse_ot import experiments  # pylint: disable=g-import-not-at-top
-  from vmoe_sparse_ot import config as config_lib  # pylint: disable=g-import-not-at-top
   config = config_lib.load_config_file(f'{CONFIG_FILE}:router={router},steps={steps}')
   if quick:
     experiments.shrink_for_quick(config)
@@ -64,12 +69,10 @@ def make_config(router: str, steps: int, seed: int, *, dense: bool = False,
 
 
 def _train(config, workdir: str) -> float:
-  from vmoe_sparse_ot.train import trainer  # pylint: disable=g-import-not-at-top
   return 100 * trainer.train_and_evaluate(config, workdir)['eval']['accuracy']
 
 
 def _evaluate(workdir: str, capacity_factor: float, batch_priority: bool) -> dict[str, float]:
-  from vmoe_sparse_ot.evaluate import job  # pylint: disable=g-import-not-at-top
   request = job.prepare(workdir, capacity_factor=capacity_factor, batch_priority=batch_priority)
   payload = job.run(request)
   dropped = np.mean([r['dropped_fraction'] for r in payload['routing'].values()])
@@ -105,7 +108,6 @@ def run(out_dir: str, *, quick: bool = False, seeds: int | None = None) -> dict:
   routers = ROUTERS[:1] if quick else ROUTERS
   raw: dict[str, list] = {r: [] for r in routers}
   dense = []
-  import jax  # pylint: disable=g-import-not-at-top
   saved_cache = (jax.config.jax_compilation_cache_dir,
                  jax.config.jax_persistent_cache_min_compile_time_secs)
   with tempfile.TemporaryDirectory(prefix='upcycle_finetune_') as tmp:
@@ -145,7 +147,6 @@ PANELS = (('MNIST', (('upcycled_mnist', 'upcycled'), ('scratch_mnist', 'from scr
 
 def plot(payload: dict, path: str) -> str:
   """Top-1 per router, upcycled or fine-tuned beside from scratch (bars: mean, ticks: std)."""
-  from vmoe_sparse_ot.experiments import style  # pylint: disable=g-import-not-at-top
   routers = list(payload['routers'])
   b = payload['budget_steps']
   fig, axes = style.figure(1, 2, width=8.5, height=3.4, title=(

@@ -16,7 +16,7 @@ from vmoe_sparse_ot.config import cli
 from vmoe_sparse_ot.train import trainer
 from tests.xla_flags import xla_flags
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # A tiny V-MoE trained for 5 steps on 8x8 digits, with periodic few-shot every 2
 # steps; `get_config('bad')` adds a few-shot dataset that does not exist and
