@@ -12,11 +12,13 @@ is split over all the mesh's axes, as the trainer splits its batch over 'data' a
 shardings they carry, and the outputs are replicated so that every process ends up
 with the features of the whole split.
 """
-from typing import Callable, Iterable, Mapping
+from typing import Callable, Mapping
 
 import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from vmoe_sparse_ot.train import evaluation
 
 Batch = Mapping[str, np.ndarray]
 FeatureFn = Callable[..., tuple[np.ndarray, np.ndarray, np.ndarray]]
@@ -65,22 +67,22 @@ def make_feature_fn(model, *, mesh: Mesh | None = None) -> FeatureFn:
   return sharded_fn
 
 
-def iterate(dataset) -> Iterable[Batch]:
-  """Numpy batches of a `tf.data.Dataset` (one pass) or of any iterable of dicts."""
-  if hasattr(dataset, 'as_numpy_iterator'):
-    return dataset.as_numpy_iterator()
-  return iter(dataset)
-
-
 def extract(feature_fn: FeatureFn, params, dataset,
             model_state=None) -> tuple[np.ndarray, np.ndarray]:
-  """Features (N, D') float32 and labels (N,) int64 of the unpadded examples of `dataset`."""
-  features, labels = [], []
-  for batch in iterate(dataset):
+  """Features (N, D') float32 and labels (N,) int64 of the unpadded examples of `dataset`
+  (a `tf.data.Dataset`, one pass, or any iterable of dicts), read by the one
+  evaluation loop (`train.evaluation.fold`).
+
+  Raises:
+    ValueError: the dataset yields no batch.
+  """
+
+  def unpadded(batch):
     f, y, m = feature_fn(params, batch, model_state)
     m = m.astype(bool)
-    features.append(f[m].astype(np.float32))
-    labels.append(y[m].astype(np.int64))
-  if not features:
+    return [f[m].astype(np.float32)], [y[m].astype(np.int64)]
+
+  out = evaluation.fold(unpadded, dataset, lambda a, b: (a[0] + b[0], a[1] + b[1]))
+  if out is None:
     raise ValueError('The dataset yielded no batches.')
-  return np.concatenate(features), np.concatenate(labels)
+  return np.concatenate(out[0]), np.concatenate(out[1])

@@ -80,7 +80,6 @@ import sys
 from typing import Any, Sequence
 
 import jax
-import jax.numpy as jnp
 import ml_collections
 from absl import flags
 from jax.sharding import PartitionSpec
@@ -90,6 +89,7 @@ from vmoe_sparse_ot import workdir_layout
 from vmoe_sparse_ot import atomic
 from vmoe_sparse_ot import checkpoints
 from vmoe_sparse_ot import config as config_lib
+from vmoe_sparse_ot import data
 from vmoe_sparse_ot import filesystem
 from vmoe_sparse_ot import nn
 from vmoe_sparse_ot import parallel
@@ -103,6 +103,7 @@ from vmoe_sparse_ot.evaluate import released
 from vmoe_sparse_ot.evaluate.checkpoint_config import describe_model, model_config_differences
 from vmoe_sparse_ot.evaluate.checkpoint_config import read_checkpoint_meta
 from vmoe_sparse_ot.nn import routing_stats
+from vmoe_sparse_ot.train import evaluation
 from vmoe_sparse_ot.train import periodic_eval
 
 PROG = 'python -m vmoe_sparse_ot.evaluate'
@@ -294,7 +295,6 @@ def _data_settings(run_config: dict[str, Any], model_config: dict[str, Any],
 
   `where` names the source of the config's batch size in its error message.
   """
-  from vmoe_sparse_ot import data  # pylint: disable=g-import-not-at-top  (TensorFlow)
   run_data = run_config.get('dataset', {})
   dataset = dataset or run_data.get('name') or checkpoint_dataset
   if not dataset:
@@ -338,7 +338,6 @@ def run(request: Request, *, devices: Sequence[Any] | None = None) -> dict[str, 
   A --checkpoint request (`request.path` None) writes nothing. Raises
   CheckpointRestoreError (a FileNotFoundError) when a workdir's arrays do not restore.
   """
-  from vmoe_sparse_ot import data  # pylint: disable=g-import-not-at-top  (TensorFlow)
   model_config = request.model_config
   model = nn.build_model(model_config)
   moe = model_config['encoder']['moe'] if model_config['name'] == 'vit_moe' else None
@@ -367,15 +366,12 @@ def run(request: Request, *, devices: Sequence[Any] | None = None) -> dict[str, 
       request.dataset, request.split, batch_size=request.batch_size // jax.process_count(),
       image_size=height, channels=channels, training=False, data_dir=request.data_dir,
       augment=request.augment, pp=request.pp)
-  totals = None
   with jax.set_mesh(mesh):
-    for batch in parallel.prefetch_to_mesh(dataset.as_numpy_iterator(), batch_sharding):
-      out = eval_step(params, batch, model_state)  # Summed on device; fetched at the end.
-      totals = out if totals is None else jax.tree.map(jnp.add, totals, out)
+    totals = evaluation.totals(eval_step, params, dataset, batch_sharding, model_state)
   if totals is None:
     raise UsageError(f'--split={request.split}: the split holds no examples')
-  totals = jax.device_get(totals)
-  count = int(totals['count'])
+  metrics = evaluation.metrics(totals)
+  count = metrics['num_examples']
   payload = {
       'workdir': request.workdir,
       'step': step,
@@ -389,15 +385,15 @@ def run(request: Request, *, devices: Sequence[Any] | None = None) -> dict[str, 
       'overrides': request.overrides,
       'routing_config': _routing_config(model_config),
       'model_config': model_config,
-      'metrics': {'loss': float(totals['loss_sum']) / max(count, 1), 'loss_name': request.loss,
-                  'accuracy': int(totals['correct']) / max(count, 1), 'num_examples': count},
+      'metrics': {'loss': metrics.pop('loss'), 'loss_name': request.loss,
+                  'accuracy': metrics.pop('accuracy'), 'num_examples': metrics.pop('num_examples')},
       'routing': {layer: routing_stats.summarize(sums)
                   for layer, sums in totals['routing'].items()},
       'mesh': {k: int(v) for k, v in mesh.shape.items()},
   }
   ensemble = totals.get('ensemble')
   if ensemble is not None:  # E³: ECE, and each member's metrics and routing.
-    payload['metrics'].update(periodic_eval.ensemble_metrics(ensemble, count))
+    payload['metrics'].update({k: v for k, v in metrics.items() if k != 'dropped_fraction'})
     payload['metrics']['ensemble_size'] = nn.ensemble_size(model)
     for layer, members in ensemble['routing'].items():
       for i, sums in enumerate(members):
