@@ -34,6 +34,10 @@ class CheckpointWriteError(TrainerError, OSError):
   """Writing a checkpoint failed (full disk, file-size limit, ...)."""
 
 
+class CheckpointMismatchError(ValueError):
+  """The checkpoint does not fit the model of the config (config keys or parameters)."""
+
+
 class WorkdirLockedError(TrainerError, RuntimeError):
   """Another trainer holds the workdir."""
 

@@ -8,7 +8,9 @@ import sys
 import textwrap
 import time
 
+import jax
 import jax.numpy as jnp
+import numpy as np
 
 from vmoe_sparse_ot import checkpoints
 from vmoe_sparse_ot.train.state import TrainState
@@ -63,3 +65,8 @@ def test_falling_back_from_a_damaged_checkpoint_leaves_no_read_pending(tmp_path,
       known in line for known in ('is damaged (', 'read_only=True', 'directory is read only',
                                   'absl::InitializeLog'))]
   assert not noise, result.stderr[-3000:]
+
+
+def test_param_shapes_names_every_leaf_with_its_shape():
+  params = {'a': {'kernel': jax.ShapeDtypeStruct((2, 3), np.float32)}, 'b': np.zeros(5)}
+  assert checkpoints.param_shapes(params) == {'a/kernel': [2, 3], 'b': [5]}

@@ -99,21 +99,19 @@ def test_config_errors_name_the_key():
 
 
 def test_checkpoints_resume_and_evaluate_across_compute_keys():
-  from vmoe_sparse_ot.evaluate import checkpoint_config  # pylint: disable=g-import-not-at-top
-  from vmoe_sparse_ot import checkpoints  # pylint: disable=g-import-not-at-top
   config = config_lib.load_config_file('configs/vmoe_tiny_mnist.py')
   # The default config's record leaves the compute keys out at their defaults; a
   # record written before they existed lacks them, and says implementation='fast'
   # (every record before 'auto' did), which is not compared either.
   now = config.model.to_dict()
   assert run_record.make(config, {})['model_config'] == run_record.as_json(
-      nn.model_config.without_compute_keys(now, only_defaults=True))
-  old = run_record.as_json(nn.model_config.without_compute_keys(now))
+      run_record.without_compute_keys(now, only_defaults=True))
+  old = run_record.as_json(run_record.without_compute_keys(now))
   old['encoder']['moe']['router']['sparse_ot']['implementation'] = 'fast'
   config.model.remat, config.model.dtype = True, 'bfloat16'
-  assert checkpoint_config.model_config_differences(old, config.model) == []
-  checkpoints.check_compatible({'model_config': old}, run_record.make(config, {})['model_config'],
+  assert run_record.model_config_differences(old, config.model) == []
+  run_record.check_compatible({'model_config': old}, run_record.make(config, {})['model_config'],
                                {}, 'dir')
   config.model.hidden_size += 8   # Other keys are still compared.
-  diffs = checkpoint_config.model_config_differences(old, config.model)
+  diffs = run_record.model_config_differences(old, config.model)
   assert [d.split(':')[0] for d in diffs] == ['model.hidden_size']

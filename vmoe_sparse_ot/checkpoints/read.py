@@ -14,9 +14,16 @@ import orbax.checkpoint as ocp
 from absl import logging
 
 from vmoe_sparse_ot.checkpoints import layout
+from vmoe_sparse_ot.trees import leaf_shapes
 from vmoe_sparse_ot.checkpoints import orbax_quirks
 from vmoe_sparse_ot.checkpoints import store
 from vmoe_sparse_ot.errors import CheckpointRestoreError
+
+
+def param_shapes(params: Any) -> dict[str, list[int]]:
+  """{'a/b/kernel': shape} for a params tree of arrays or ShapeDtypeStructs (the
+  record's 'param_shapes')."""
+  return leaf_shapes(params)
 
 
 @contextlib.contextmanager

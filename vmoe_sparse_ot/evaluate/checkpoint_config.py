@@ -15,12 +15,6 @@ import ml_collections
 
 from vmoe_sparse_ot import checkpoints
 from vmoe_sparse_ot.errors import CheckpointRestoreError
-from vmoe_sparse_ot.nn.model_config import without_compute_keys
-from vmoe_sparse_ot.trees import differences, flatten
-
-
-class CheckpointMismatchError(ValueError):
-  """The checkpoint does not fit the model of the config (config keys or parameters)."""
 
 
 def read_checkpoint_meta(workdir: str, step: int | None = None) -> tuple[dict[str, Any], int]:
@@ -37,44 +31,6 @@ def read_checkpoint_meta(workdir: str, step: int | None = None) -> tuple[dict[st
   except CheckpointRestoreError as e:
     flag = f'--step={step}' if step is not None else f'--workdir={workdir}'
     raise ValueError(f'{flag}: {e}') from None
-
-
-def model_config_differences(saved: dict[str, Any], model_config: Any) -> list[str]:
-  """'model.a.b: config X, checkpoint Y' for every key where the two model configs differ.
-
-  `nn.model_config.COMPUTE_KEYS` (model.dtype, model.remat) are not compared: they
-  change how the model computes, not its parameters.
-  """
-  # JSON round trip: tuples become lists, as they come back from the checkpoint.
-  now = json.loads(json.dumps(model_config.to_dict() if hasattr(model_config, 'to_dict')
-                              else dict(model_config)))
-  return differences(flatten(without_compute_keys(now), 'model.'),
-                     flatten(without_compute_keys(saved), 'model.'),
-                     labels=('config', 'checkpoint'), show=repr)
-
-
-def resolve_model_config(config: ml_collections.ConfigDict, meta: dict[str, Any], *,
-                         use_checkpoint_config: bool, where: str) -> ml_collections.ConfigDict:
-  """`config`, or a copy whose `model` is the checkpoint's `meta['model_config']`.
-
-  Raises CheckpointMismatchError (one line naming every differing key with both
-  values) when `config.model` disagrees and `use_checkpoint_config` is False.
-  `where` names the checkpoint in the message.
-  """
-  saved = meta.get('model_config')
-  if saved is None:  # Old checkpoints: only the parameter shapes can be compared.
-    return config
-  diffs = model_config_differences(saved, config.model)
-  if not diffs:
-    return config
-  if not use_checkpoint_config:
-    raise CheckpointMismatchError(
-        f'config.model differs from the model config of {where}: ' + '; '.join(diffs[:20])
-        + (f'; ... and {len(diffs) - 20} more' if len(diffs) > 20 else '')
-        + ". Pass --use_checkpoint_config to evaluate with the checkpoint's model config.")
-  resolved = ml_collections.ConfigDict(config.to_dict())
-  resolved.model = ml_collections.ConfigDict(saved)
-  return resolved
 
 
 def describe_model(model_config: Any) -> dict[str, Any]:

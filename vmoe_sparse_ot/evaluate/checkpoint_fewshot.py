@@ -23,27 +23,25 @@ from vmoe_sparse_ot import config as config_lib
 from vmoe_sparse_ot import nn
 from vmoe_sparse_ot import parallel
 from vmoe_sparse_ot import workdir_layout
+from vmoe_sparse_ot.errors import CheckpointMismatchError
 from vmoe_sparse_ot.config import cli
 from vmoe_sparse_ot.evaluate import transfer
-from vmoe_sparse_ot.evaluate.checkpoint_config import CheckpointMismatchError
 from vmoe_sparse_ot.evaluate.checkpoint_config import describe_model
 from vmoe_sparse_ot.evaluate.checkpoint_config import read_checkpoint_meta
-from vmoe_sparse_ot.evaluate.checkpoint_config import resolve_model_config
+from vmoe_sparse_ot.nn.abstract_init import abstract_variables
 from vmoe_sparse_ot.train import periodic_eval
+from vmoe_sparse_ot.train.run_record import resolve_model_config
+from vmoe_sparse_ot.trees import shape_differences
 
 RESULTS_FILE = workdir_layout.FEWSHOT_RESULTS
 
 
 def check_params_match(params: Any, model, config: ml_collections.ConfigDict) -> None:
   """Raises CheckpointMismatchError listing parameters whose shapes differ from the model's."""
-  image = jax.ShapeDtypeStruct(
-      (1, config.dataset.image_size, config.dataset.image_size, config.dataset.channels),
-      np.float32)
-  expected = jax.eval_shape(
-      lambda x: model.init({'params': jax.random.key(0)}, x, train=False)['params'], image)
-  want, have = checkpoints.param_shapes(expected), checkpoints.param_shapes(params)
-  diffs = [f'{k}: checkpoint {have.get(k, "<absent>")}, model {want.get(k, "<absent>")}'
-           for k in sorted(set(want) | set(have)) if want.get(k) != have.get(k)]
+  ds = config.dataset
+  expected = abstract_variables(model, (ds.image_size, ds.image_size, ds.channels))['params']
+  diffs = shape_differences(checkpoints.param_shapes(params), checkpoints.param_shapes(expected),
+                            labels=('checkpoint', 'model'))
   if diffs:
     raise CheckpointMismatchError(
         'The checkpoint does not fit config.model (was it trained with another config?): '

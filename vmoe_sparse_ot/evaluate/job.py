@@ -100,10 +100,11 @@ from vmoe_sparse_ot.errors import CheckpointRestoreError
 from vmoe_sparse_ot.errors import first_line
 from vmoe_sparse_ot.evaluate import overrides as overrides_lib
 from vmoe_sparse_ot.evaluate import released
-from vmoe_sparse_ot.evaluate.checkpoint_config import describe_model, model_config_differences
+from vmoe_sparse_ot.evaluate.checkpoint_config import describe_model
 from vmoe_sparse_ot.evaluate.checkpoint_config import read_checkpoint_meta
 from vmoe_sparse_ot.nn import routing_stats
 from vmoe_sparse_ot.train import evaluation
+from vmoe_sparse_ot.train.run_record import model_config_differences
 from vmoe_sparse_ot.train import periodic_eval
 
 PROG = 'python -m vmoe_sparse_ot.evaluate'

@@ -8,7 +8,6 @@ The options themselves (default, doc, check) are defined once, in
 also says how a model config is recorded with a checkpoint so that workdirs
 written before later keys existed still resume (`without_compute_keys`).
 """
-import copy
 import dataclasses
 import typing
 
@@ -57,84 +56,6 @@ def default_router_config() -> ml_collections.ConfigDict:
 # parameters or its function: a checkpoint resumes and is evaluated under any
 # values of them, and checkpoints written before they existed lack them.
 COMPUTE_KEYS = ('dtype', 'remat')
-# What a record without them means: their values before they existed (history,
-# like LATER_DEFAULTS below, so not read from today's option defaults).
-COMPUTE_DEFAULTS = {'dtype': None, 'remat': False}
-
-
-# Keys added after checkpoints recorded model configs, with their defaults: a
-# record leaves them out at these values, and a record without them means these
-# values, so workdirs written before they existed still resume and evaluate.
-# (What those records mean, so written here, not read from today's defaults.)
-LATER_DEFAULTS = {
-    ('encoder', 'moe', 'dropout_rate'): None,
-    ('encoder', 'moe', 'router', 'capacity_ceil_or_round'): 'ceil',
-    ('encoder', 'moe', 'router', 'capacity_multiple_of'): 4,
-    ('encoder', 'attention_qk_norm'): False,
-    ('encoder', 'position_emb'): 'learned',
-    ('head_kernel_zero_init',): True,
-    ('encoder', 'moe', 'router', 'soft_moe', 'num_slots'): None,
-    ('encoder', 'moe', 'router', 'soft_moe', 'compute_similarity_metrics'): False,
-    ('ensemble_size',): 1,
-    ('encoder', 'moe', 'router', 'sparse_ot', 'tol'): 1e-6,
-}
-
-
-# Router keys that choose how the router computes, not the model's parameters or
-# its function: sparse_ot's implementation (the same plans up to rounding, see
-# nn/routers/sparse_ot.py). Like COMPUTE_KEYS they are not compared when a
-# checkpoint resumes or is evaluated: records from before 'auto' became the
-# default hold 'fast', and resume under 'auto' (set 'fast' to continue
-# bit-identically). Records keep them, so an evaluation with the checkpoint's
-# config runs the path it trained with.
-ROUTER_COMPUTE_KEYS = (('encoder', 'moe', 'router', 'sparse_ot', 'implementation'),)
-
-
-def _without_router_compute_keys(model_config: dict) -> dict:
-  for path in ROUTER_COMPUTE_KEYS:
-    node = model_config
-    for key in path[:-1]:
-      node = node.get(key) if isinstance(node, dict) else None
-    if isinstance(node, dict):
-      node.pop(path[-1], None)
-  return model_config
-
-
-def _without_later_defaults(model_config: dict) -> dict:
-  out = copy.deepcopy(model_config)
-  for path, default in LATER_DEFAULTS.items():
-    node = out
-    for key in path[:-1]:
-      node = node.get(key) if isinstance(node, dict) else None
-    if isinstance(node, dict) and path[-1] in node and node[path[-1]] == default:
-      del node[path[-1]]
-  return out
-
-
-def _with_resolved_solver_steps(model_config: dict) -> dict:
-  """sparse_ot's num_steps=None as the count it means for its solver (10 for
-  'newton', 50 for 'adam' and 'lbfgs'), so that a record from before None meant
-  "the solver's default" (it held 50 with 'adam') compares equal to it."""
-  node = model_config
-  for key in ('encoder', 'moe', 'router', 'sparse_ot'):
-    node = node.get(key) if isinstance(node, dict) else None
-  if isinstance(node, dict) and node.get('num_steps', 0) is None:
-    solver = node.get('solver', routers.sparse_ot.SparseOTOptions.solver)
-    node['num_steps'] = routers.sparse_ot.num_steps(
-        routers.sparse_ot.SparseOTOptions(solver=solver))
-  return model_config
-
-
-def without_compute_keys(model_config, *, only_defaults: bool = False) -> dict:
-  """A copy of a model config dict without `COMPUTE_KEYS` (with `only_defaults`,
-  only those at their defaults, so a record looks as it did before they existed),
-  without the `LATER_DEFAULTS` keys at their defaults, and (without
-  `only_defaults`: for comparisons) without `ROUTER_COMPUTE_KEYS`."""
-  out = _without_later_defaults(
-      {k: v for k, v in dict(model_config).items()
-       if k not in COMPUTE_KEYS or (only_defaults and v != COMPUTE_DEFAULTS[k])})
-  return out if only_defaults else _without_router_compute_keys(
-      _with_resolved_solver_steps(out))
 
 
 def num_prefix_tokens(model_config) -> int:

@@ -49,6 +49,7 @@ from vmoe_sparse_ot.train import periodic_eval
 from vmoe_sparse_ot.train import profiling
 from vmoe_sparse_ot.train import progress as progress_lib
 from vmoe_sparse_ot.train import run as run_lib
+from vmoe_sparse_ot.train import run_record
 from vmoe_sparse_ot.train.state import TrainState
 
 # Builds the periodic few-shot action of a run, or None: (config, model, mesh,
@@ -117,10 +118,10 @@ def _restore_or_init(run: run_lib.Run, ckpt, allow_schedule_change: bool):
   changes = []
 
   def check_record(saved):
-    checkpoints.check_compatible(saved, run.record['model_config'], run.abstract_params,
-                                 ckpt.directory)
-    changes[:] = checkpoints.check_resume(saved, run.record, ckpt.directory,
-                                          allow_schedule_change=allow_schedule_change)
+    run_record.check_compatible(saved, run.record['model_config'], run.abstract_params,
+                                ckpt.directory)
+    changes[:] = run_record.check_resume(saved, run.record, ckpt.directory,
+                                         allow_schedule_change=allow_schedule_change)
 
   state, _ = ckpt.restore(state_with_shardings(run), check_record)
   if state is None:
