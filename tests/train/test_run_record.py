@@ -116,7 +116,7 @@ def test_a_schedule_change_resumes_only_when_allowed_and_is_returned():
 
 
 def test_keys_added_later_are_not_recorded_at_their_defaults_so_older_workdirs_resume():
-  config = model_config.default_job_config().to_dict()
+  config = model_config.default_model_config().to_dict()
   record = run_record.without_compute_keys(config, only_defaults=True)
   assert 'dropout_rate' not in record['encoder']['moe']
   assert not {'capacity_ceil_or_round', 'capacity_multiple_of'} & set(
@@ -138,7 +138,7 @@ def test_sparse_ot_implementation_is_not_compared_so_workdirs_from_before_auto_r
   """Records from before implementation='auto' hold the default of then, 'fast';
   the key chooses how the plans are computed (the same plans up to rounding), so
   a checkpoint resumes and is evaluated under any value of it."""
-  config = model_config.default_job_config()
+  config = model_config.default_model_config()
   assert config.encoder.moe.router.sparse_ot.implementation == 'auto'
   now = run_record.without_compute_keys(config.to_dict(), only_defaults=True)
   assert now['encoder']['moe']['router']['sparse_ot']['implementation'] == 'auto'  # recorded
@@ -158,7 +158,7 @@ def test_sparse_ot_records_from_before_newton_resume_with_solver_adam_and_not_wi
   num_steps 50 and no tol. With solver='adam' set (num_steps None: the solver's 50)
   it resumes and evaluates as it was; under the new default it is refused in one
   line naming the key (the routing would change)."""
-  config = model_config.default_job_config()
+  config = model_config.default_model_config()
   sparse = config.encoder.moe.router.sparse_ot
   assert (sparse.solver, sparse.num_steps, sparse.tol) == ('newton', None, 1e-6)
   old = run_record.without_compute_keys(config.to_dict(), only_defaults=True)
@@ -201,19 +201,19 @@ def test_differences_name_each_key_with_both_values_and_skip_compute_keys():
 
 def test_resolve_keeps_a_matching_config_and_refuses_or_takes_the_checkpoints():
   config = _job_config()
-  assert run_record.resolve_job_config(config, {'model_config': SAVED}, use_checkpoint_config=False,
+  assert run_record.resolve_model_config(config, {'model_config': SAVED}, use_checkpoint_config=False,
                                  where='step 4') is config
-  assert run_record.resolve_job_config(config, {}, use_checkpoint_config=False,   # Old checkpoint.
+  assert run_record.resolve_model_config(config, {}, use_checkpoint_config=False,   # Old checkpoint.
                                  where='step 4') is config
   other = _job_config(hidden_size=24)
   with pytest.raises(errors.CheckpointMismatchError) as e:
-    run_record.resolve_job_config(other, {'model_config': SAVED}, use_checkpoint_config=False,
+    run_record.resolve_model_config(other, {'model_config': SAVED}, use_checkpoint_config=False,
                             where='step 4')
   assert str(e.value) == (
       'config.model differs from the model config of step 4: model.hidden_size: config 24, '
       "checkpoint 16. Pass --use_checkpoint_config to evaluate with the checkpoint's model "
       'config.')
-  resolved = run_record.resolve_job_config(other, {'model_config': SAVED}, use_checkpoint_config=True,
+  resolved = run_record.resolve_model_config(other, {'model_config': SAVED}, use_checkpoint_config=True,
                                      where='step 4')
   assert resolved.model.to_dict() == SAVED and resolved.seed == 3
   assert other.model.hidden_size == 24                 # The input is not changed.
