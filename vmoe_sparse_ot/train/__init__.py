@@ -1,5 +1,13 @@
-"""Training: config helpers, optimizer/schedules, partitioning, checkpoints, trainer.
+"""Training: the run, its step and its loop.
 
-Submodules are imported on use (`from vmoe_sparse_ot.train import checkpoints`) so
-that reading a checkpoint does not pull in TensorFlow or the model.
+Read in this order:
+  trainer      `train_and_evaluate`: build the run, restore or initialize, loop, summarize.
+  run          `build(config)` -> `Run`: model, mesh, optimizer, shardings, jitted programs.
+  step         the train step as a pure function (loss, mixup, microsteps, router state).
+  hooks        the periodic actions after a step: checkpoint, evaluate, few-shot.
+  run_record   what a checkpoint records about its run, and when it resumes or evaluates.
+  evaluation   the one evaluation loop; periodic_eval: the eval step and eval sets.
+Beside them: state (TrainState), optimizer (optax optimizers and schedules), losses,
+metrics, progress (the console line), mixup, microsteps, programs (the compiled-program
+cache of `run`), lock (one trainer per workdir), profiling.
 """

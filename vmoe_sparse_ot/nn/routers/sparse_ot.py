@@ -67,12 +67,11 @@ class SparseOTOptions(base.CommonOptions):
       "(same plans up to rounding; faster than 'fast' at the B/32 router shapes on CPU, "
       "see benchmarks/RESULTS.md); 'pallas': the same Adam steps as 'fast' in one fused "
       "Pallas kernel per group (ot.pallas_solve; same plans up to rounding), the group's "
-      "block on chip for all its steps: Triton on a GPU (opt-in: 2.4x faster than 'fast' "
-      "alone at the B/32 shapes on an H200, its train step not yet shown faster, so 'auto' "
-      "does not pick it; see benchmarks/RESULTS.md); on the CPU it runs in Pallas "
+      "block on chip for all its steps: Triton on a GPU (opt-in: 'auto' does not pick it; "
+      "its timings are in benchmarks/RESULTS.md); on the CPU it runs in Pallas "
       "interpret mode, for tests only (slow; warns once); 'reference': "
       "jax.vmap(ot.solve). L-BFGS always uses "
-      "ot.solve. Not compared when a checkpoint resumes (nn.model_config."
+      "ot.solve. Not compared when a checkpoint resumes (train.run_record."
       "ROUTER_COMPUTE_KEYS): workdirs from before 'auto' (the default then: 'fast') "
       "resume under it; set 'fast' to continue them bit-identically.",
       choices=("auto", "fast", "candidates", "reference", "pallas"))
