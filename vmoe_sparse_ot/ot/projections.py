@@ -28,17 +28,6 @@ from jax import lax
 
 from vmoe_sparse_ot.ot import precision
 from vmoe_sparse_ot.ot import selection
-# Re-exported: the selection lived here before it had its own module.
-from vmoe_sparse_ot.ot.selection import (  # noqa: F401
-    count_at_least,
-    densify,
-    distinct_top_values,
-    kth_largest_key,
-    threshold_top_k_mask,
-    top_k,
-    top_k_mask,
-    uses_radix,
-)
 
 Array = jax.Array
 
