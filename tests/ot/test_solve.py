@@ -76,8 +76,7 @@ def test_vmap_batch_equals_one_by_one(solver, formulation):
   A, B, Cs = (np.stack(x) for x in zip(*probs))
   reg = ot.SparsityConstrained(k=2, gamma=0.3)
   # A fixed iteration budget (tol=0): the batch must follow the same trajectories.
-  kw = dict(formulation=formulation, solver=solver, max_iter=15, tol=0.0,
-            learning_rate=1e-2)
+  kw = dict(formulation=formulation, solver=solver, max_iter=15, tol=0.0)
   batched = jax.jit(jax.vmap(lambda a, b, c: ot.solve(a, b, c, reg, **kw)))(A, B, Cs)
   batched = jax.tree_util.tree_map(np.asarray, batched)   # (indexed on the host)
   for i, (a, b, C) in enumerate(probs):
@@ -98,7 +97,7 @@ def test_router_call_float32_fixed_iterations_jit_vmap():
     def one(c):
       a, b = jnp.full((16,), 1 / 16), jnp.full((4,), 1 / 4)
       return ot.solve(a, b, c, ot.SparsityConstrained(k=6, gamma=1.0), formulation="semi_dual",
-                      solver="adam", max_iter=50, learning_rate=1e-2, tol=0.0)
+                      solver=ot.Adam(learning_rate=1e-2), max_iter=50, tol=0.0)
     return jax.vmap(one)(-lg)
 
   res = route(logits)
@@ -135,39 +134,22 @@ def test_lbfgs_stop_rules_rtol_and_ftol_with_patience():
   a, b, C = map(jnp.asarray, (a, b, C))
   smooth = ot.SquaredL2(0.5)
   ref = ot.solve(a, b, C, smooth, **TIGHT)
-  res = ot.solve(a, b, C, smooth, tol=1e-12, max_iter=2000, rtol=1e-8)
+  res = ot.solve(a, b, C, smooth, tol=1e-12, max_iter=2000, solver=ot.LBFGS(rtol=1e-8))
   gap = (float(ref.value) - float(res.value)) / abs(float(ref.value))
   assert 0 <= gap <= 1e-6  # within the asked precision (model estimate, 100x margin)
   assert int(res.num_evals) < int(ref.num_evals)
   kinked = ot.SparsityConstrained(k=2, gamma=0.1)
-  ref = ot.solve(a, b, C, kinked, tol=1e-12, max_iter=3000, ftol=1e-14)
-  res = ot.solve(a, b, C, kinked, tol=1e-12, max_iter=3000, ftol=1e-7, patience=2,
-                 rtol=1e-9)
+  ref = ot.solve(a, b, C, kinked, tol=1e-12, max_iter=3000, solver=ot.LBFGS(ftol=1e-14))
+  res = ot.solve(a, b, C, kinked, tol=1e-12, max_iter=3000,
+                 solver=ot.LBFGS(ftol=1e-7, patience=2, rtol=1e-9))
   gap = (float(ref.value) - float(res.value)) / abs(float(ref.value))
   assert -1e-9 <= gap <= 1e-3
   assert 2 * int(res.num_evals) < int(ref.num_evals)
   # patience=1 stops no later than patience=2 (same iterates until the first stop).
-  res1 = ot.solve(a, b, C, kinked, tol=1e-12, max_iter=3000, ftol=1e-7, patience=1,
-                  rtol=1e-9)
+  res1 = ot.solve(a, b, C, kinked, tol=1e-12, max_iter=3000,
+                  solver=ot.LBFGS(ftol=1e-7, patience=1, rtol=1e-9))
   assert int(res1.num_iter) <= int(res.num_iter)
   assert float(res1.value) <= float(res.value)
-
-
-def test_solver_option_objects_equal_the_keywords():
-  a, b, C = problem(10, 8, seed=7)
-  reg = ot.SparsityConstrained(k=3, gamma=0.1)
-  obj = ot.solve(a, b, C, reg, solver=ot.LBFGS(history=5, rtol=1e-7))
-  kw = ot.solve(a, b, C, reg, solver="lbfgs", history=5, rtol=1e-7)
-  np.testing.assert_array_equal(np.asarray(obj.alpha), np.asarray(kw.alpha))
-  assert int(obj.num_iter) == int(kw.num_iter)
-  other = ot.solve(a, b, C, reg, solver="lbfgs", history=10, rtol=1e-7)
-  assert int(other.num_evals) != int(kw.num_evals) or not np.array_equal(
-      np.asarray(other.alpha), np.asarray(kw.alpha))            # history matters
-  obj = ot.solve(a, b, C, reg, solver=ot.Adam(learning_rate=0.05), max_iter=30, tol=0.0)
-  kw = ot.solve(a, b, C, reg, solver="adam", learning_rate=0.05, max_iter=30, tol=0.0)
-  np.testing.assert_array_equal(np.asarray(obj.alpha), np.asarray(kw.alpha))
-  with pytest.raises(ValueError, match="history"):
-    ot.solve(a, b, C, reg, solver=ot.LBFGS(history=0))
 
 
 def test_other_numeric_options_reuse_the_compiled_solver():
@@ -177,14 +159,14 @@ def test_other_numeric_options_reuse_the_compiled_solver():
   from vmoe_sparse_ot.ot import solvers
   a, b, C = problem(10, 8, seed=7)
   reg = ot.SparsityConstrained(k=3, gamma=0.1)
-  ot.solve(a, b, C, reg, rtol=1e-7)
+  ot.solve(a, b, C, reg, solver=ot.LBFGS(rtol=1e-7))
   ot.solve(a, b, C, reg, solver="adam", max_iter=30, tol=0.0)
   compiled = solvers._solve_program._cache_size()
   short = ot.solve(a, b, C, reg, max_iter=3, tol=1e-9)
-  tight = ot.solve(a, b, C, reg, rtol=1e-12, ftol=1e-3, patience=2)
+  tight = ot.solve(a, b, C, reg, solver=ot.LBFGS(rtol=1e-12, ftol=1e-3, patience=2))
   assert (int(short.num_iter), short.reason()) == (3, "max_iter")
   assert int(tight.num_iter) > 3 and tight.reason() in ("objective_tol", "stalled")
-  adam = ot.solve(a, b, C, reg, solver="adam", max_iter=7, tol=0.0, learning_rate=0.5)
+  adam = ot.solve(a, b, C, reg, solver=ot.Adam(learning_rate=0.5), max_iter=7, tol=0.0)
   assert (int(adam.num_iter), adam.reason()) == (7, "fixed_iter")
   assert solvers._solve_program._cache_size() == compiled
 
@@ -230,8 +212,9 @@ def test_interior_point_only_when_asked_or_needed(monkeypatch):
   monkeypatch.undo()
   # Tuned stop rules ask for the L-BFGS run as configured; True overrides.
   # (rtol given, at its default value: the same compiled L-BFGS as above.)
-  assert ot.solve(a, b, C, reg, rtol=1e-9).reason() != "interior_point"
-  assert ot.solve(a, b, C, reg, rtol=1e-9, interior_point=True).reason() == "interior_point"
+  assert ot.solve(a, b, C, reg, solver=ot.LBFGS(rtol=1e-9)).reason() != "interior_point"
+  assert ot.solve(a, b, C, reg, solver=ot.LBFGS(rtol=1e-9),
+                  interior_point=True).reason() == "interior_point"
   # Under jit the branch cannot depend on values: L-BFGS's point.
   jitted = jax.jit(lambda a, b, C: ot.solve(a, b, C, reg))(a, b, C)
   assert jitted.reason() == "objective_tol"

@@ -27,10 +27,7 @@ REG = ot.SparsityConstrained(k=1, gamma=1.0)
     (dict(max_iter=0), "max_iter"),
     (dict(max_iter=2.5), "max_iter"),
     (dict(tol=-1.0), "tol"),
-    (dict(ftol=-1.0), "ftol"),
-    (dict(rtol=-1.0), "rtol"),
-    (dict(patience=0), "patience"),
-    (dict(learning_rate=0.0), "learning_rate"),
+    (dict(solver=ot.LBFGS(ftol=-1.0)), "LBFGS.ftol"),   # each field: test_solver_options.py
     (dict(regularizer="l2"), "regularizer"),
     (dict(init=np.zeros(5)), "init"),
 ])

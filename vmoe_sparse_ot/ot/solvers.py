@@ -268,7 +268,9 @@ def solve(a, b, C, regularizer: Regularizer, formulation: str = "semi_dual",
       "ot.solve cannot be differentiated (its solvers stop on data-dependent tests): "
       "ot.semi_dual_loss gives the gradient of the optimal value, or stop_gradient its "
       "inputs", (a, b, C, regularizer, init))
-  check_k_sparse_feasible(a, C, regularizer, infeasible)
+  # stacklevel 4: the warning names the line that called ot.solve (through
+  # its wrapper, `solver_options.accepts_flat_options`).
+  check_k_sparse_feasible(a, C, regularizer, infeasible, stacklevel=4)
   dtype = precision.compute_dtype(a, b, C)   # half precision: float32
   if lbfgs and options.rtol is None:
     options = options._replace(
