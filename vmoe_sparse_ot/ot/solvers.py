@@ -7,8 +7,9 @@ optimum solves (P_Psi for SparsityConstrained, Proposition 3 (biconjugates)).
 
 The solver after the argument checks is one jitted function, so `solve` runs
 eagerly, under `jit` and under `vmap` (many problems at once); only the eager
-finish of kink-bound runs (see `solve`, "Kinks") works on the host between
-jitted steps. Its numeric options (tolerances, budget, learning rate) are
+finish of kink-bound runs (docs/OT.md, "Kinks and the interior point") works
+on the host between jitted steps. Its numeric options (tolerances, budget,
+learning rate) are
 arguments of that program, not constants in it: solving the same shapes with
 other options compiles nothing new.
 """
@@ -84,18 +85,18 @@ def c_transform_start(b: Array, C: Array, reg: Regularizer) -> Array:
 
   Why: from alpha = 0 the rows far from every column get no mass until the
   solver has lifted them; here each row starts near the top of its best
-  column. The hard minimum (eps = 0) puts every row exactly at 0 in its best
-  column: where more rows share a best column than k allows, they tie at the
-  top and the objective has a kink right at the start; L-BFGS's first line
-  search then found no ascent at all (5000 x 10 with k = 5 and 50). The soft
-  minimum separates them. L-BFGS iterations to reach POT's objective on the
-  benchmark problems (benchmarks/ot_solvers.py), alpha = 0 -> this start:
-  100 x 100 (k = 2) 175 -> 135, 2000 x 64 (k = 64) 84 -> 60, 2000 x 10
-  (k = 230) 292 -> 192, 5000 x 10 (k = 575) 478 -> 298, 50,000 x 10
-  (k = 5750) 494 -> 102, 5000 x 10 (k = 50) 502 -> 106; 500 x 500, 1000 x 1000
-  and 10,000 x 100 within 5-13%. SquaredL2 and NegEntropy: as many or fewer
-  iterations to 1e-7 of the optimum on the same grid (up to 1.7x fewer).
+  column. The hard minimum (eps = 0) would tie the rows that share a best
+  column at a kink right at the start; the soft minimum separates them.
   Rows of a C with no column of mass (nothing to transport) start at 0.
+  What it saves: docs/OT.md, "Starting point".
+
+  Args:
+    b: (n,) non-negative column marginal.
+    C: (m, n) cost.
+    reg: the regularizer (its gamma sets eps).
+
+  Returns:
+    (m,) alpha in C's dtype (float32 for half-precision C).
   """
   live = b > 0
   mass = jnp.sum(b)
@@ -103,9 +104,8 @@ def c_transform_start(b: Array, C: Array, reg: Regularizer) -> Array:
   scale = reg.gamma * (1.0 if isinstance(reg, NegEntropy) else mean_b)
   # Capped by the costs' own spread (the mean over rows of max_j C_ij -
   # min_j C_ij): with large masses per column gamma mean(b) can exceed every
-  # cost difference, and the start then flattens into a row average (10,000
-  # rows of mass 1, C up to 100, gamma = 1: eps = 100 took 62-67 iterations
-  # where alpha = 0 took 43-50; capped, 38-54).
+  # cost difference, and the start then flattens into a row average
+  # (docs/OT.md, "Starting point").
   spread = jnp.mean(jnp.max(jnp.where(live, C, -jnp.inf), axis=1)
                     - jnp.min(jnp.where(live, C, jnp.inf), axis=1))
   eps = jnp.minimum(scale, jnp.where(jnp.isfinite(spread) & (spread > 0), spread, scale)) / 10
@@ -140,35 +140,23 @@ def _prepare_init(init, m: int, n: int, formulation: str, dtype):
 
 
 _DEFAULT_MAX_ITER = 1000
+# The interior point's thresholds (docs/OT.md, "How `ot.solve` decides", has
+# the measurements behind each).
 # Work per Newton step up to which `solve` switches to the interior point on
-# its own: on every entry while m n^2 is below it (5000 x 10: 0.35 s; 10,000 x
-# 100, m n^2 = 1e8, took 10-12 s), or on a candidate support while n^3 is (its
-# (2n - 1)-square system; 10,000 x 100: 0.5 s). Which of the two runs:
+# its own: on every entry while m n^2 is below it, or on a candidate support
+# while n^3 is (its (2n - 1)-square system). Which of the two runs:
 # `_DENSE_INTERIOR_POINT_WORK`.
 _INTERIOR_POINT_MAX_WORK = 2e7
 # L-BFGS's budget before the interior point where k binds for certain
-# (`_kink_certain`). 10,000 x 100 with k = 100 from 200 iterations: one round
-# of candidates (measured when written: 0.9 s warm after L-BFGS's 0.9 s, one
-# core under load; 0.5 s after 0.5 s on an idle one); from 100 and 50 (2 and 4
-# rounds) the interior point took longer than the iterations saved; from
-# 1000 (the default budget) L-BFGS alone took 4.4 s.
+# (`_kink_certain`): enough to aim it at the support in one round of
+# candidates.
 _KINK_CERTAIN_MAX_ITER = 200
 # L-BFGS ended on a kink when its plan's rows miss more than this fraction of
-# the mass (sum |a - T 1| / sum(a)). Measured on 37 random problems whose k
-# binds (10-200 rows, 3-40 columns, gamma 0.01-1): every end more than 1e-6
-# short of the optimum missed >= 1.8% (most a whole row or more: rows left out
-# at the kink); every end below 0.21% was within 1e-7. On the benchmark grid:
-# 100 x 100 (k = 2) 11%, 10,000 x 100 (k = 100) 2.5%, 5000 x 10 (k = 5, 50)
-# ~190% -- all 5e-5 or more short -- and 50,000 x 10 with k = 5750 0.22%,
-# 2.3e-6 short (one machine; 0.15% and 5.5e-7 on another), against 0.008-0.065%
-# on the rest, within 1e-6 (5000 x 10 with k = 575 and 2500: 0.064%, 0.065%).
-# `benchmarks/kink_optimum.py --sweep 40` (random problems): stops missing
-# 0.8-169% were 2e-8 to 15% short, those missing 0.01-0.08% within 6.3e-8.
+# the mass (sum |a - T 1| / sum(a)): stops short of the optimum missed far
+# more, stops at it far less.
 _KINK_MISSING_MASS = 1e-3
 # m n^2 up to which the interior point runs on every entry even where a
-# candidate support is affordable: small problems gain nothing from it (5000
-# x 10: 0.3 s dense), 50,000 x 10 does (3.9 s dense, 1.2 s on ~100,000
-# candidates).
+# candidate support is affordable: small problems gain nothing from it.
 _DENSE_INTERIOR_POINT_WORK = 2e6
 
 
@@ -544,11 +532,9 @@ def _objective_gate(reg, m: int, formulation: str) -> Optional[float]:
 
 # `_cost_scale`: costs whose typical gap (below) lies within [2^-20, 2^20]
 # are solved as they are. L-BFGS's first step and its curvature test are
-# absolute (a unit step; |y| above rounding of |g|): on a 10 x 7 test problem
-# with C and gamma both multiplied by 10^e it reached the optimum for e =
-# -12..8 and stopped at its first iteration, 30% short, for e >= 12 and e =
-# -30. Inside the band nothing changes (s = 1), so tuned results stay as
-# they were.
+# absolute (a unit step; |y| above rounding of |g|), so far outside the band
+# it stops at its first iteration (docs/OT.md, "How `ot.solve` decides").
+# Inside the band nothing changes (s = 1), so tuned results stay as they were.
 _COST_SCALE_BAND = 2.0 ** 20
 
 
@@ -559,12 +545,8 @@ def _cost_scale(C):
   mass to its next column). Not max C - min C: a few sentinel costs (1e30
   for forbidden pairs among O(1) ones, which L-BFGS solves as they are) would
   set it. C / s and gamma / s give the same plan, with potentials and values
-  divided by s: every regularizer is gamma times a function of the plan. On
-  the test problem above (costs in [0, 1] times the scale, gamma 1e-4 to
-  1e29 times it, masses 1 and 1e20, SquaredL2 and NegEntropy): solved at
-  every cost scale of 1e-30, 1e-12, 1, 1e12 and 1e30 (before: at 1 and
-  mostly 1e-12 only); both ways not with gamma 1e-7 or less (a nearly
-  unregularized problem at any scale)."""
+  divided by s: every regularizer is gamma times a function of the plan.
+  C: (m, n); returns a scalar in C's dtype."""
   if C.shape[1] < 2:
     return jnp.ones((), C.dtype)
   two = -lax.top_k(-C, 2)[0]   # each row's two smallest costs
