@@ -1,4 +1,5 @@
-"""solve() and sinkhorn(): POT agreement, jit/vmap batches, router-style calls."""
+"""`ot.solve` (ot/solvers.py): POT agreement, jit/vmap batches, router-style calls,
+stop rules, the finish on kinks, and `semi_dual_loss`."""
 from types import SimpleNamespace
 
 import jax
@@ -35,38 +36,6 @@ def test_agrees_with_pot_smooth(reg_type, formulation):
   else:
     assert float(res.value) == pytest.approx(pot_value, rel=1e-6)
     np.testing.assert_allclose(np.asarray(res.plan), G, atol=2e-4)
-
-
-def test_sinkhorn_matches_negentropy_solve_and_pot():
-  # (The size of test_agrees_with_pot_smooth: its NegEntropy dual solve is compiled.)
-  a, b, C = problem(10, 8, seed=5, uniform=False)
-  eps = 0.05
-  sk = ot.sinkhorn(a, b, C, eps, tol=1e-12, max_iter=10000)
-  assert bool(sk.converged)
-  res = ot.solve(a, b, C, ot.NegEntropy(eps), formulation="dual", **TIGHT)
-  assert float(sk.value) == pytest.approx(float(res.value), rel=1e-8)
-  np.testing.assert_allclose(np.asarray(sk.plan), np.asarray(res.plan), atol=1e-8)
-  P = pot().sinkhorn(a, b, C, eps, method="sinkhorn_log", stopThr=1e-13, numItermax=10000)
-  np.testing.assert_allclose(np.asarray(sk.plan), P, atol=1e-9)
-
-
-def test_sinkhorn_fixed_iterations_under_jit_and_vmap_with_negative_costs():
-  rng = np.random.RandomState(6)
-  logits = rng.randn(4, 16, 4)    # numpy, and so the checks: eager jnp ops compile each
-  a, b = np.full((16,), 1 / 16), np.full((4,), 1 / 4)
-
-  @jax.jit
-  def route(lg):
-    return jax.vmap(lambda c: ot.sinkhorn(a, b, -c, 0.5, max_iter=200, tol=0.0))(lg)
-
-  out = route(logits)
-  assert out.plan.shape == (4, 16, 4)
-  np.testing.assert_array_equal(np.asarray(out.num_iter), 200)
-  plans = np.asarray(out.plan)
-  for g in range(4):
-    one = ot.sinkhorn(a, b, -logits[g] + 10.0, 0.5, max_iter=200, tol=0.0)  # shift: C >= 0
-    np.testing.assert_allclose(plans[g], np.asarray(one.plan), atol=1e-10)
-  np.testing.assert_allclose(plans.sum(1), 0.25, atol=1e-12)
 
 
 @pytest.mark.parametrize("solver,formulation", [("lbfgs", "semi_dual"), ("lbfgs", "dual"),
@@ -287,3 +256,35 @@ def test_certain_kink_resumes_lbfgs_when_the_interior_point_does_not_improve(mon
   assert float(res.value) == float(rest.value) and float(res.value) >= float(first.value)
   np.testing.assert_array_equal(np.asarray(res.trace.num_evals[200:]),
                                 np.asarray(rest.trace.num_evals) + int(first.num_evals))
+
+
+def test_danskin_loss_gradients_match_finite_differences():
+  """dS/dC = T*, dS/da = alpha* (along mass-preserving directions), no unrolling."""
+  a, b, C = problem(6, 4, seed=3, uniform=False)
+  reg = ot.SquaredL2(0.5)  # smooth and strictly convex: S is differentiable
+  kw = dict(tol=1e-11, max_iter=2000)
+  loss = lambda a_, b_, C_: ot.semi_dual_loss(a_, b_, C_, reg, **kw)
+  ga, gb, gC = jax.grad(loss, argnums=(0, 1, 2))(jnp.asarray(a), jnp.asarray(b), jnp.asarray(C))
+  res = ot.solve(a, b, C, reg, **kw)
+  np.testing.assert_allclose(np.asarray(gC), np.asarray(res.plan), atol=1e-12)
+  ga, gb, gC = (np.asarray(g) for g in (ga, gb, gC))   # (products below in numpy)
+  h = 1e-5
+  rng = np.random.RandomState(4)
+  for _ in range(2):
+    dC = rng.randn(*C.shape)
+    fd = (float(loss(a, b, C + h * dC)) - float(loss(a, b, C - h * dC))) / (2 * h)
+    assert float(np.sum(gC * dC)) == pytest.approx(fd, rel=1e-5, abs=1e-9)
+    da = rng.randn(6)
+    da -= da.mean()  # keep sum(a) = sum(b)
+    fd = (float(loss(a + h * da, b, C)) - float(loss(a - h * da, b, C))) / (2 * h)
+    assert float(np.dot(ga, da)) == pytest.approx(fd, rel=1e-5, abs=1e-9)
+    db = rng.randn(4)
+    db -= db.mean()
+    fd = (float(loss(a, b + h * db, C)) - float(loss(a, b - h * db, C))) / (2 * h)
+    assert float(np.dot(gb, db)) == pytest.approx(fd, rel=1e-5, abs=1e-9)
+  # Under jit too, and for the sparsity-constrained regularizer.
+  reg_k = ot.SparsityConstrained(k=2, gamma=0.5)
+  gC_k = jax.jit(jax.grad(lambda C_: ot.semi_dual_loss(a, b, C_, reg_k, **kw)))(C)
+  np.testing.assert_allclose(np.asarray(gC_k), np.asarray(ot.solve(a, b, C, reg_k, **kw).plan),
+                             atol=1e-12)
+  assert np.all((np.asarray(gC_k) > 0).sum(0) <= 2)
