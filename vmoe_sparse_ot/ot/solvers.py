@@ -9,9 +9,9 @@ The solver after the argument checks is one jitted function, so `solve` runs
 eagerly, under `jit` and under `vmap` (many problems at once); only the eager
 finish of kink-bound runs (docs/OT.md, "Kinks and the interior point") works
 on the host between jitted steps. Its numeric options (tolerances, budget,
-learning rate) are
-arguments of that program, not constants in it: solving the same shapes with
-other options compiles nothing new.
+learning rate) are arguments of that program, not constants in it: solving
+the same shapes with other options compiles nothing new. The options of each
+method live on its object (`solver_options.LBFGS`, `Adam`).
 """
 from __future__ import annotations
 
@@ -219,8 +219,8 @@ def solve(a, b, C, regularizer: Regularizer, formulation: str = "semi_dual",
   Returns:
     OTResult: plan (m, n), value, alpha (m,), beta (n,), duality_gap,
     num_iter, num_evals, status, converged, row_error, col_error,
-    plan_feasible (and primal_plan after the interior point); float64 for
-    float64 inputs, float32 otherwise (float16 and bfloat16 solved in float32).
+    plan_feasible (and primal_plan after the interior point), in the inputs'
+    float dtype (float16 and bfloat16 inputs are solved in float32).
 
   Raises:
     ValueError naming the argument, before compiling: shapes; negative or
