@@ -111,13 +111,13 @@ def with_flat_options(solver, flat: dict) -> Union[str, Solver]:
 
 def deprecation_message(fn_name: str, flat: dict) -> str:
   """One line naming the flat keywords and the object they now live on."""
-  lines = []
+  homes = []
   for cls in (LBFGS, Adam):
     names = ", ".join(f"{k}=..." for k in flat if FLAT_OPTIONS[k] is cls)
     if names:
-      lines.append(f"solver=ot.{cls.__name__}({names})")
+      homes.append(f"solver=ot.{cls.__name__}({names})")
   given = ", ".join(f"{k}=..." for k in flat)
-  return f"{fn_name}({given}) is deprecated: use {' and '.join(lines)}"
+  return f"{fn_name}({given}) is deprecated: use {' and '.join(homes)}"
 
 
 def accepts_flat_options(fn):
