@@ -112,12 +112,20 @@ def time_jax(fn, args, repeats):
   return t_compile, t_first, min(times), out
 
 
+def solve_kwargs(overrides):
+  """`ot.solve`'s keywords for the command line's overrides: --rtol, --ftol
+  and --history are fields of its `solver=ot.LBFGS(...)`."""
+  kwargs = {k: v for k, v in overrides.items() if k not in ot.LBFGS._fields}
+  lbfgs = {k: v for k, v in overrides.items() if k in ot.LBFGS._fields}
+  return dict(kwargs, solver=ot.LBFGS(**lbfgs)) if lbfgs else kwargs
+
+
 def make_solver(k, gamma, overrides):
   """ot.solve with its defaults, except the flags given on the command line."""
   reg = ot.SparsityConstrained(k=k, gamma=gamma)
 
   def fn(a, b, C):
-    r = ot.solve(a, b, C, reg, **overrides)
+    r = ot.solve(a, b, C, reg, **solve_kwargs(overrides))
     return r.value, r.num_iter, r.num_evals, r.grad_norm
   return fn
 
@@ -168,7 +176,7 @@ def time_to_objective(k, gamma, overrides, args_, target, repeats):
   # interior_point=False: the jitted solves timed here are L-BFGS alone, and
   # eager defaults give L-BFGS only 200 iterations where k binds for certain.
   tr = ot.solve(*args_, ot.SparsityConstrained(k=k, gamma=gamma), trace=True,
-                interior_point=False, **overrides).trace
+                interior_point=False, **solve_kwargs(overrides)).trace
   hit = np.flatnonzero(np.asarray(tr.value) >= target)
   it = int(hit[0]) + 1 if hit.size else None
   while it is not None:

@@ -73,3 +73,13 @@ def spy(monkeypatch, module, name: str) -> list:
     return original(*args, **kwargs)
   monkeypatch.setattr(module, name, wrapper)
   return calls
+
+
+def fd_grad(f, x, h=1e-6):
+  """Central finite differences of the scalar f at the vector x."""
+  g = np.zeros_like(x)
+  for i in range(len(x)):
+    e = np.zeros_like(x)
+    e[i] = h
+    g[i] = (f(x + e) - f(x - e)) / (2 * h)
+  return g

@@ -40,8 +40,8 @@ def test_top_k_members_matches_ot_top_k_mask_with_ties():
 def _reference_plans(C, a, b, k, gamma):
   reg = ot.SparsityConstrained(k=k, gamma=gamma)
   return jax.jit(jax.vmap(lambda c, a, b: ot.solve(
-      a, b, c, reg, formulation="semi_dual", solver="adam", max_iter=50,
-      learning_rate=1e-2, tol=0.0, init=jnp.zeros_like(a)).plan))(C, a, b)
+      a, b, c, reg, formulation="semi_dual", solver=ot.Adam(learning_rate=1e-2),
+      max_iter=50, tol=0.0, init=jnp.zeros_like(a)).plan))(C, a, b)
 
 
 def _has_boundary_tie(u, k):

@@ -137,7 +137,7 @@ def test_k1_limit_is_unregularized_ot_plus_gamma_term():
     # The k=1 (semi-)dual is piecewise linear: the solvers approach it from below.
     for formulation in ("semi_dual", "dual"):
       res = ot.solve(a, b, C, reg, formulation=formulation, max_iter=1000, tol=1e-12,
-                     ftol=1e-13)
+                     solver=ot.LBFGS(ftol=1e-13))
       assert float(res.value) <= expect + 1e-12
       assert float(res.value) == pytest.approx(expect, rel=1e-2)
       assert np.all((np.asarray(res.plan) > 0).sum(0) <= 1)

@@ -42,7 +42,6 @@ import pytest
 
 from tests.ot.helpers import primal_objective, supports
 from vmoe_sparse_ot import ot
-from vmoe_sparse_ot.ot import solvers
 
 C = np.array([[3, 4, 1], [9, 5, 8], [3, 8, 0], [5, 1, 3]], np.float64)
 T_LP = np.array([[2, 0, 1], [2, 1, 0], [0, 0, 3], [0, 3, 0]]) / 12
@@ -164,10 +163,6 @@ def test_k1_no_k_sparse_coupling_warns_and_reports_the_missing_row():
     warnings.simplefilter("error")
     quiet = ot.solve(a, b, C, reg, infeasible="ignore")
   assert float(quiet.value) == float(res.value)
-  # Zero-mass rows need no entry: three rows with mass fit one per column.
-  with warnings.catch_warnings():
-    warnings.simplefilter("error")
-    solvers.check_k_sparse_feasible(np.array([1 / 3, 1 / 3, 1 / 3, 0.0]), C, reg, "warn")
 
 
 def test_k2_value_is_the_hand_optimum_and_primal_plan_is_on_its_segment():

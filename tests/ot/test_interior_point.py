@@ -69,7 +69,7 @@ def test_certified_and_at_least_as_good_as_lbfgs(m, n, k, gamma, seed):
   # the semi-dual at alpha: the two bounds on the optimum agree.
   assert abs(gap) <= 1e-6 * abs(value)
   # L-BFGS stops on the kink below (or at) it, however long it runs.
-  lbfgs = ot.solve(a, b, C, reg, max_iter=3000, rtol=1e-13)
+  lbfgs = ot.solve(a, b, C, reg, max_iter=3000, solver=ot.LBFGS(rtol=1e-13))
   assert float(lbfgs.value) <= value + 1e-12 * abs(value)
   # The returned potentials are what `value` is: the semi-dual at alpha.
   assert float(semi_dual_objective(res.alpha, a, b, C, reg)) == pytest.approx(value, rel=1e-12)

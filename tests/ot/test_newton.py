@@ -212,17 +212,3 @@ def test_jit_and_vmap_over_a_batch_of_batches():
   np.testing.assert_allclose(np.asarray(two.plan).reshape(np.asarray(one.plan).shape),
                              np.asarray(one.plan), atol=1e-12)
   np.testing.assert_array_equal(np.asarray(two.steps).reshape(-1), np.asarray(one.steps))
-
-
-@pytest.mark.parametrize("kwargs,match", [
-    ({"solver": "sgd"}, "solver must be one of"),
-    ({"max_steps": 0}, "max_steps must be an int >= 1"),
-    ({"implementation": "gpu"}, "implementation must be one of"),
-    ({"k": 0}, "k must be an int >= 1"),
-])
-def test_bad_arguments_are_one_line_naming_the_argument(kwargs, match):
-  C, a, b, k = router_problem(1, 8, 2, 2, 1.0, seed=0)
-  kw = {"k": k, **kwargs}
-  with pytest.raises(ValueError, match=match) as err:
-    ot.batched_semi_dual(C, a, b, **kw)
-  assert "\n" not in str(err.value)

@@ -113,10 +113,11 @@ def test_status_names_each_stop():
   assert ot.solve(a, b, C, REG, tol=1e-6).reason() == "converged"
   assert ot.solve(a, b, C, REG, tol=1e-12, max_iter=3).reason() == "max_iter"
   assert ot.solve(a, b, C, REG, solver="adam", tol=0.0, max_iter=5).reason() == "fixed_iter"
-  assert ot.solve(a, b, C, REG, tol=1e-14, rtol=1e-3, max_iter=500).reason() == "objective_tol"
+  assert ot.solve(a, b, C, REG, tol=1e-14, solver=ot.LBFGS(rtol=1e-3),
+                  max_iter=500).reason() == "objective_tol"
   # A tolerance below float64 rounding of the marginals: the line search runs
   # out of measurable progress first.
-  res = ot.solve(a, b, C, REG, tol=1e-17, rtol=0.0, ftol=0.0, max_iter=5000)
+  res = ot.solve(a, b, C, REG, tol=1e-17, solver=ot.LBFGS(rtol=0.0), max_iter=5000)
   assert res.reason() == "stalled" and not bool(res.converged)
   # Under vmap: one status per problem.
   out = jax.vmap(lambda c: ot.solve(a, b, c, REG, tol=1e-6).status)(np.stack([C, 2 * C]))

@@ -1,5 +1,5 @@
-"""Projections, conjugates and the k-support norm against brute force (the top-k
-selection itself: test_selection.py)."""
+"""Projections and the sparsity-constrained conjugate against brute force (the top-k
+selection: test_selection.py; Table 1's conjugates: test_regularizers.py; Psi: test_ksupport.py)."""
 import itertools
 
 import jax
@@ -22,7 +22,6 @@ _projection_sparse_simplex = jax.jit(ot.projection_sparse_simplex, static_argnam
 _projection_sparse_nonneg = jax.jit(ot.projection_sparse_nonneg, static_argnames=("k", "axis"))
 _folded_lower_bound = jax.jit(projections._folded_lower_bound, static_argnums=2)
 _sparse_simplex_topk = jax.jit(projections.sparse_simplex_topk, static_argnames=("k", "axis"))
-_squared_k_support_norm = jax.jit(ot.squared_k_support_norm, static_argnames=("k", "axis"))
 # Only under force_kernel(monkeypatch, "radix"): the kernel is chosen when
 # tracing and jit's cache does not see the patched tables, so these programs
 # must not be shared with unpatched calls (hence lambdas, not the functions:
@@ -67,30 +66,6 @@ def brute_sparse_nonneg(s, k, gamma=1.0):
   return best, best_t
 
 
-def _psi_lambda(z, k):
-  """lambda* = min(1, z / theta) of Psi's definition for z = |t|, theta by bisection
-  on sum_i lambda_i = k."""
-  lo, hi = 0.0, z.sum() / k
-  for _ in range(200):
-    th = 0.5 * (lo + hi)
-    if np.minimum(1, z / th).sum() > k:
-      lo = th
-    else:
-      hi = th
-  return np.minimum(1, z / hi)
-
-
-def brute_psi(t, k):
-  """1/2 min sum t_i^2 / lambda_i, sum lambda = k, 0 < lambda <= 1, by bisection on
-  the KKT form lambda_i = min(1, |t_i| / theta)."""
-  z = np.abs(t)
-  if np.count_nonzero(z) <= k:
-    return 0.5 * z @ z
-  lam = _psi_lambda(z, k)
-  nz = z > 0
-  return 0.5 * np.sum(z[nz] ** 2 / lam[nz])
-
-
 @pytest.mark.parametrize("m,k", [(4, 1), (5, 2), (6, 3), (6, 6)])
 def test_sparse_simplex_projection_is_the_brute_force_argmax(m, k):
   rng = np.random.RandomState(m * 10 + k)
@@ -124,40 +99,6 @@ def test_sparse_nonneg_projection_and_conj_plus_brute_force(m, k):
     np.testing.assert_allclose(
         np.asarray(_projection_sparse_nonneg(jnp.asarray(s), k)),
         brute_sparse_nonneg(s, k)[1], atol=1e-12)
-
-
-def test_table1_closed_forms_and_k1_limit():
-  rng = np.random.RandomState(0)
-  s = rng.randn(7)
-  gamma, b = 0.7, 0.4
-  # Top-k: gamma/2 sum_{i<=k} 1[u_[i] >= tau] (u_[i]^2 - tau^2), u = s / gamma.
-  k = 3
-  reg = ot.SparsityConstrained(k=k, gamma=gamma)
-  s_col, b_col = jnp.asarray(s[:, None]), jnp.asarray([b])
-  val, t, dval = _conj_simplex(reg, s_col, b_col, 0)
-  u = np.sort(s / gamma)[::-1][:k]
-  tau = float(np.asarray(dval)[0]) / gamma
-  np.testing.assert_allclose(np.sum(np.maximum(u - tau, 0)), b, rtol=1e-12)
-  expect = 0.5 * gamma * np.sum((u >= tau) * (u ** 2 - tau ** 2))
-  np.testing.assert_allclose(float(np.asarray(val)[0]), expect, rtol=1e-12)
-  # k = 1 (Proposition 4, limit cases): b max(s) - gamma/2 b^2 and 1/(2 gamma) max [s]_+^2.
-  reg1 = ot.SparsityConstrained(k=1, gamma=gamma)
-  v1, t1, _ = _conj_simplex(reg1, s_col, b_col, 0)
-  np.testing.assert_allclose(float(np.asarray(v1)[0]), b * s.max() - 0.5 * gamma * b * b,
-                             rtol=1e-12)
-  assert np.asarray(t1)[np.argmax(s), 0] == pytest.approx(b)
-  vp, _ = _conj_plus(reg1, s_col, 0)
-  np.testing.assert_allclose(float(np.asarray(vp)[0]), max(s.max(), 0) ** 2 / (2 * gamma),
-                             rtol=1e-12)
-  # Squared L2 and negentropy rows of Table 1.
-  vl2, _ = _conj_plus(ot.SquaredL2(gamma), s_col, 0)
-  np.testing.assert_allclose(float(np.asarray(vl2)[0]),
-                             np.sum(np.maximum(s, 0) ** 2) / (2 * gamma))
-  ve, te, _ = _conj_simplex(ot.NegEntropy(gamma), s_col, b_col, 0)
-  lse = np.log(np.sum(np.exp(s / gamma)))
-  np.testing.assert_allclose(float(np.asarray(ve)[0]),
-                             gamma * b * lse - gamma * b * np.log(b), rtol=1e-12)
-  np.testing.assert_allclose(np.asarray(te)[:, 0].sum(), b)
 
 
 def test_k_at_least_m_is_squared_l2():
@@ -206,50 +147,6 @@ def test_projections_are_batched_over_leading_axes():
     np.testing.assert_allclose(np.asarray(ps[i, j]), np_proj_simplex(x[i, j], b[i, j]),
                                atol=1e-12)
     np.testing.assert_allclose(np.asarray(pn[i, j]), brute_sparse_nonneg(x[i, j], 2)[1])
-
-
-@pytest.mark.parametrize("k", [1, 2, 3, 5])
-def test_squared_k_support_norm_against_bisection(k):
-  rng = np.random.RandomState(k)
-  for trial in range(8):
-    t = rng.randn(6) * rng.rand(6)
-    if trial % 3 == 0:
-      t[:2] = 0.0  # zeros
-    if trial % 4 == 1:
-      t[3] = t[1]  # ties
-    got = float(_squared_k_support_norm(jnp.asarray(t), k))
-    np.testing.assert_allclose(got, brute_psi(t, k), rtol=1e-9, atol=1e-14)
-  # k = 1: 1/2 ||t||_1^2; k >= m or ||t||_0 <= k: 1/2 ||t||^2.
-  t = rng.randn(6)
-  np.testing.assert_allclose(float(_squared_k_support_norm(jnp.asarray(t), 1)),
-                             0.5 * np.abs(t).sum() ** 2)
-  np.testing.assert_allclose(float(_squared_k_support_norm(jnp.asarray(t), 6)), 0.5 * t @ t)
-  t[k:] = 0.0
-  np.testing.assert_allclose(float(_squared_k_support_norm(jnp.asarray(t), k)), 0.5 * t @ t)
-
-
-def psi_gradient(t, k):
-  """t / lambda* with lambda* the minimiser in Psi's definition (by bisection)."""
-  z = np.abs(t)
-  return t / _psi_lambda(z, k)
-
-
-def test_psi_is_the_biconjugate_on_the_simplex():
-  """Omega**_b = Psi on b*simplex (Proposition 3, biconjugates): <s, t> - Omega*_b(s) <= Psi(t)
-  for every s, with equality at s = grad Psi(t)."""
-  rng = np.random.RandomState(5)
-  k, gamma = 2, 1.0
-  reg = ot.SparsityConstrained(k=k, gamma=gamma)
-  for b in (1.0, 0.3):
-    t = np.abs(rng.randn(5)) + 0.05
-    t *= b / t.sum()
-    psi = float(_squared_k_support_norm(jnp.asarray(t), k))
-    S = rng.randn(5, 2000) * 2
-    vals, _, _ = _conj_simplex(reg, jnp.asarray(S), jnp.asarray(np.full((2000,), b)), 0)
-    assert np.all(t @ S - np.asarray(vals) <= psi + 1e-12)
-    s_star = psi_gradient(t, k)
-    v_star, t_star, _ = _conj_simplex(reg, jnp.asarray(s_star[:, None]), jnp.asarray([b]), 0)
-    np.testing.assert_allclose(t @ s_star - float(np.asarray(v_star)[0]), psi, rtol=1e-8)
 
 
 def test_simplex_threshold_with_mask_and_zero_mass():

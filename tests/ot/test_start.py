@@ -80,7 +80,8 @@ def test_default_start_needs_fewer_iterations_than_zero(seed):
   m, n, k = 600, 8, 87
   a, b, C = problem(m, n, seed=seed)
   reg = ot.SparsityConstrained(k=k, gamma=0.1)
-  best = float(ot.solve(a, b, C, reg, init=np.zeros(m), max_iter=5000, rtol=1e-13).value)
+  best = float(ot.solve(a, b, C, reg, init=np.zeros(m), max_iter=5000,
+                        solver=ot.LBFGS(rtol=1e-13)).value)
   target = best - 1e-6 * abs(best)
 
   def iterations_to_target(init):

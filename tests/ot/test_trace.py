@@ -46,7 +46,7 @@ def test_adam_trace_matches_shorter_runs(formulation):
   """Entry i equals the value of a fresh run of i + 1 iterations (fixed length)."""
   a, b, C = problem(8, 6, seed=2)
   reg = REGS["sparse"]
-  kw = dict(formulation=formulation, solver="adam", learning_rate=1e-2, tol=0.0)
+  kw = dict(formulation=formulation, solver=ot.Adam(learning_rate=1e-2), tol=0.0)
   res = ot.solve(a, b, C, reg, max_iter=20, trace=True, **kw)
   v, g, e = _check_layout(res, 20)
   np.testing.assert_array_equal(e, np.arange(2, 22))
@@ -58,7 +58,7 @@ def test_adam_trace_matches_shorter_runs(formulation):
 
 def test_adam_with_tol_stops_and_pads():
   a, b, C = problem(8, 6, seed=3)
-  res = ot.solve(a, b, C, ot.SquaredL2(1.0), solver="adam", learning_rate=1e-2,
+  res = ot.solve(a, b, C, ot.SquaredL2(1.0), solver=ot.Adam(learning_rate=1e-2),
                  max_iter=2000, tol=1e-4, trace=True)
   assert bool(res.converged) and int(res.num_iter) < 2000
   v, g, e = _check_layout(res, 2000)

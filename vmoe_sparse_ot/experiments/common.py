@@ -57,13 +57,16 @@ def format_rows(rows, title: str | None = None) -> str:
 
 
 # Tight settings for the figures' plans: the objective is solved to round-off where
-# it is smooth; ftol stops L-BFGS on the kinks that a binding k creates.
-PLAN_SOLVE = dict(solver='lbfgs', max_iter=3000, tol=1e-10, ftol=1e-14)
+# it is smooth; ftol (an `ot.LBFGS` option) stops L-BFGS on the kinks that a
+# binding k creates.
+PLAN_SOLVE = dict(max_iter=3000, tol=1e-10)
+PLAN_FTOL = 1e-14
 
 
 def solve_plan(a, b, C, reg, formulation: str = 'semi_dual', **kwargs):
   """`ot.solve` with `PLAN_SOLVE` settings (overridable); returns the OTResult."""
-  return ot.solve(a, b, C, reg, formulation=formulation, **dict(PLAN_SOLVE, **kwargs))
+  kwargs = {**PLAN_SOLVE, 'solver': ot.LBFGS(ftol=PLAN_FTOL), **kwargs}
+  return ot.solve(a, b, C, reg, formulation=formulation, **kwargs)
 
 
 def sinkhorn_plan(a, b, C, epsilon: float, max_iter: int = 20000, tol: float = 1e-10):

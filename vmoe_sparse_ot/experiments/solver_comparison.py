@@ -77,9 +77,12 @@ def traced_solve(a, b, C, reg, *, formulation: str, solver: str, max_iter: int,
   # `ot.c_transform_start`): the figure compares solvers from one point.
   kwargs.setdefault('init', (np.zeros(len(a)), np.zeros(len(b))))
 
+  options = (ot.Adam(learning_rate=learning_rate) if solver == 'adam'
+             else ot.LBFGS(history=HISTORY))
+
   def go():
-    return ot.solve(a, b, C, reg, formulation=formulation, solver=solver, max_iter=max_iter,
-                    tol=0.0, learning_rate=learning_rate, history=HISTORY, trace=True, **kwargs)
+    return ot.solve(a, b, C, reg, formulation=formulation, solver=options, max_iter=max_iter,
+                    tol=0.0, trace=True, **kwargs)
   res = jax.block_until_ready(go())  # compiles
   seconds = min((common.timed(go)[1] for _ in range(repeats)), default=float('nan'))
   return res, seconds

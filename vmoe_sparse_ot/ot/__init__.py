@@ -56,17 +56,10 @@ from vmoe_sparse_ot.ot.regularizers import (
     SquaredL2,
 )
 from vmoe_sparse_ot.ot.selection import threshold_top_k_mask, top_k, top_k_mask, uses_radix
+from vmoe_sparse_ot.ot.results import PLAN_FEASIBLE_RTOL, KSparseInfeasibleWarning, OTResult
 from vmoe_sparse_ot.ot.sinkhorn import SinkhornResult, sinkhorn
-from vmoe_sparse_ot.ot.solvers import (
-    LBFGS,
-    PLAN_FEASIBLE_RTOL,
-    Adam,
-    KSparseInfeasibleWarning,
-    OTResult,
-    c_transform_start,
-    semi_dual_loss,
-    solve,
-)
+from vmoe_sparse_ot.ot.solver_options import LBFGS, Adam
+from vmoe_sparse_ot.ot.solvers import c_transform_start, semi_dual_loss, solve
 
 __all__ = [
     "LBFGS",

@@ -64,9 +64,9 @@ def adam_path(m: int, n: int, k: int, backend: str) -> str:
   about k passes over the group: k >= 20 with m >= 3k) or the groups are long
   with many experts (m >= 320 with n >= 32), and loses elsewhere at k <= 16; it
   needs 2k < m (`candidates.applies`).
-  GPU and other backends: 'fast'. 'candidates' lost on one H200 (B/32 shapes,
-  G = 512: 31.0 against 26.0 ms); the fused kernel ('pallas') was faster alone
-  there but not yet shown faster in a train step (RESULTS.md), so it is opt-in.
+  GPU and other backends: 'fast'. 'candidates' lost on an H200 at the B/32
+  shapes; the fused kernel ('pallas') was faster alone there but not yet shown
+  faster in a train step (RESULTS.md), so it is opt-in.
   """
   if backend != "cpu" or not 2 * k < m:
     return "fast"

@@ -53,9 +53,8 @@ _BLOCK = 16
 
 
 def default_num_candidates(k: int, m: int) -> int:
-  """R = 2 k rows per column (at most m - 1). At the router's B/32 batch (k =
-  28, m = 400; 50 steps, one thread, best of 6): R = 40 took 46 ms (outside
-  rows enter on most steps), R = 56 28 ms, R = 84 42 ms."""
+  """R = 2 k rows per column (at most m - 1): fewer let outside rows enter on
+  most steps, more cost more per step (docs/OT.md, "Kernel timings")."""
   return min(m - 1, 2 * k)
 
 

@@ -18,8 +18,8 @@ linear constraints, mu shrunk 20-fold whenever Newton has converged for it.
 Each entry (i, j) contributes a 2 x 2 block to the Hessian; the row constraints
 are eliminated (their block is diagonal) and the Newton system reduces to a
 dense (2n - 1) x (2n - 1) one, the Schur complement sum_i B_i B_i^T / d_i
-over rows: O(m n^2) work per step on every entry (m n^2 up to ~1e7 is quick
-on a CPU; 10,000 x 100 takes 12 s).
+over rows: O(m n^2) work per step on every entry (quick on a CPU up to m n^2
+~1e7; docs/OT.md, "How `ot.solve` decides").
 
 Where that is too much the barrier runs on a candidate support instead: the
 variables live on a few entries per row (T = L = 0 elsewhere), chosen from
@@ -30,8 +30,7 @@ complement, so its cost falls to the number of same-row pairs plus the
 the full one and the full semi-dual at its multipliers a lower bound; where
 they disagree the support is grown by the candidates of the new multipliers
 and solved again (`solve_on_candidates`, column generation). 10,000 x 100
-with k = 100 from 200 L-BFGS iterations: ~31,000 of 1e6 entries, one round,
-0.5 s warm.
+with k = 100 from 200 L-BFGS iterations: ~31,000 of 1e6 entries, one round.
 
 The Newton multipliers of the row constraints are the potentials alpha; the
 result reports the semi-dual S(alpha) and its k-sparse plan as `solve` does, and
@@ -379,7 +378,7 @@ def _best_upper_bound(plans, centered: int, T_last, last_kept: bool, bound):
   back in mu the barrier's own gap (3 entries mu) grows, going forward the
   drift off the marginals does (60 x 40: 7e-10 at one mu, 8e-8 two mus
   later), so the bounds fall then rise and 2-5 evaluations find the best
-  (each sorts the columns for P_Psi: 0.1 s at 10,000 x 100). Non-finite
+  (each sorts the columns for P_Psi). Non-finite
   bounds are skipped; (inf, None) if none is finite."""
   # last_kept: the last step centered its mu and T_last is the newest kept plan.
   newest = [] if last_kept else [T_last]
@@ -451,8 +450,8 @@ def candidate_mask(alpha, C, k: int, *, band: float = 20.0, per_row: int = 2):
   closest to (or above) the column's k-th largest value. Eager numpy.
 
   The band: 50,000 x 10 with k = 5750 needed one round from L-BFGS's
-  potentials with 1.1 k or 1.3 k rows per column (1.2 s; with 3 k, 180,000
-  candidates, 3.7 s), 10,000 x 100 with k = 100 one with 3 k."""
+  potentials with 1.1 k or 1.3 k rows per column (3 k, 180,000 candidates,
+  took three times as long), 10,000 x 100 with k = 100 one with 3 k."""
   Z = np.asarray(alpha)[:, None] - np.asarray(C)
   m, n = Z.shape
   top = min(m, k + max(1, int(np.ceil(min(2 * k, band * np.sqrt(k))))))

@@ -31,11 +31,8 @@ def semi_dual_value_and_grad(alpha: Array, a: Array, b: Array, C: Array,
   computed in the transposed (n, m) layout: their per-column reductions
   (thresholds, radix counts) then run along contiguous memory, where XLA's CPU
   backend vectorises them and fuses several into one loop (variadic
-  reductions). One evaluation, one thread, against the (m, n) layout:
-  1.5-1.8x faster from 500 x 500 to 10,000 x 100 (SquaredL2), 2x at
-  10,000 x 100 with k = 100. C_t: optionally C.T. Pass it when evaluating in
-  a loop: XLA does not hoist the transpose out of a while loop, and at
-  50,000 x 10 it cost ~1.5 ms of every evaluation.
+  reductions) (docs/OT.md, "Kernel timings"). C_t: optionally C.T. Pass it when evaluating in a
+  loop: XLA does not hoist the transpose out of a while loop.
   """
   m = C.shape[0]
   # Dense columns are evaluated along the minor axis of (n, m), compact ones in (m, n).

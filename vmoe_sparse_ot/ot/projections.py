@@ -28,17 +28,6 @@ from jax import lax
 
 from vmoe_sparse_ot.ot import precision
 from vmoe_sparse_ot.ot import selection
-# Re-exported: the selection lived here before it had its own module.
-from vmoe_sparse_ot.ot.selection import (  # noqa: F401
-    count_at_least,
-    densify,
-    distinct_top_values,
-    kth_largest_key,
-    threshold_top_k_mask,
-    top_k,
-    top_k_mask,
-    uses_radix,
-)
 
 Array = jax.Array
 
@@ -78,9 +67,8 @@ def _sum_and_count(x: Array, active: Array, axis: int) -> Tuple[Array, Array]:
 
   Along the minor axis one variadic reduction: XLA's CPU backend then makes
   one vectorised loop over x for both, where two reductions make two slower
-  ones (50,000 x 10 in the (n, m) layout: 0.08 ms against 0.27 ms). Along
-  another axis two reductions (there the variadic one is slower: 0.57 against
-  0.47 ms at 10,000 x 100).
+  ones. Along another axis two reductions (there the variadic one is
+  slower) (docs/OT.md, "Kernel timings").
   """
   values = jnp.where(active, x, 0)
   if not selection._minor_axis(x, axis):
@@ -122,9 +110,7 @@ def _folded_lower_bound(x: Array, b: Array, axis: int) -> Array:
   pass folds x to a quarter of its length (four contiguous slices: vectorised),
   and Michelot runs on that, itself folded while long enough; from this bound
   Michelot on x needs 2 rounds instead of 7 (2000 x 64 near the semi-dual's
-  optimum: the threshold 0.125 -> 0.089 ms; solves to a fixed iteration
-  count 10-20% faster on the radix rows). Folding by 2, 8 or 16 measured the
-  same within noise.
+  optimum) (docs/OT.md, "Kernel timings").
   """
   m = x.shape[axis]
   q = -(-m // 4)
@@ -259,10 +245,7 @@ def sparse_simplex_threshold(x: Array, k: int, b=1.0, axis: int = -1):
   (the semi-dual's (n, m) layout) only the binding slices are selected, one
   at a time (near the optimum often one or two bind). Each then stops its
   radix passes as soon as its own k-th entry is told apart, where a batch of
-  rows waited for its slowest one: solves to a fixed iteration count against
-  batches of n / 4 rows, 2000 x 64 with k = 64 0.022 -> 0.019 s, 10,000 x 100
-  with k = 100 (~60 of 100 binding) 0.96 -> 0.71 s; with all 1000 rows of
-  1000 x 1000 binding at k = 32, one evaluation 1.46 against 1.50 ms.
+  rows waited for its slowest one (docs/OT.md, "Kernel timings").
   """
   axis = axis % x.ndim
   return _sparse_threshold(x, _expand(b, x, axis), k, axis)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 from jax.scipy.special import logsumexp, xlogy
 
@@ -164,15 +165,10 @@ class SparsityConstrained(Regularizer):
   """
 
   def __init__(self, k: int, gamma: float = 1.0):
+    if isinstance(k, np.integer):   # numpy integers are fine
+      k = int(k)
     if isinstance(k, bool) or not isinstance(k, int):
-      try:
-        import numpy as np  # numpy integers are fine
-        if isinstance(k, np.integer):
-          k = int(k)
-        else:
-          raise TypeError
-      except TypeError:
-        raise ValueError(f"k must be a Python int >= 1, got {k!r}") from None
+      raise ValueError(f"k must be a Python int >= 1, got {k!r}")
     if k < 1:
       raise ValueError(f"k must be a Python int >= 1, got {k!r}")
     _check_gamma(gamma)

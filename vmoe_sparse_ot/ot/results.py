@@ -222,5 +222,5 @@ def semi_dual_at(alpha, a, b, C, reg: Regularizer):
   """`solve`'s semi-dual result at alpha, jitted on its own for the interior
   point, which scores its multipliers with it, and for `solve` where the
   interior point may follow. Elsewhere `solve` computes the same inside its
-  own program: a separate call costs a first call ~0.6 s of compilation."""
+  own program: a separate call costs a first call one more compilation."""
   return semi_dual_result(alpha, a, matched_mass(b, a), C.T, reg)

@@ -107,9 +107,8 @@ def _largest_keys(keys: Array, k: int, axis: int, m: int, nb: int, scale: int) -
   k largest are found the same way (recursively), and the k passes run over
   the k gathered blocks only. Position r of `keys` along `axis` covers the
   original entries [r * scale, (r + 1) * scale); a key's original position is
-  in its low nb bits (`_sort_keys`). The selection at 500 x 500, k = 5:
-  0.11 ms against 0.34 ms for k passes over the whole slice; 1000 x 1000:
-  0.34 against 1.2 ms.
+  in its low nb bits (`_sort_keys`). Several times faster than k passes over
+  the whole slice (docs/OT.md, "Kernel timings").
   """
   rows = keys.shape[axis]
   if rows < _BLOCK_MIN_ROWS_PER_K * k * _BLOCK:
@@ -199,9 +198,8 @@ def _radix_select(keys: Array, k, axis: int, valid=None, early_exit: bool = Fals
   d such that at least k entries are >= the answer with that digit. One counting
   pass per digit, in a loop that is not unrolled: binary digits (one count per
   pass), or, where `axis` is the minor axis, base-4 digits (three counts per
-  pass in one variadic reduction, which costs about what one count does there:
-  at 10,000 x 100 in the (n, m) layout, 0.094 ms against 0.17 ms for a single
-  count; half the passes).
+  pass in one variadic reduction, which costs about what one count does there
+  (docs/OT.md, "Kernel timings"); half the passes).
 
   Returns (t, count), keepdims: count = number of valid entries >= t. Without
   `early_exit` t is the k-th largest key. With it, the loop also stops once

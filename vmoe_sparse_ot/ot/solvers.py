@@ -7,15 +7,16 @@ optimum solves (P_Psi for SparsityConstrained, Proposition 3 (biconjugates)).
 
 The solver after the argument checks is one jitted function, so `solve` runs
 eagerly, under `jit` and under `vmap` (many problems at once); only the eager
-finish of kink-bound runs (see `solve`, "Kinks") works on the host between
-jitted steps. Its numeric options (tolerances, budget, learning rate) are
-arguments of that program, not constants in it: solving the same shapes with
-other options compiles nothing new.
+finish of kink-bound runs (docs/OT.md, "Kinks and the interior point") works
+on the host between jitted steps. Its numeric options (tolerances, budget,
+learning rate) are arguments of that program, not constants in it: solving
+the same shapes with other options compiles nothing new. The options of each
+method live on its object (`solver_options.LBFGS`, `Adam`).
 """
 from __future__ import annotations
 
 import functools
-from typing import Any, NamedTuple, Optional
+from typing import Any, Optional, Union
 
 import jax
 import jax.numpy as jnp
@@ -28,38 +29,20 @@ from vmoe_sparse_ot.ot import objectives
 from vmoe_sparse_ot.ot import optim
 from vmoe_sparse_ot.ot import precision
 from vmoe_sparse_ot.ot import results
+from vmoe_sparse_ot.ot import solver_options
 from vmoe_sparse_ot.ot import validation
 from vmoe_sparse_ot.ot.regularizers import NegEntropy, Regularizer, SparsityConstrained
-# Re-exported: they were defined here before `results` held them.
-from vmoe_sparse_ot.ot.results import (  # noqa: F401
+from vmoe_sparse_ot.ot.results import (
     PLAN_FEASIBLE_RTOL,
-    KSparseInfeasibleWarning,
     OTResult,
     check_k_sparse_feasible,
     semi_dual_at,
 )
+from vmoe_sparse_ot.ot.solver_options import LBFGS, Adam
 
 Array = jax.Array
 
 FORMULATIONS = ("semi_dual", "dual")
-SOLVERS = ("lbfgs", "adam")
-
-
-class LBFGS(NamedTuple):
-  """`solve(..., solver=LBFGS(...))`: L-BFGS with its options in one place.
-
-  history: memory size; rtol / ftol / patience: the objective stop rules (see
-  `solve`; rtol None picks the default).
-  """
-  history: int = 10
-  rtol: Optional[float] = None
-  ftol: float = 0.0
-  patience: int = 1
-
-
-class Adam(NamedTuple):
-  """`solve(..., solver=Adam(learning_rate))`: Adam ascent with this step size."""
-  learning_rate: float = 1e-2
 
 
 def _park(x, live, C, ceiling, gamma):
@@ -102,18 +85,18 @@ def c_transform_start(b: Array, C: Array, reg: Regularizer) -> Array:
 
   Why: from alpha = 0 the rows far from every column get no mass until the
   solver has lifted them; here each row starts near the top of its best
-  column. The hard minimum (eps = 0) puts every row exactly at 0 in its best
-  column: where more rows share a best column than k allows, they tie at the
-  top and the objective has a kink right at the start; L-BFGS's first line
-  search then found no ascent at all (5000 x 10 with k = 5 and 50). The soft
-  minimum separates them. L-BFGS iterations to reach POT's objective on the
-  benchmark problems (benchmarks/ot_solvers.py), alpha = 0 -> this start:
-  100 x 100 (k = 2) 175 -> 135, 2000 x 64 (k = 64) 84 -> 60, 2000 x 10
-  (k = 230) 292 -> 192, 5000 x 10 (k = 575) 478 -> 298, 50,000 x 10
-  (k = 5750) 494 -> 102, 5000 x 10 (k = 50) 502 -> 106; 500 x 500, 1000 x 1000
-  and 10,000 x 100 within 5-13%. SquaredL2 and NegEntropy: as many or fewer
-  iterations to 1e-7 of the optimum on the same grid (up to 1.7x fewer).
+  column. The hard minimum (eps = 0) would tie the rows that share a best
+  column at a kink right at the start; the soft minimum separates them.
   Rows of a C with no column of mass (nothing to transport) start at 0.
+  What it saves: docs/OT.md, "Starting point".
+
+  Args:
+    b: (n,) non-negative column marginal.
+    C: (m, n) cost.
+    reg: the regularizer (its gamma sets eps).
+
+  Returns:
+    (m,) alpha in C's dtype (float32 for half-precision C).
   """
   live = b > 0
   mass = jnp.sum(b)
@@ -121,9 +104,8 @@ def c_transform_start(b: Array, C: Array, reg: Regularizer) -> Array:
   scale = reg.gamma * (1.0 if isinstance(reg, NegEntropy) else mean_b)
   # Capped by the costs' own spread (the mean over rows of max_j C_ij -
   # min_j C_ij): with large masses per column gamma mean(b) can exceed every
-  # cost difference, and the start then flattens into a row average (10,000
-  # rows of mass 1, C up to 100, gamma = 1: eps = 100 took 62-67 iterations
-  # where alpha = 0 took 43-50; capped, 38-54).
+  # cost difference, and the start then flattens into a row average
+  # (docs/OT.md, "Starting point").
   spread = jnp.mean(jnp.max(jnp.where(live, C, -jnp.inf), axis=1)
                     - jnp.min(jnp.where(live, C, jnp.inf), axis=1))
   eps = jnp.minimum(scale, jnp.where(jnp.isfinite(spread) & (spread > 0), spread, scale)) / 10
@@ -158,253 +140,144 @@ def _prepare_init(init, m: int, n: int, formulation: str, dtype):
 
 
 _DEFAULT_MAX_ITER = 1000
+# The interior point's thresholds (docs/OT.md, "How `ot.solve` decides", has
+# the measurements behind each).
 # Work per Newton step up to which `solve` switches to the interior point on
-# its own: on every entry while m n^2 is below it (5000 x 10: 0.35 s; 10,000 x
-# 100, m n^2 = 1e8, took 10-12 s), or on a candidate support while n^3 is (its
-# (2n - 1)-square system; 10,000 x 100: 0.5 s). Which of the two runs:
+# its own: on every entry while m n^2 is below it, or on a candidate support
+# while n^3 is (its (2n - 1)-square system). Which of the two runs:
 # `_DENSE_INTERIOR_POINT_WORK`.
 _INTERIOR_POINT_MAX_WORK = 2e7
 # L-BFGS's budget before the interior point where k binds for certain
-# (`_kink_certain`). 10,000 x 100 with k = 100 from 200 iterations: one round
-# of candidates (measured when written: 0.9 s warm after L-BFGS's 0.9 s, one
-# core under load; 0.5 s after 0.5 s on an idle one); from 100 and 50 (2 and 4
-# rounds) the interior point took longer than the iterations saved; from
-# 1000 (the default budget) L-BFGS alone took 4.4 s.
+# (`_kink_certain`): enough to aim it at the support in one round of
+# candidates.
 _KINK_CERTAIN_MAX_ITER = 200
 # L-BFGS ended on a kink when its plan's rows miss more than this fraction of
-# the mass (sum |a - T 1| / sum(a)). Measured on 37 random problems whose k
-# binds (10-200 rows, 3-40 columns, gamma 0.01-1): every end more than 1e-6
-# short of the optimum missed >= 1.8% (most a whole row or more: rows left out
-# at the kink); every end below 0.21% was within 1e-7. On the benchmark grid:
-# 100 x 100 (k = 2) 11%, 10,000 x 100 (k = 100) 2.5%, 5000 x 10 (k = 5, 50)
-# ~190% -- all 5e-5 or more short -- and 50,000 x 10 with k = 5750 0.22%,
-# 2.3e-6 short (one machine; 0.15% and 5.5e-7 on another), against 0.008-0.065%
-# on the rest, within 1e-6 (5000 x 10 with k = 575 and 2500: 0.064%, 0.065%).
-# `benchmarks/kink_optimum.py --sweep 40` (random problems): stops missing
-# 0.8-169% were 2e-8 to 15% short, those missing 0.01-0.08% within 6.3e-8.
+# the mass (sum |a - T 1| / sum(a)): stops short of the optimum missed far
+# more, stops at it far less.
 _KINK_MISSING_MASS = 1e-3
 # m n^2 up to which the interior point runs on every entry even where a
-# candidate support is affordable: small problems gain nothing from it (5000
-# x 10: 0.3 s dense), 50,000 x 10 does (3.9 s dense, 1.2 s on ~100,000
-# candidates).
+# candidate support is affordable: small problems gain nothing from it.
 _DENSE_INTERIOR_POINT_WORK = 2e6
 
 
+@solver_options.accepts_flat_options
 def solve(a, b, C, regularizer: Regularizer, formulation: str = "semi_dual",
-          solver: str = "lbfgs", max_iter: int = _DEFAULT_MAX_ITER, tol: Optional[float] = None,
-          learning_rate: float = 1e-2, init: Optional[Any] = None,
-          history: int = 10, ftol: float = 0.0, patience: int = 1,
-          rtol: Optional[float] = None, trace: bool = False,
+          solver: Union[str, LBFGS, Adam] = "lbfgs", max_iter: int = _DEFAULT_MAX_ITER,
+          tol: Optional[float] = None, init: Optional[Any] = None, trace: bool = False,
           interior_point: Optional[bool] = None, infeasible: str = "warn") -> OTResult:
-  """Solves regularized OT: min_T <T, C> + sum_j Omega(t_j) over couplings of a, b.
+  """Solves regularized OT: min_T <T, C> + sum_j Omega(t_j) over couplings T of a and b.
 
-  Stop rules (the defaults need no tuning; `result.status` says which one fired):
-    1. marginals: max |grad| = the largest marginal violation <= tol * sum(a)
-       (status "converged"; both solvers);
-    2. objective (L-BFGS): the quasi-Newton model predicts at most
-       rtol * |objective| left to gain (status "objective_tol"). This is the rule
-       that ends sparsity-constrained problems whose k binds: their optimum sits
-       on a kink, where the gradient need not vanish. Default rtol 1e-9 in
-       float64 (the kink-bound problems are finished by the interior point: see
-       "Kinks"; how close it ends: benchmarks/RESULTS.md, "OT solvers"), 1e-7 in
-       float32 (its rounding level) -- but off
-       (rtol = 0) when `tol` is given and `rtol` is not: an explicit tol asks
-       for the marginals to that tolerance. Where the problem is smooth (every
-       regularizer but SparsityConstrained with k < m) this rule (and ftol's)
-       fires only once the plan meets the marginals (`plan_feasible`): with
-       a small gamma (1e-3 to 1e-10 against costs of 1) it stopped with rows
-       0.2-4% off, and the marginals are reached in 30-100 iterations more.
-  The run also ends after max_iter iterations ("max_iter") or when L-BFGS's line
-  search finds no increase ("stalled"); tol == 0 runs exactly max_iter
-  iterations ("fixed_iter", Adam). `converged` is True only where a rule fired
-  and the plan meets the marginals (`plan_feasible`): never with marginals
-  violated, at any scale of C and gamma.
+  Maximises the dual or the semi-dual, recovers the plan from the conjugate's
+  gradient and reports the duality gap against P_Psi, the convex primal the
+  optimum solves. Runs eagerly, under `jit` and under `vmap`. docs/OT.md
+  explains the rules below and the measurements behind them.
+
+  Stop rules (`result.status` names the one that fired):
+    "converged": the largest marginal violation, max |grad|, <= tol * sum(a).
+    "objective_tol" (L-BFGS): its model predicts at most `LBFGS.rtol` *
+      |value| left to gain, or `LBFGS.ftol`'s rule held `LBFGS.patience`
+      times in a row; on a smooth problem only once the plan meets the
+      marginals.
+    "max_iter": the budget ran out. "stalled" (L-BFGS): the line search
+      found no increase. "fixed_iter" (Adam): tol == 0 ran max_iter iterations.
+    "interior_point": L-BFGS ended on a kink (its plan's rows miss > 0.1% of
+      the mass, or n k <= m) and `solve_interior_point` finished; only for
+      SparsityConstrained with k < m, the semi-dual, L-BFGS, float64,
+      positive a and b, concrete inputs, m n^2 or n^3 <= 2e7 (any size with
+      interior_point=True).
+  `converged` is True only where a rule fired and the plan meets the
+  marginals (`plan_feasible`).
 
   Args:
     a: (m,) non-negative row marginal.
-    b: (n,) non-negative column marginal, same total mass as `a` (to the
-      dtype's tolerance, `validation.mass_rtol`; b is rescaled to sum(a)).
-    C: (m, n) finite real cost (any sign: C + const gives the same plan).
-    regularizer: `SparsityConstrained(k, gamma)` (at most k nonzeros per column;
-      k >= m behaves as SquaredL2), `SquaredL2(gamma)` or `NegEntropy(gamma)`.
-    formulation: "semi_dual" (max over alpha) or "dual" (max over alpha, beta).
-    solver: "lbfgs" or "adam", or an option object `LBFGS(history, rtol, ftol,
-      patience)` / `Adam(learning_rate)` whose fields replace those keywords.
-    max_iter: Python int >= 1, iteration budget.
-    tol: Python float >= 0 (None: 1e-6), relative to the total mass: stop once
-      the largest marginal violation (max |grad|) is <= tol * sum(a). tol == 0 runs exactly
-      `max_iter` iterations (Adam: a fixed-length loop with no convergence test;
-      L-BFGS may stop early only by the objective rule or a stalled line search).
-    learning_rate: Adam step size (ignored by L-BFGS).
-    init: warm start: alpha (m,), (alpha, beta), or a previous OTResult. None:
-      the semi-dual starts from a soft minimum of each row of C
-      (`c_transform_start`, the entropic c-transform of beta = 0; pass zeros
-      to start from 0), the dual from alpha = beta = 0.
-    history: L-BFGS memory size.
-    ftol: (expert, off by default) L-BFGS also stops once an iteration improves
-      the objective by at most ftol * |objective| and its model predicts no more
-      than that is left. Looser and faster than rtol, less accurate.
-    patience: L-BFGS: the ftol test must hold this many iterations in a row.
-    rtol: the objective rule's relative tolerance (see "Stop rules"; 0: off;
-      None: 1e-9 in float64, 1e-7 in float32 if tol is None too, else 0).
-      Tested before the line search on the model's predicted gain -g^T p / 2,
-      so it costs no evaluation.
-    trace: Python bool; True records per iteration the objective, the gradient
-      norm and the evaluation count in `result.trace` (an `OTTrace`, each field
-      (max_iter,); L-BFGS's 200 iterations where the interior point follows a
-      certain kink, see "Kinks"). Off, nothing is recorded.
-    interior_point: whether a kink-bound run is finished by the interior
-      point (see "Kinks" below). None (default): with the default stop rules
-      (tol, rtol, ftol and max_iter not given) and m n^2 or n^3 <= 2e7; True:
-      also with tuned ones and at any size; False: never.
-    infeasible: "warn" (default), "raise" or "ignore": what to do where no
-      coupling has at most k nonzeros per column (SparsityConstrained with
-      n k < the rows with mass, every row under jit): warn once
-      (`KSparseInfeasibleWarning`, one line naming m, n and k), raise
-      ValueError before solving, or solve silently (e.g. an MoE router that
-      drops tokens by design). The solve goes on either way: its value is the
-      optimum of the convex relaxation P_Psi and its plan leaves rows short.
-
-  Kinks: where k binds, the semi-dual's optimum sits on a kink and L-BFGS may
-  stop short of it (by any rule but the marginal one), rows left without part of
-  their mass. When the plan's rows miss more than 0.1% of the mass
-  (sum |a - T 1| / sum(a)) -- the mark of such a stop -- `solve` continues
-  with the barrier method on the primal (`solve_interior_point`, exact to
-  ~1e-9) and returns its result (status "interior_point"; num_iter and
-  num_evals count both runs, trace is L-BFGS's) when its semi-dual value is
-  higher. Where n k <= m, k binds for certain (the semi-dual's plans have at
-  most n k nonzeros, too few for m rows unless n k = m and a plan is a
-  matching) and L-BFGS runs only 200 iterations (with the default max_iter)
-  before the switch: enough to aim it; should the interior point not
-  improve on that, L-BFGS resumes for the other 800 (trace and counts
-  joined). The barrier runs on every entry when m n^2 <= 2e6, or <= 2e7 with
-  n^3 > 2e7 (one (2n - 1)-square Newton system per step, O(m n^2)), else on
-  a candidate support grown from L-BFGS's potentials until its bounds agree
-  (`interior_point.solve_on_candidates`, faster than every entry where both
-  apply: benchmarks/RESULTS.md), when n^3 <= 2e7 (with interior_point=True at
-  any size), falling
-  back to every entry (if m n^2 <= 2e7) when the support's bounds stay
-  apart. Only where it applies and pays: SparsityConstrained with k < m, the
-  semi-dual with L-BFGS, float64, a and b positive everywhere, those sizes
-  unless interior_point=True, and concrete inputs -- under `jit` or `vmap`
-  `solve` returns L-BFGS's point (with the full budget), since which branch
-  runs depends on values.
-
-  The value and the plan at a kink: the value is the semi-dual's optimum
-  (certified to duality_gap with status "interior_point") and `plan` its
-  k-sparse gradient, which at a kink is not a coupling (4 x 3 with k = 1:
-  one row without mass; k = 2 with masses 3 and 4: rows 12.5% short).
-  `status` ("objective_tol", "interior_point") says the value converged;
-  `plan_feasible` False, `row_error` and `col_error` say the plan is not a
-  coupling, and so `converged` is False; `primal_plan` (after the interior
-  point) is one, attaining value + duality_gap in P_Psi (its nonzeros per
-  column in primal_nnz_per_column, possibly more than k: P_Psi relaxes the
-  constraint). Where primal_plan has at most k nonzeros per column it is the
-  sparsity-constrained optimum itself, and it is returned as `plan` (then
-  feasible and converged). `reason(full=True)` says all of this in a line.
-
-  Extreme costs: where the costs' typical gap (the median over rows of the
-  difference between a row's two smallest costs) lies outside [2^-20, 2^20],
-  L-BFGS solves C and gamma divided by a power of two near it (the same plan;
-  potentials and values scaled back), so a problem with C and gamma both
-  scaled by a power of two is solved as the unscaled one. Sentinel costs (1e30 on forbidden pairs among O(1)
-  ones) leave the gap O(1) and are solved as before. Offsets common to a
-  row or a column (C + 1e9, which changes no plan, but forms alpha - c at
-  1e9 and left float64 sparsity-constrained solves short of their
-  marginals; C + 100 in float32) are taken out first where they exceed the
-  costs' range (`precision.shift_costs`: exact where they dominate), the
-  potentials and values put back after. Scaling cannot help a
-  gamma tiny against the costs' spread (costs 1e30 with gamma 0.1: gamma / C
-  ~ 1e-31 at any scale). SquaredL2 and NegEntropy on a 4 x 3 problem with
-  costs 0 to 9 are solved down to gamma 1e-12 in float64 and 1e-3 in
-  float32; far below, the potentials cannot express a plan (u = (alpha - c)
-  / gamma jumps by more than the plan's scale between neighbouring floats
-  of alpha) and the plan at them misses the marginals (all zeros at 1e-31)
-  -- `converged` False, `plan_feasible` False.
-  The interior point (SparsityConstrained, float64) still certifies the
-  value and its primal_plan is a coupling: returned as `plan` where it has
-  at most k nonzeros per column (random 4 x 3 costs times 1e30 with gamma
-  0.1: the LP's optimum, 2 per column), else the plan stays the potentials'
-  own and says it misses the marginals. The plan is invariant only to C and gamma
-  scaled together (each regularizer is gamma times a function of the plan:
-  gamma <t, log t>, gamma / 2 ||t||^2, gamma Psi(t) under the k-sparsity
-  constraint); tested at 1e30 and 1e-28 in float64 and float32. Adam is not
-  scaled: its learning rate is a step in the caller's units (the router's
-  setting, and the batched router paths that must equal it), so pass one in
-  the costs' units, or use L-BFGS, for costs far from 1.
+    b: (n,) non-negative column marginal, the same total mass as `a` to the
+      dtype's tolerance (`validation.mass_rtol`); rescaled to sum(a).
+    C: (m, n) finite real cost, any sign.
+    regularizer: `SparsityConstrained(k, gamma)` (at most k nonzeros per
+      column), `SquaredL2(gamma)` or `NegEntropy(gamma)`.
+    formulation: "semi_dual" (over alpha) or "dual" (over alpha and beta).
+    solver: an `LBFGS` or `Adam` object holding that method's options, or
+      "lbfgs" / "adam" for the default object.
+    max_iter: Python int >= 1, the iteration budget.
+    tol: Python float >= 0, or None (1e-6): the marginal tolerance, relative
+      to sum(a). 0 runs max_iter iterations (L-BFGS may still stop by its
+      objective rule or a stalled line search). Given, it turns the default
+      `LBFGS.rtol` off.
+    init: None (semi-dual: `c_transform_start`; dual: zeros), alpha (m,),
+      a pair (alpha (m,), beta (n,)), or a previous OTResult.
+    trace: Python bool; True records per iteration the value, max |grad| and
+      the evaluation count in `result.trace` (an `OTTrace`, each (max_iter,)).
+    interior_point: None: finish kink-bound runs with the interior point
+      under the default stop rules (tol, max_iter and the LBFGS rules not
+      given) at the sizes above; True: also with tuned rules, at any size;
+      False: never.
+    infeasible: "warn", "raise" or "ignore": what happens where no coupling
+      has at most k nonzeros per column (n k < the rows with mass): warn once
+      (`KSparseInfeasibleWarning`), raise, or go on silently. Unless it
+      raises, the solve returns the optimum of P_Psi, its plan rows short.
 
   Returns:
-    OTResult. Float dtype follows the inputs (float32 or float64 under x64;
-    float16 and bfloat16 inputs are solved in float32). Known limit: float32
-    stops at its rounding floor (status "stalled"), where neither the objective
-    (a sum of m terms) nor its slope along the step resolves the remaining
-    gain; how far that is from the float64 solution: benchmarks/RESULTS.md,
-    "OT solvers". Solve in float64 (jax_enable_x64) when the objective or the
-    marginals must be tighter.
+    OTResult: plan (m, n), value, alpha (m,), beta (n,), duality_gap,
+    num_iter, num_evals, status, converged, row_error, col_error,
+    plan_feasible (and primal_plan after the interior point), in the inputs'
+    float dtype (float16 and bfloat16 inputs are solved in float32).
 
   Raises:
-    ValueError naming the argument, before compiling: shape mismatch, negative or
-    non-finite marginals, non-finite costs, different total masses (value checks only for
-    concrete, non-traced inputs), k < 1, gamma <= 0, unknown options; with
-    infeasible="raise", n k < the rows with mass.
+    ValueError naming the argument, before compiling: shapes; negative or
+    non-finite marginals, non-finite costs, different total masses (concrete
+    inputs only); a bad regularizer, option or solver field; with
+    infeasible="raise", n k < the rows with mass; when differentiated
+    (`semi_dual_loss` gives the optimal value's gradient).
+
+  Deprecated: the flat keywords history=, rtol=, ftol=, patience= (fields of
+  `LBFGS`) and learning_rate= (of `Adam`) still work, with a DeprecationWarning.
   """
   if not isinstance(regularizer, Regularizer):
     raise ValueError(
         "regularizer must be SparsityConstrained, SquaredL2 or NegEntropy, got "
         f"{type(regularizer).__name__}")
   validation.check_choice("formulation", formulation, FORMULATIONS)
-  if isinstance(solver, LBFGS):
-    history, rtol, ftol, patience = solver.history, solver.rtol, solver.ftol, solver.patience
-    solver = "lbfgs"
-  elif isinstance(solver, Adam):
-    learning_rate, solver = solver.learning_rate, "adam"
-  validation.check_choice("solver", solver, SOLVERS)
+  options = solver_options.resolve(solver)
+  lbfgs = isinstance(options, LBFGS)
   max_iter = validation.check_int("max_iter", max_iter, 1)
-  history = validation.check_int("history", history, 1)
-  patience = validation.check_int("patience", patience, 1)
   tol_given = tol is not None
   tol = validation.check_nonneg_float("tol", 1e-6 if tol is None else tol)
-  ftol = validation.check_nonneg_float("ftol", ftol)
-  if rtol is not None:
-    rtol = validation.check_nonneg_float("rtol", rtol)
-  learning_rate = validation.check_pos_float("learning_rate", learning_rate)
   if not isinstance(trace, bool):
     raise ValueError(f"trace must be a Python bool, got {trace!r}")
   if interior_point not in (None, True, False):
     raise ValueError(f"interior_point must be None, True or False, got {interior_point!r}")
   any_size = interior_point is True
   if interior_point is None:
-    interior_point = not (tol_given or rtol is not None or ftol or max_iter != _DEFAULT_MAX_ITER)
-  if not validation.is_concrete(learning_rate):
-    raise ValueError("learning_rate must be a Python float (static), not a traced value")
-  learning_rate = float(learning_rate)
+    tuned = lbfgs and (options.rtol is not None or options.ftol)
+    interior_point = not (tol_given or tuned or max_iter != _DEFAULT_MAX_ITER)
   validation.check_problem(a, b, C)
   regularizer.validate()
   a, b, C, regularizer, init = validation.not_differentiable(
       "ot.solve cannot be differentiated (its solvers stop on data-dependent tests): "
       "ot.semi_dual_loss gives the gradient of the optimal value, or stop_gradient its "
       "inputs", (a, b, C, regularizer, init))
-  check_k_sparse_feasible(a, C, regularizer, infeasible)
+  # stacklevel 4: the warning names the line that called ot.solve (through
+  # its wrapper, `solver_options.accepts_flat_options`).
+  check_k_sparse_feasible(a, C, regularizer, infeasible, stacklevel=4)
   dtype = precision.compute_dtype(a, b, C)   # half precision: float32
-  if rtol is None:
-    rtol = 0.0 if tol_given else (1e-9 if dtype == jnp.float64 else 1e-7)
+  if lbfgs and options.rtol is None:
+    options = options._replace(
+        rtol=0.0 if tol_given else (1e-9 if dtype == jnp.float64 else 1e-7))
   m, n = C.shape
   alpha0, beta0 = _prepare_init(init, m, n, formulation, dtype)
   a = jnp.asarray(a, dtype)
   b = jnp.asarray(b, dtype)
   C = jnp.asarray(C, dtype)
   offsets = None
-  if solver == "lbfgs":
-    # Row and column offsets out (the same plans; see "Extreme costs").
+  if lbfgs:
+    # Row and column offsets out (the same plans; see docs/OT.md, "Scale").
     C, offsets = precision.shift_costs(C)
     if offsets is not None and alpha0 is not None:
       alpha0, beta0 = alpha0 - offsets[0], beta0 - offsets[1]
-  finish = (interior_point and formulation == "semi_dual" and solver == "lbfgs"
+  finish = (interior_point and formulation == "semi_dual" and lbfgs
             and _interior_point_applies(a, b, C, regularizer, any_size))
   certain = finish and _kink_certain(C, regularizer)
-  options = dict(formulation=formulation, solver=solver, tol=tol,
-                 learning_rate=learning_rate, history=history, ftol=ftol,
-                 patience=patience, rtol=rtol, trace=trace)
+  settings = dict(formulation=formulation, solver=options, tol=tol, trace=trace)
   resume = None
   if certain and max_iter == _DEFAULT_MAX_ITER:
     # L-BFGS only has to point the interior point at the support; should
@@ -414,14 +287,13 @@ def solve(a, b, C, regularizer: Regularizer, formulation: str = "semi_dual",
 
     def resume(alpha):
       return _solve(a, b, C, regularizer, alpha, None, max_iter=_DEFAULT_MAX_ITER -
-                    _KINK_CERTAIN_MAX_ITER, result=True, **options)
+                    _KINK_CERTAIN_MAX_ITER, result=True, **settings)
   res = _solve(a, b, C, regularizer, alpha0, beta0, max_iter=max_iter, result=not finish,
-               **options)
+               **settings)
   if finish:
     # The result at L-BFGS's alpha from the function the interior point
     # scores its multipliers with, so that where it runs the semi-dual's
-    # evaluation is compiled once less (0.6 s at 50,000 x 10; where it does
-    # not, the first call pays that much more).
+    # evaluation is compiled once less (docs/OT.md, "How `ot.solve` decides").
     value, T, beta, primal = semi_dual_at(res.alpha, a, b, C, regularizer)
     row, col, feasible = results.host_plan_errors(T, a, b)
     res = _finish_on_kink(res._replace(plan=T, value=value, beta=beta,
@@ -506,22 +378,27 @@ def _chain(first: OTResult, second: OTResult) -> OTResult:
                          num_evals=first.num_evals + second.num_evals, trace=trace)
 
 
-def _solve(a, b, C, reg, alpha0, beta0, *, formulation, solver, max_iter, tol,
-           learning_rate, history, ftol, patience, rtol, trace, result=True) -> OTResult:
+def _solve(a, b, C, reg, alpha0, beta0, *, formulation, solver: Union[LBFGS, Adam], max_iter,
+           tol, trace, result=True) -> OTResult:
   """The solver's program (`_solve_program`) for these options.
 
-  The numeric options (max_iter, tol, learning_rate, ftol, patience, rtol)
-  are passed to it as values, not compiled in: a problem solved again with
-  other tolerances or budgets (L-BFGS's 200 iterations and then the rest of
-  its budget at a certain kink, a sweep over tol) reuses one compiled
-  program. Only what shapes the program is static: the formulation, the
-  solver, the history size, Adam's fixed-length loop (tol == 0) and, with
-  trace=True, max_iter (the trace's length).
+  The numeric options (max_iter, tol and the solver object's tolerances and
+  step size) are passed to it as values, not compiled in: a problem solved
+  again with other tolerances or budgets (L-BFGS's 200 iterations and then
+  the rest of its budget at a certain kink, a sweep over tol) reuses one
+  compiled program. Only what shapes the program is static: the
+  formulation, the method, L-BFGS's history size, Adam's fixed-length loop
+  (tol == 0) and, with trace=True, max_iter (the trace's length).
   """
-  numeric = dict(max_iter=max_iter, tol=tol, learning_rate=learning_rate, ftol=ftol,
-                 patience=patience, rtol=rtol)
+  numeric = dict(max_iter=max_iter, tol=tol)
+  if isinstance(solver, LBFGS):
+    numeric.update(ftol=solver.ftol, patience=solver.patience, rtol=solver.rtol)
+    name, history = "lbfgs", solver.history
+  else:
+    numeric.update(learning_rate=solver.learning_rate)
+    name, history = "adam", None
   return _solve_program(a, b, C, reg, alpha0, beta0, numeric, formulation=formulation,
-                        solver=solver, history=history, fixed_iter=solver == "adam" and tol == 0,
+                        solver=name, history=history, fixed_iter=name == "adam" and tol == 0,
                         trace_len=max_iter if trace else 0, result=result)
 
 
@@ -529,14 +406,14 @@ def _solve(a, b, C, reg, alpha0, beta0, *, formulation, solver, max_iter, tol,
     "formulation", "solver", "history", "fixed_iter", "trace_len", "result"))
 def _solve_program(a, b, C, reg, alpha0, beta0, numeric, *, formulation, solver, history,
                    fixed_iter, trace_len, result) -> OTResult:
-  """The solver's program. numeric: the options of `_solve` as scalars;
+  """The solver's program. numeric: the options of `_solve` as scalars
+  (max_iter, tol, and learning_rate for "adam", else ftol, patience, rtol);
   trace_len: max_iter with trace=True, else 0. result=False (semi-dual
   only): plan, value, beta and duality_gap are left None for `semi_dual_at`
   to fill in."""
   trace = trace_len > 0
   max_iter = trace_len if trace else numeric["max_iter"]
-  tol, learning_rate, ftol = numeric["tol"], numeric["learning_rate"], numeric["ftol"]
-  patience, rtol = numeric["patience"], numeric["rtol"]
+  tol = numeric["tol"]
   m, n = C.shape
   # L-BFGS solves C / s with gamma / s (the same plan; potentials and values
   # in units of s), s a power of two (exact) near the costs' typical gap where
@@ -589,7 +466,7 @@ def _solve_program(a, b, C, reg, alpha0, beta0, numeric, *, formulation, solver,
     x0 = jnp.concatenate([alpha0, beta0])
 
   if solver == "adam":
-    st = optim.adam(fun, x0, max_iter=max_iter, tol=tol, learning_rate=learning_rate,
+    st = optim.adam(fun, x0, max_iter=max_iter, tol=tol, learning_rate=numeric["learning_rate"],
                     trace=trace, tol_scale=mass, fixed_iter=fixed_iter)
   else:
     # Marginals of extreme total mass: L-BFGS on the objective per unit of mass,
@@ -602,8 +479,9 @@ def _solve_program(a, b, C, reg, alpha0, beta0, numeric, *, formulation, solver,
       value, g, T = fun(x)
       return value / unit, g / unit, T
     gate = _objective_gate(reg, m, formulation)
-    st = optim.lbfgs(per_unit, x0, max_iter=max_iter, tol=tol, history=history, ftol=ftol,
-                     patience=patience, rtol=rtol, trace=trace, tol_scale=mass / unit,
+    st = optim.lbfgs(per_unit, x0, max_iter=max_iter, tol=tol, history=history,
+                     ftol=numeric["ftol"], patience=numeric["patience"], rtol=numeric["rtol"],
+                     trace=trace, tol_scale=mass / unit,
                      objective_gate=None if gate is None else gate * mass / unit)
     # Values back in the caller's units (gradients, the marginals, have none).
     st = st._replace(value=st.value * (unit * s), grad=st.grad * unit,
@@ -654,11 +532,9 @@ def _objective_gate(reg, m: int, formulation: str) -> Optional[float]:
 
 # `_cost_scale`: costs whose typical gap (below) lies within [2^-20, 2^20]
 # are solved as they are. L-BFGS's first step and its curvature test are
-# absolute (a unit step; |y| above rounding of |g|): on a 10 x 7 test problem
-# with C and gamma both multiplied by 10^e it reached the optimum for e =
-# -12..8 and stopped at its first iteration, 30% short, for e >= 12 and e =
-# -30. Inside the band nothing changes (s = 1), so tuned results stay as
-# they were.
+# absolute (a unit step; |y| above rounding of |g|), so far outside the band
+# it stops at its first iteration (docs/OT.md, "How `ot.solve` decides").
+# Inside the band nothing changes (s = 1), so tuned results stay as they were.
 _COST_SCALE_BAND = 2.0 ** 20
 
 
@@ -669,12 +545,8 @@ def _cost_scale(C):
   mass to its next column). Not max C - min C: a few sentinel costs (1e30
   for forbidden pairs among O(1) ones, which L-BFGS solves as they are) would
   set it. C / s and gamma / s give the same plan, with potentials and values
-  divided by s: every regularizer is gamma times a function of the plan. On
-  the test problem above (costs in [0, 1] times the scale, gamma 1e-4 to
-  1e29 times it, masses 1 and 1e20, SquaredL2 and NegEntropy): solved at
-  every cost scale of 1e-30, 1e-12, 1, 1e12 and 1e30 (before: at 1 and
-  mostly 1e-12 only); both ways not with gamma 1e-7 or less (a nearly
-  unregularized problem at any scale)."""
+  divided by s: every regularizer is gamma times a function of the plan.
+  C: (m, n); returns a scalar in C's dtype."""
   if C.shape[1] < 2:
     return jnp.ones((), C.dtype)
   two = -lax.top_k(-C, 2)[0]   # each row's two smallest costs

@@ -142,11 +142,10 @@ def _solve(cost: Array, a: Array, b: Array, k: int, opts: SparseOTOptions):
   # infeasible="ignore": with E C < S tokens the router drops tokens by design.
   kwargs = {"max_iter": steps, "tol": 0.0, "init": jnp.zeros_like(a[0]),
             "infeasible": "ignore"}
-  if opts.solver == "adam":
-    kwargs["learning_rate"] = opts.learning_rate
+  solver = ot.Adam(learning_rate=opts.learning_rate) if opts.solver == "adam" else opts.solver
   reg = ot.SparsityConstrained(k=k, gamma=opts.gamma)
   return fixed(jax.vmap(lambda c, a, b: ot.solve(a, b, c, reg, formulation="semi_dual",
-                                                 solver=opts.solver, **kwargs).plan)(cost, a, b))
+                                                 solver=solver, **kwargs).plan)(cost, a, b))
 
 
 def solve(logits: Array, token_mask: Array, opts: SparseOTOptions, capacity: int):

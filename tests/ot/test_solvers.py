@@ -1,4 +1,5 @@
-"""solve() and sinkhorn(): POT agreement, jit/vmap batches, router-style calls."""
+"""`ot.solve` (ot/solvers.py): POT agreement, jit/vmap batches, router-style calls,
+stop rules, the finish on kinks, and `semi_dual_loss`."""
 from types import SimpleNamespace
 
 import jax
@@ -37,38 +38,6 @@ def test_agrees_with_pot_smooth(reg_type, formulation):
     np.testing.assert_allclose(np.asarray(res.plan), G, atol=2e-4)
 
 
-def test_sinkhorn_matches_negentropy_solve_and_pot():
-  # (The size of test_agrees_with_pot_smooth: its NegEntropy dual solve is compiled.)
-  a, b, C = problem(10, 8, seed=5, uniform=False)
-  eps = 0.05
-  sk = ot.sinkhorn(a, b, C, eps, tol=1e-12, max_iter=10000)
-  assert bool(sk.converged)
-  res = ot.solve(a, b, C, ot.NegEntropy(eps), formulation="dual", **TIGHT)
-  assert float(sk.value) == pytest.approx(float(res.value), rel=1e-8)
-  np.testing.assert_allclose(np.asarray(sk.plan), np.asarray(res.plan), atol=1e-8)
-  P = pot().sinkhorn(a, b, C, eps, method="sinkhorn_log", stopThr=1e-13, numItermax=10000)
-  np.testing.assert_allclose(np.asarray(sk.plan), P, atol=1e-9)
-
-
-def test_sinkhorn_fixed_iterations_under_jit_and_vmap_with_negative_costs():
-  rng = np.random.RandomState(6)
-  logits = rng.randn(4, 16, 4)    # numpy, and so the checks: eager jnp ops compile each
-  a, b = np.full((16,), 1 / 16), np.full((4,), 1 / 4)
-
-  @jax.jit
-  def route(lg):
-    return jax.vmap(lambda c: ot.sinkhorn(a, b, -c, 0.5, max_iter=200, tol=0.0))(lg)
-
-  out = route(logits)
-  assert out.plan.shape == (4, 16, 4)
-  np.testing.assert_array_equal(np.asarray(out.num_iter), 200)
-  plans = np.asarray(out.plan)
-  for g in range(4):
-    one = ot.sinkhorn(a, b, -logits[g] + 10.0, 0.5, max_iter=200, tol=0.0)  # shift: C >= 0
-    np.testing.assert_allclose(plans[g], np.asarray(one.plan), atol=1e-10)
-  np.testing.assert_allclose(plans.sum(1), 0.25, atol=1e-12)
-
-
 @pytest.mark.parametrize("solver,formulation", [("lbfgs", "semi_dual"), ("lbfgs", "dual"),
                                                 ("adam", "semi_dual")])
 def test_vmap_batch_equals_one_by_one(solver, formulation):
@@ -76,8 +45,7 @@ def test_vmap_batch_equals_one_by_one(solver, formulation):
   A, B, Cs = (np.stack(x) for x in zip(*probs))
   reg = ot.SparsityConstrained(k=2, gamma=0.3)
   # A fixed iteration budget (tol=0): the batch must follow the same trajectories.
-  kw = dict(formulation=formulation, solver=solver, max_iter=15, tol=0.0,
-            learning_rate=1e-2)
+  kw = dict(formulation=formulation, solver=solver, max_iter=15, tol=0.0)
   batched = jax.jit(jax.vmap(lambda a, b, c: ot.solve(a, b, c, reg, **kw)))(A, B, Cs)
   batched = jax.tree_util.tree_map(np.asarray, batched)   # (indexed on the host)
   for i, (a, b, C) in enumerate(probs):
@@ -98,7 +66,7 @@ def test_router_call_float32_fixed_iterations_jit_vmap():
     def one(c):
       a, b = jnp.full((16,), 1 / 16), jnp.full((4,), 1 / 4)
       return ot.solve(a, b, c, ot.SparsityConstrained(k=6, gamma=1.0), formulation="semi_dual",
-                      solver="adam", max_iter=50, learning_rate=1e-2, tol=0.0)
+                      solver=ot.Adam(learning_rate=1e-2), max_iter=50, tol=0.0)
     return jax.vmap(one)(-lg)
 
   res = route(logits)
@@ -135,39 +103,22 @@ def test_lbfgs_stop_rules_rtol_and_ftol_with_patience():
   a, b, C = map(jnp.asarray, (a, b, C))
   smooth = ot.SquaredL2(0.5)
   ref = ot.solve(a, b, C, smooth, **TIGHT)
-  res = ot.solve(a, b, C, smooth, tol=1e-12, max_iter=2000, rtol=1e-8)
+  res = ot.solve(a, b, C, smooth, tol=1e-12, max_iter=2000, solver=ot.LBFGS(rtol=1e-8))
   gap = (float(ref.value) - float(res.value)) / abs(float(ref.value))
   assert 0 <= gap <= 1e-6  # within the asked precision (model estimate, 100x margin)
   assert int(res.num_evals) < int(ref.num_evals)
   kinked = ot.SparsityConstrained(k=2, gamma=0.1)
-  ref = ot.solve(a, b, C, kinked, tol=1e-12, max_iter=3000, ftol=1e-14)
-  res = ot.solve(a, b, C, kinked, tol=1e-12, max_iter=3000, ftol=1e-7, patience=2,
-                 rtol=1e-9)
+  ref = ot.solve(a, b, C, kinked, tol=1e-12, max_iter=3000, solver=ot.LBFGS(ftol=1e-14))
+  res = ot.solve(a, b, C, kinked, tol=1e-12, max_iter=3000,
+                 solver=ot.LBFGS(ftol=1e-7, patience=2, rtol=1e-9))
   gap = (float(ref.value) - float(res.value)) / abs(float(ref.value))
   assert -1e-9 <= gap <= 1e-3
   assert 2 * int(res.num_evals) < int(ref.num_evals)
   # patience=1 stops no later than patience=2 (same iterates until the first stop).
-  res1 = ot.solve(a, b, C, kinked, tol=1e-12, max_iter=3000, ftol=1e-7, patience=1,
-                  rtol=1e-9)
+  res1 = ot.solve(a, b, C, kinked, tol=1e-12, max_iter=3000,
+                  solver=ot.LBFGS(ftol=1e-7, patience=1, rtol=1e-9))
   assert int(res1.num_iter) <= int(res.num_iter)
   assert float(res1.value) <= float(res.value)
-
-
-def test_solver_option_objects_equal_the_keywords():
-  a, b, C = problem(10, 8, seed=7)
-  reg = ot.SparsityConstrained(k=3, gamma=0.1)
-  obj = ot.solve(a, b, C, reg, solver=ot.LBFGS(history=5, rtol=1e-7))
-  kw = ot.solve(a, b, C, reg, solver="lbfgs", history=5, rtol=1e-7)
-  np.testing.assert_array_equal(np.asarray(obj.alpha), np.asarray(kw.alpha))
-  assert int(obj.num_iter) == int(kw.num_iter)
-  other = ot.solve(a, b, C, reg, solver="lbfgs", history=10, rtol=1e-7)
-  assert int(other.num_evals) != int(kw.num_evals) or not np.array_equal(
-      np.asarray(other.alpha), np.asarray(kw.alpha))            # history matters
-  obj = ot.solve(a, b, C, reg, solver=ot.Adam(learning_rate=0.05), max_iter=30, tol=0.0)
-  kw = ot.solve(a, b, C, reg, solver="adam", learning_rate=0.05, max_iter=30, tol=0.0)
-  np.testing.assert_array_equal(np.asarray(obj.alpha), np.asarray(kw.alpha))
-  with pytest.raises(ValueError, match="history"):
-    ot.solve(a, b, C, reg, solver=ot.LBFGS(history=0))
 
 
 def test_other_numeric_options_reuse_the_compiled_solver():
@@ -177,14 +128,14 @@ def test_other_numeric_options_reuse_the_compiled_solver():
   from vmoe_sparse_ot.ot import solvers
   a, b, C = problem(10, 8, seed=7)
   reg = ot.SparsityConstrained(k=3, gamma=0.1)
-  ot.solve(a, b, C, reg, rtol=1e-7)
+  ot.solve(a, b, C, reg, solver=ot.LBFGS(rtol=1e-7))
   ot.solve(a, b, C, reg, solver="adam", max_iter=30, tol=0.0)
   compiled = solvers._solve_program._cache_size()
   short = ot.solve(a, b, C, reg, max_iter=3, tol=1e-9)
-  tight = ot.solve(a, b, C, reg, rtol=1e-12, ftol=1e-3, patience=2)
+  tight = ot.solve(a, b, C, reg, solver=ot.LBFGS(rtol=1e-12, ftol=1e-3, patience=2))
   assert (int(short.num_iter), short.reason()) == (3, "max_iter")
   assert int(tight.num_iter) > 3 and tight.reason() in ("objective_tol", "stalled")
-  adam = ot.solve(a, b, C, reg, solver="adam", max_iter=7, tol=0.0, learning_rate=0.5)
+  adam = ot.solve(a, b, C, reg, solver=ot.Adam(learning_rate=0.5), max_iter=7, tol=0.0)
   assert (int(adam.num_iter), adam.reason()) == (7, "fixed_iter")
   assert solvers._solve_program._cache_size() == compiled
 
@@ -230,8 +181,9 @@ def test_interior_point_only_when_asked_or_needed(monkeypatch):
   monkeypatch.undo()
   # Tuned stop rules ask for the L-BFGS run as configured; True overrides.
   # (rtol given, at its default value: the same compiled L-BFGS as above.)
-  assert ot.solve(a, b, C, reg, rtol=1e-9).reason() != "interior_point"
-  assert ot.solve(a, b, C, reg, rtol=1e-9, interior_point=True).reason() == "interior_point"
+  assert ot.solve(a, b, C, reg, solver=ot.LBFGS(rtol=1e-9)).reason() != "interior_point"
+  assert ot.solve(a, b, C, reg, solver=ot.LBFGS(rtol=1e-9),
+                  interior_point=True).reason() == "interior_point"
   # Under jit the branch cannot depend on values: L-BFGS's point.
   jitted = jax.jit(lambda a, b, C: ot.solve(a, b, C, reg))(a, b, C)
   assert jitted.reason() == "objective_tol"
@@ -304,3 +256,35 @@ def test_certain_kink_resumes_lbfgs_when_the_interior_point_does_not_improve(mon
   assert float(res.value) == float(rest.value) and float(res.value) >= float(first.value)
   np.testing.assert_array_equal(np.asarray(res.trace.num_evals[200:]),
                                 np.asarray(rest.trace.num_evals) + int(first.num_evals))
+
+
+def test_danskin_loss_gradients_match_finite_differences():
+  """dS/dC = T*, dS/da = alpha* (along mass-preserving directions), no unrolling."""
+  a, b, C = problem(6, 4, seed=3, uniform=False)
+  reg = ot.SquaredL2(0.5)  # smooth and strictly convex: S is differentiable
+  kw = dict(tol=1e-11, max_iter=2000)
+  loss = lambda a_, b_, C_: ot.semi_dual_loss(a_, b_, C_, reg, **kw)
+  ga, gb, gC = jax.grad(loss, argnums=(0, 1, 2))(jnp.asarray(a), jnp.asarray(b), jnp.asarray(C))
+  res = ot.solve(a, b, C, reg, **kw)
+  np.testing.assert_allclose(np.asarray(gC), np.asarray(res.plan), atol=1e-12)
+  ga, gb, gC = (np.asarray(g) for g in (ga, gb, gC))   # (products below in numpy)
+  h = 1e-5
+  rng = np.random.RandomState(4)
+  for _ in range(2):
+    dC = rng.randn(*C.shape)
+    fd = (float(loss(a, b, C + h * dC)) - float(loss(a, b, C - h * dC))) / (2 * h)
+    assert float(np.sum(gC * dC)) == pytest.approx(fd, rel=1e-5, abs=1e-9)
+    da = rng.randn(6)
+    da -= da.mean()  # keep sum(a) = sum(b)
+    fd = (float(loss(a + h * da, b, C)) - float(loss(a - h * da, b, C))) / (2 * h)
+    assert float(np.dot(ga, da)) == pytest.approx(fd, rel=1e-5, abs=1e-9)
+    db = rng.randn(4)
+    db -= db.mean()
+    fd = (float(loss(a, b + h * db, C)) - float(loss(a, b - h * db, C))) / (2 * h)
+    assert float(np.dot(gb, db)) == pytest.approx(fd, rel=1e-5, abs=1e-9)
+  # Under jit too, and for the sparsity-constrained regularizer.
+  reg_k = ot.SparsityConstrained(k=2, gamma=0.5)
+  gC_k = jax.jit(jax.grad(lambda C_: ot.semi_dual_loss(a, b, C_, reg_k, **kw)))(C)
+  np.testing.assert_allclose(np.asarray(gC_k), np.asarray(ot.solve(a, b, C, reg_k, **kw).plan),
+                             atol=1e-12)
+  assert np.all((np.asarray(gC_k) > 0).sum(0) <= 2)
