@@ -1,7 +1,6 @@
 """Few-shot evaluation configuration: every key `config.fewshot` accepts, with defaults.
 
-Kept free of JAX and TensorFlow so config files can import it cheaply; the same
-function is re-exported as `vmoe_sparse_ot.evaluate.transfer.default_fewshot_config`.
+The same function is re-exported as `vmoe_sparse_ot.evaluate.transfer.default_fewshot_config`.
 
 Datasets are a dict `{key: {name, train_split, test_split}}`: `name` is a TFDS name
 (or one of the embedded datasets), the few-shot training examples are drawn from
