@@ -172,7 +172,48 @@ def _write_config(config: ml_collections.ConfigDict, workdir: str) -> None:
 
 def _train(run: run_lib.Run, workdir: str, ckpt, state: TrainState, start_step: int,
            fewshot: FewShotHook | None) -> dict[str, Any]:
-  """Steps `start_step + 1 .. train_steps`, then the final evaluation and summary."""
+  """Steps `start_step + 1 .. train_steps`, each followed by the hooks; then the final
+  evaluation and the summary."""
+  last_step = int(run.config.train_steps)
+  writer = _open_writer(run, workdir, start_step)
+  eval_sets, run_eval = _evaluations(run)
+  summary: dict[str, Any] = {'step': start_step}
+  profiler = profiling.StepProfiler(run.config.profile, workdir)
+  try:
+    if start_step < last_step:
+      batches, first_batch = _train_batches(run, start_step)
+      progress = progress_lib.ProgressLogger(
+          steps=range(start_step + 1, last_step + 1),
+          every_steps=int(run.config.log_every_steps), batch_size=int(run.config.batch_size),
+          learning_rate=run.schedule, writer=writer, last_good=ckpt.last_good,
+          compiles=run.compiles)
+      actions = _hooks(run, ckpt, progress, writer, run_eval, eval_sets, fewshot)
+      metrics = run.programs.empty_metrics(first_batch)
+      for step in range(start_step + 1, last_step + 1):
+        profiler(step, state.step)
+        with jax.profiler.StepTraceAnnotation('train', step_num=step):
+          state, metrics = run.programs.train_step(state, next(batches), metrics)
+        if progress.should_log(step):
+          progress.log(step, metrics)
+          metrics = run.programs.empty_metrics(first_batch)
+        for action in actions.values():
+          action(step, state=state, metrics=metrics)
+        summary['step'] = step
+      summary.update(progress.summary())
+      results = actions['evaluate'].get_last_callback_result()
+    else:  # Nothing left to train: evaluate the restored params.
+      results = run_eval(state)
+      periodic_eval.log_results(start_step, results, eval_sets, writer)
+  finally:
+    profiler.close()
+    writer.close()
+  return _summarize(summary, results, workdir)
+
+
+def _open_writer(run: run_lib.Run, workdir: str, start_step: int):
+  """Logs the run's one-line description, writes WORKDIR/config.json, and returns the
+  metric writer (TensorBoard and metrics.jsonl), with the hyperparameters on a
+  fresh run."""
   config = run.config
   num_params = sum(int(np.prod(s)) for s in run.record['param_shapes'].values())
   logging.info('Model %s with %.2fM parameters, router %s; mesh %s; %d process(es)',
@@ -183,36 +224,23 @@ def _train(run: run_lib.Run, workdir: str, ckpt, state: TrainState, start_step: 
   if start_step == 0:
     writer.write_hparams({k: v for k, v in config_lib.flatten(config.to_dict()).items()
                           if isinstance(v, (int, float, str, bool))})
-  periodic_eval.log_eval_overrides(config)
-  eval_sets = periodic_eval.eval_sets(config)
-  eval_datasets = periodic_eval.make_datasets(config, eval_sets, run.eval_batch_size)
+  return writer
 
-  def run_eval(state):  # {set name: result}; '' is config.dataset.eval_split.
+
+def _evaluations(run: run_lib.Run):
+  """(the eval sets, run_eval(state) -> {set name: result}); '' names
+  config.dataset.eval_split."""
+  periodic_eval.log_eval_overrides(run.config)
+  eval_sets = periodic_eval.eval_sets(run.config)
+  eval_datasets = periodic_eval.make_datasets(run.config, eval_sets, run.eval_batch_size)
+
+  def run_eval(state):
     return periodic_eval.evaluate_all(
         lambda params, ds: evaluate(run.programs.eval_step, params, ds, run.batch_sharding,
                                     state.model_state),
         state.params, eval_datasets)
 
-  summary: dict[str, Any] = {'step': start_step}
-  profiler = profiling.StepProfiler(config.profile, workdir)
-  try:
-    if start_step < int(config.train_steps):
-      batches, first_batch = _train_batches(run, start_step)
-      progress = progress_lib.ProgressLogger(
-          steps=range(start_step + 1, int(config.train_steps) + 1), every_steps=int(config.log_every_steps), batch_size=int(config.batch_size),
-          learning_rate=run.schedule, writer=writer, last_good=ckpt.last_good,
-          compiles=run.compiles)
-      actions = _hooks(run, ckpt, progress, writer, run_eval, eval_sets, fewshot)
-      summary.update(_loop(run, state, batches, lambda: run.programs.empty_metrics(first_batch),
-                           progress, actions, profiler))
-      results = actions['evaluate'].get_last_callback_result()
-    else:  # Nothing left to train: evaluate the restored params.
-      results = run_eval(state)
-      periodic_eval.log_results(start_step, results, eval_sets, writer)
-  finally:
-    profiler.close()
-    writer.close()
-  return _summarize(summary, results, workdir)
+  return eval_sets, run_eval
 
 
 def _train_batches(run: run_lib.Run, start_step: int):
@@ -239,24 +267,6 @@ def _hooks(run: run_lib.Run, ckpt, progress, writer, run_eval, eval_sets,
   if periodic_fewshot is not None:
     actions['fewshot'] = hooks.fewshot_every_step(periodic_fewshot, progress)
   return actions
-
-
-def _loop(run: run_lib.Run, state: TrainState, batches, empty_metrics, progress, actions,
-          profiler) -> dict[str, Any]:
-  """Steps `progress.first_step .. total_steps`, each followed by the hooks; returns
-  the last step and `progress.summary()`."""
-  metrics = empty_metrics()
-  step = progress.first_step - 1
-  for step in range(progress.first_step, progress.total_steps + 1):
-    profiler(step, state.step)
-    with jax.profiler.StepTraceAnnotation('train', step_num=step):
-      state, metrics = run.programs.train_step(state, next(batches), metrics)
-    if progress.should_log(step):
-      progress.log(step, metrics)
-      metrics = empty_metrics()
-    for action in actions.values():
-      action(step, state=state, metrics=metrics)
-  return {'step': step, **progress.summary()}
 
 
 def _summarize(summary: dict[str, Any], results: dict[str, Any], workdir: str) -> dict[str, Any]:
