@@ -51,7 +51,7 @@ SLOWEST_FIRST = (
     "tests/ot/test_float32.py",
     "tests/train/test_resume.py",
     "tests/experiments/test_mnist_clustering.py",
-    "tests/evaluate/test_evaluate_job.py",
+    "tests/evaluate/test_job.py",
     "tests/experiments/test_router_study.py",
     "tests/test_fewshot.py",
     "tests/ot/test_interior_point.py",

@@ -177,14 +177,14 @@ COMMANDS = {
     # The same flags on another workdir, with its console and JSON checked line by line.
     'python -m vmoe_sparse_ot.evaluate --workdir=workdirs/upcycled --capacity_factor=0.5 '
     '--batch_priority': Covered(
-        'tests/evaluate/test_evaluate_job.py::test_command_line_end_to_end_on_two_devices'),
+        'tests/evaluate/test_job.py::test_command_line_end_to_end_on_two_devices'),
     # A reference partitioned checkpoint and its config on a registered remote file system.
     'python -m vmoe_sparse_ot.evaluate --checkpoint=PREFIX_OR_NPZ --config=FILE '
     '--dataset=NAME --split=SPLIT': Covered(
-        'tests/evaluate/test_evaluate_job.py::'
+        'tests/evaluate/test_job.py::'
         'test_checkpoint_without_workdir_through_a_remote_file_system'),
     'python -m vmoe_sparse_ot.evaluate --checkpoint=PREFIX_OR_NPZ --config=FILE': Covered(
-        'tests/evaluate/test_evaluate_job.py::'
+        'tests/evaluate/test_job.py::'
         'test_checkpoint_without_workdir_through_a_remote_file_system'),
     # Another router than the one trained (/tmp/run trains sparse_ot).
     'python -m vmoe_sparse_ot.evaluate --workdir=W --split=test --router=sparse_ot': Job(

@@ -259,16 +259,3 @@ def test_cli_missing_fewshot_dataset_fails_before_reading_the_checkpoint(setup, 
   assert lines == [lines[-1]] and "config.fewshot.datasets.nope: dataset 'no_such_dataset'" \
       in lines[-1], proc.stderr
 
-
-def test_table_names_the_reference_l2_selection():
-  shot = {'accuracy_mean': 0.5, 'accuracy_std': 0.0, 'accuracy': [0.5], 'l2_reg': [4.0],
-          'seeds': [0]}
-  payload = {'workdir': '/w', 'step': 3, 'model': {'name': 'vit_moe', 'router': 'topk'},
-             'protocol': {'seeds': (0,), 'l2_selection': 'reference'},
-             'datasets': {'digits': {'shots': {5: shot}}}}
-  table = job.format_table(payload)
-  assert ("L2 chosen by 'reference', the reference V-MoE code's rule: on the test split, "
-          'one per shot for every dataset and seed)') in table.splitlines()[0]
-  assert table.splitlines()[-1].split() == ['digits', '5', '50.00', '±', '0.00', '2']
-  payload['protocol']['l2_selection'] = 'loo'
-  assert 'L2 chosen by loo on the few-shot examples' in job.format_table(payload)

@@ -1,6 +1,5 @@
 """nn.model_options: each model option defined once; the defaults, keys, checks and
 build_model's arguments derived from it."""
-import dataclasses
 import math
 
 import pytest
@@ -10,34 +9,12 @@ from vmoe_sparse_ot.config import validation
 from vmoe_sparse_ot.config.schema import base_config
 from vmoe_sparse_ot.nn import model_options as mo
 from vmoe_sparse_ot.nn import routers
-from vmoe_sparse_ot.nn.model_config import default_model_config
-
-SECTIONS = ((mo.ModelOptions, ()), (mo.EncoderOptions, ("encoder",)),
-            (mo.MoeOptions, ("encoder", "moe")))
-
+from vmoe_sparse_ot.nn import variants
 
 def _node(config, path):
   for key in path:
     config = config[key]
   return config
-
-
-def test_the_default_config_is_the_fields_defaults():
-  config = default_model_config()
-  for options, path in SECTIONS:
-    node = _node(config, path)
-    assert set(node.keys()) == set(mo.keys(options))
-    for f in dataclasses.fields(options):
-      assert f.metadata["doc"], f.name                       # every option documented
-      if "section" not in f.metadata:
-        assert node[f.name] == f.default, f.name
-  assert config.encoder.moe.router.to_dict() == routers.default_config()   # the routers' own
-  # A None default keeps its type, so the command line can set it.
-  config.variant, config.encoder.moe.dropout_rate = "B/16", 0.1
-  with pytest.raises(TypeError):
-    config.dtype = 3
-  # Parsed back, the defaults are the dataclasses' own.
-  assert mo.model_options(default_model_config()) == mo.ModelOptions()
 
 
 def test_missing_keys_take_the_defaults_and_float_options_are_floats():
@@ -64,9 +41,7 @@ def test_missing_keys_take_the_defaults_and_float_options_are_floats():
     (mo.finite_number, math.inf, "must be a finite number"),
     (mo.one_of(("a", "b"), optional=True), "c", "must be one of ['a', 'b'] or None"),
     (mo.flag, 1, "must be True or False"),
-    (mo.variant, "V-MoE-Ti/16", "must be SIZE/PATCH with SIZE in ['Ti', 'S', 'B', 'L', "
-     "'H'] (e.g. \"B/32\"), V-MoE-SIZE/PATCH with SIZE in ['S', 'B', 'L', 'H'] (e.g. "
-     "\"V-MoE-S/32\") or None"),
+    (mo.variant, "V-MoE-Ti/16", variants.ALLOWED),   # its words: tests/nn/test_variants.py
     (mo.variant, "V-MoE-S/32", None),
 ])
 def test_checks_word_what_the_value_must_be(check, value, allowed):
