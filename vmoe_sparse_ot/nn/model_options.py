@@ -31,16 +31,13 @@ from vmoe_sparse_ot.nn import variants
 from vmoe_sparse_ot.nn.dispatch import DISPATCHERS, DTYPES
 from vmoe_sparse_ot.nn.routers.base import OptionError
 from vmoe_sparse_ot.nn.vit import CLASSIFIERS, POSITION_EMBS
+from vmoe_sparse_ot.values import is_int
 
 MODELS = ('vit_moe', 'vit')
 # model.dtype: the activations' dtype (None: float32; parameters stay float32).
 MODEL_DTYPES = ('float32', 'bfloat16')
 
 Check = Callable[[Any], Optional[str]]   # value -> None if allowed, else what it must be
-
-
-def _is_int(value: Any) -> bool:
-  return isinstance(value, int) and not isinstance(value, bool)
 
 
 def integer(minimum: int, *, optional: bool = False, allowed: Optional[str] = None) -> Check:
@@ -54,7 +51,7 @@ def integer(minimum: int, *, optional: bool = False, allowed: Optional[str] = No
   def check(value):
     if optional and value is None:
       return None
-    if not _is_int(value):
+    if not is_int(value):
       return allowed or f'must be an integer{none}'
     if value < minimum:
       return allowed or f'must be an integer >= {minimum}{none}'
@@ -291,7 +288,7 @@ def check_ensemble_size(m: int, name: str, moe: Optional[Mapping[str, Any]],
                       'group holds the same number of tokens of every member')
   router_defaults = routers.default_config()
   k = router.get('num_selected_experts', router_defaults['num_selected_experts'])
-  if _is_int(k) and k > experts // m:
+  if is_int(k) and k > experts // m:
     raise OptionError(key, m, f'leaves {experts // m} experts per member, fewer than '
                       f'model.encoder.moe.router.num_selected_experts ({k})')
   router_name = router.get('name', router_defaults['name'])
