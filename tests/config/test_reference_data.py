@@ -12,7 +12,7 @@ import os
 import pytest
 
 from tests import main_cases
-from tests.config.test_reference import S32, _s32
+from tests.config.test_reference import S32, _cannot_read, _s32
 from vmoe_sparse_ot.config import reference
 
 LABELS = 'onehot(10, inkey="label", outkey="labels")|keep("image", "labels")'
@@ -47,25 +47,40 @@ def get_config():
 '''
 
 
-def test_print_config_of_train_epochs_without_the_data_shows_the_formula(tmp_path):
+@pytest.fixture(scope='module')
+def runs(tmp_path_factory):
+  """The command lines of these tests, in one interpreter (tests/main_cases.py):
+  {name: (Result, folder)}."""
+  folder = tmp_path_factory.mktemp('reference_data')
+  tiny = folder / 'tiny.py'
+  tiny.write_text(TINY)
+  imagenet = [f'--config.dataset.{v}.name=imagenet2012' for v in ('train', 'test')]
+  cases = {
+      'printed': [f'--config={S32}', '--print_config'],
+      'not_trained': [f'--config={S32}', f'--workdir={folder}/s32'],
+      'trained': [f'--config={tiny}', f'--workdir={folder}/run'],
+      'varying': [f'--config={tiny}', f'--workdir={folder}/other', *imagenet],
+  }
+  results = main_cases.run_main_cases(list(cases.values()), dict(os.environ))
+  return dict(zip(cases, results)), folder
+
+
+def test_print_config_of_train_epochs_without_the_data_shows_the_formula(runs):
   """The S/32 file reads imagenet2012's train[:99%], which is not here: printing shows
   train_steps as ceil(300 x examples / 4096) and says so in one line; training refuses."""
-  lines = []
-  config = reference.resolve(_s32(), log=lines.append, to_print=True)
   formula = 'ceil(300 * examples(imagenet2012:train[:99%]) / 4096)'
-  assert config.train_steps == formula
-  said = [line for line in lines if 'train_steps' in line]
+  ours, _ = reference.translate(_s32(), num_examples=_cannot_read, steps_formula=True)
+  assert ours.train_steps == formula
+  with pytest.raises(reference.ReferenceConfigError, match='train_epochs=300: needs the size'):
+    reference.translate(_s32(), num_examples=_cannot_read)
+  results, _ = runs
+  printed, trained = results['printed'], results['not_trained']
+  assert printed.returncode == 0, printed.stderr[-2000:]
+  assert json.loads(printed.stdout[printed.stdout.index('{'):])['train_steps'] == formula
+  said = [line for line in printed.stderr.splitlines() if 'train_steps' in line]
   assert said == [f'train_steps is shown as the formula {formula}: the size of the training '
                   'split cannot be read here; training reads it (prepare the data under '
                   'dataset.train.data_dir, or give --config.train_steps=N)']
-  with pytest.raises(reference.ReferenceConfigError, match='train_epochs=300: needs the size'):
-    reference.resolve(_s32(), log=lambda _: None)
-  printed, trained = main_cases.run_main_cases(
-      [[f'--config={S32}', '--print_config'], [f'--config={S32}', f'--workdir={tmp_path}/w']],
-      dict(os.environ))
-  assert printed.returncode == 0, printed.stderr[-2000:]
-  assert json.loads(printed.stdout[printed.stdout.index('{'):])['train_steps'] == formula
-  assert f'train_steps is shown as the formula {formula}' in printed.stderr
   assert trained.returncode == 2 and 'train_epochs=300: needs the size' in trained.stderr
 
 
@@ -85,22 +100,18 @@ def test_translation_takes_a_fixed_stored_size_and_refuses_a_varying_one():
       "resize with a size), and the dataset's images have no fixed size (None, None, 3)")
 
 
-def test_a_pp_string_with_no_size_op_trains_on_fixed_size_images(tmp_path):
+def test_a_pp_string_with_no_size_op_trains_on_fixed_size_images(runs):
   """On the embedded MNIST (28 x 28 as stored) the run trains; on imagenet2012, whose
   images vary in size (its TFDS info says so without the data), one line, exit status 2."""
-  tiny = tmp_path / 'tiny.py'
-  tiny.write_text(TINY)
-  imagenet = [f'--config.dataset.{v}.name=imagenet2012' for v in ('train', 'test')]
-  trained, refused = main_cases.run_main_cases(
-      [[f'--config={tiny}', f'--workdir={tmp_path}/run'],
-       [f'--config={tiny}', f'--workdir={tmp_path}/other', *imagenet]], dict(os.environ))
+  results, folder = runs
+  trained, refused = results['trained'], results['varying']
   assert trained.returncode == 0, trained.stderr[-3000:]
   assert 'Final test[:32] accuracy at step 2' in trained.stdout
-  with open(tmp_path / 'run' / 'config.json') as f:
+  with open(folder / 'run' / 'config.json') as f:
     run = json.load(f)
   assert (run['dataset']['image_size'], run['dataset']['channels']) == (28, 3)
   assert run['model']['encoder']['moe']['mlp_dim'] == 8
   assert refused.returncode == 2, refused.stderr[-2000:]
   line, = [x for x in refused.stderr.strip().splitlines() if 'dataset.train.process' in x]
   assert "no fixed size (None, None, 3)" in line
-  assert not (tmp_path / 'other').exists()
+  assert not (folder / 'other').exists()

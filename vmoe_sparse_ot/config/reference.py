@@ -102,9 +102,10 @@ class Context:
   eval_primary: str | None      # the variant evaluated as dataset.eval_split
   # (name, data_dir) -> the stored images' (H, W, C), None where they vary.
   image_shape: Callable[[str, str | None], tuple] | None = None
-  # True (a config only shown): a split size that cannot be read leaves train_steps
-  # as its formula, kept here, rather than refusing the file.
-  steps_formula: bool | str = False
+  # True (a config only shown): a split size that cannot be read gives train_steps
+  # as its formula (`formula`) rather than refusing the file.
+  steps_formula: bool = False
+  formula: str | None = None
 
   def get(self, key: str, default: Any = None) -> Any:
     return self.flat.get(key, REFERENCE_DEFAULTS.get(key, default))
@@ -218,7 +219,7 @@ def _train_epochs(value, ctx):
     examples = ctx.num_examples(name, split, ctx.flat.get('dataset.train.data_dir'))
   except Exception as e:  # TFDS raises many types; all mean "cannot tell".
     if ctx.steps_formula:
-      ctx.steps_formula = f'ceil({value} * examples({name}:{split}) / {batch})'
+      ctx.formula = f'ceil({value} * examples({name}:{split}) / {batch})'
       return {}
     _fail('train_epochs', value, f'needs the size of {name}:{split}, which cannot be read '
           f'({type(e).__name__}): prepare it under dataset.train.data_dir, or give '
@@ -937,9 +938,9 @@ def translate(reference: Mapping[str, Any], *,
     updates.setdefault('fewshot.l2_selection', 'reference')
   for key, value in updates.items():
     _apply(config, key, value)
-  if isinstance(ctx.steps_formula, str):  # Shown only: the int field holds the formula.
+  if ctx.formula is not None:  # Shown only: the int field holds the formula.
     del config['train_steps']
-    config.train_steps = ctx.steps_formula
+    config.train_steps = ctx.formula
   return config, notes
 
 

@@ -200,8 +200,9 @@ def declared_image_shape(name: str, data_dir: str | None = None) -> tuple[int | 
   try:
     builder = tfds.builder(name, data_dir=data_dir)
   except tfds.core.registered.DatasetNotFoundError:
-    raise ValueError(f'dataset {name!r} is neither embedded ({", ".join(sorted(embedded.BUILDERS))}) '
-                     'nor a registered TFDS dataset') from None
+    embedded_names = ', '.join(sorted(embedded.BUILDERS))
+    raise ValueError(f'dataset {name!r} is neither embedded ({embedded_names}) nor a '
+                     'registered TFDS dataset') from None
   return tuple(builder.info.features['image'].shape)
 
 

@@ -45,8 +45,8 @@ by default it is the run's evaluation set: `dataset.name`, `dataset.eval_split`,
 run's dataset) and
 `eval_batch_size`. The image size and channels are the model's, read from its
 parameter shapes (a model without a position-embedding parameter, 'sincos2d' or
-'none': --config's dataset.image_size). NAME defaults to DATASET-SPLIT plus tags of the routing flags
-and the step when --step is given, e.g. `embedded_mnist-test-cf0.5-bpr` or
+'none': --config's dataset.image_size). NAME defaults to DATASET-SPLIT plus tags
+of the routing flags and the step when --step is given, e.g. `embedded_mnist-test-cf0.5-bpr` or
 `embedded_mnist-test-sparse_ot-k1-step3` (characters other than letters, digits
 and `._=+-` become `_`).
 
