@@ -67,7 +67,8 @@ class LoadedModel:
 
   def __init__(self, model, params: Any, model_config: dict[str, Any], *, step: int | None,
                meta: dict[str, Any], overrides: dict[str, Any], batch_size: int,
-               model_state: dict[str, Any] | None = None):
+               model_state: dict[str, Any] | None = None,
+               image_shape: tuple[int, int, int] | None = None):
     self.model = model
     self.params = params
     self.model_state = model_state or {}   # router state (nn.router_state), e.g. a bias
@@ -77,8 +78,11 @@ class LoadedModel:
     self.overrides = overrides
     self.batch_size = batch_size
     shapes = checkpoints.param_shapes(params)
-    self.image_shape = overrides_lib.image_shape(shapes, model_config['classifier'])
-    self.num_tokens = int(shapes['encoder/pos_embedding'][1])
+    # Given where the parameters do not tell it (no position-embedding parameter).
+    self.image_shape = image_shape or overrides_lib.image_shape(shapes,
+                                                                model_config['classifier'])
+    self.num_tokens = overrides_lib.num_tokens(shapes, self.image_shape,
+                                               model_config['classifier'])
     self.capacity = overrides_lib.capacity(model_config)
     self.ensemble_size = nn.ensemble_size(model)   # E³ members M; 1 for a V-MoE
     self._forward = jax.jit(self._outputs)
@@ -163,7 +167,9 @@ def load(workdir: str | None = None, step: int | None = None, *,
       V-MoE code's partitioned prefix (PREFIX.index + PREFIX.data-*) or a .npz,
       local or remote (`gs://...`). Needs `config`.
     config: with `checkpoint`, the config whose `model` the weights are: a
-      ConfigDict or dict, or a config file 'path.py[:arg]' (local or remote).
+      ConfigDict or dict, or a config file 'path.py[:arg]' (local or remote); its
+      dataset.image_size is the image size of a model with no position-embedding
+      parameter ('sincos2d' or 'none').
     batch_size: images per compiled call.
     **overrides: routing overrides `router`, `num_selected_experts`, `capacity_factor`,
       `capacity`, `batch_priority` (`evaluate.overrides.apply_routing_overrides`).
@@ -212,7 +218,9 @@ def _load_checkpoint(checkpoint: str, config: Any, batch_size: int,
     config = config_lib.load_config_file(config)
   model = config['model']
   saved = json.loads(json.dumps(model.to_dict() if hasattr(model, 'to_dict') else dict(model)))
-  weights = released.read_weights(checkpoint, saved, what='checkpoint')
+  dataset = config.get('dataset') or {}   # Its image size, where the weights do not tell it.
+  weights = released.read_weights(checkpoint, saved, what='checkpoint',
+                                  image_size=dataset.get('image_size'))
   model_config = overrides_lib.apply_routing_overrides(saved, **overrides)
   model = nn.build_model(model_config)
   overrides_lib.check_param_shapes(model, weights.param_shapes, overrides, weights.image_shape)
@@ -220,4 +228,5 @@ def _load_checkpoint(checkpoint: str, config: Any, batch_size: int,
   params = jax.device_put(weights.params, jax.local_devices()[0])
   meta = {'checkpoint': checkpoint, 'model_config': saved, 'param_shapes': weights.param_shapes}
   return LoadedModel(model, params, model_config, step=None, meta=meta, overrides=overrides,
-                     batch_size=batch_size, model_state=model_state)
+                     batch_size=batch_size, model_state=model_state,
+                     image_shape=weights.image_shape)

@@ -134,8 +134,9 @@ def _exit_lost_peer(error: BaseException, workdir: str) -> None:
 
 def flag_config():
   """The config the parsed flags give: --config, its overrides, a reference config
-  translated (`config.reference.resolve`); ValueError names what does not resolve."""
-  return reference.resolve(_CONFIG.value)
+  translated (`config.reference.resolve`; with --print_config, without needing the
+  data); ValueError names what does not resolve."""
+  return reference.resolve(_CONFIG.value, to_print=_PRINT_CONFIG.value)
 
 
 def main(argv: list[str]) -> None:

@@ -201,6 +201,21 @@ def test_e3_s32_config_translates_and_has_its_parameter_count_by_hand():
                                 + top) == 56_520_804
 
 
+def test_moe_mlp_dim_sets_the_experts_width_and_its_parameter_count_by_hand():
+  """The reference passes the `moe` dict to its MoE blocks: moe.mlp_dim is the experts'
+  hidden size, the dense blocks keep the encoder's. V-MoE S/32 (56,999,400 parameters)
+  with experts of 1024: each of the 2 x 8 experts has 512*1024 + 1024 + 1024*512 + 512
+  = 1,050,112 parameters instead of 512*2048 + 2048 + 2048*512 + 512 = 2,099,712."""
+  config = _s32()
+  config.model.encoder.moe.mlp_dim = 1024
+  ours, _ = _translate(config)
+  assert (ours.model.encoder.mlp_dim, ours.model.encoder.moe.mlp_dim) == (2048, 1024)
+  params = _abstract_variables(ours)['params']['encoder']
+  assert params['encoderblock_5']['moe']['experts']['wi_kernel'].shape == (8, 512, 1024)
+  assert params['encoderblock_4']['mlp']['Dense_0']['kernel'].shape == (512, 2048)
+  assert _param_count(ours) == 56_999_400 - 16 * (2_099_712 - 1_050_112) == 40_205_800
+
+
 def test_e3_keys_that_do_not_fit_together_are_one_line():
   config = files.load_config_file(EEE, translate=False)
   config.loss.ensemble_size = 4
@@ -362,6 +377,10 @@ def test_the_soft_moe_recipe_keys_translate():
   assert (r.name, r.soft_moe.num_slots, r.soft_moe.noise_std,
           r.soft_moe.compute_similarity_metrics) == ('soft_moe', 2, 0.5, False)
   assert m.encoder.moe.routed_tokens_dtype == 'bfloat16'   # its Bfloat16Dispatcher
+  # ... always, whatever the file says of a dispatcher.
+  config.model.encoder.moe.router.dispatcher = {'bfloat16': False}
+  assert _translate(config)[0].model.encoder.moe.routed_tokens_dtype == 'bfloat16'
+  del config.model.encoder.moe.router['dispatcher']
   assert any(n.startswith('model.encoder.moe.router.partition_spec') for n in notes)
   # Left out, the SoftRouter computes its similarity metrics, as there.
   del config.model.encoder.moe.router['compute_similarity_metrics']

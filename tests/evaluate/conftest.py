@@ -132,9 +132,11 @@ _TO_REFERENCE = (
     (r'encoder/(encoderblock_\d+)/norm_att/(.+)', r'Encoder/\1/LayerNorm_0/\2'),
     (r'encoder/(encoderblock_\d+)/attention/(.+)', r'Encoder/\1/SelfAttention/\2'),
     (r'encoder/(encoderblock_\d+)/norm_mlp/(.+)', r'Encoder/\1/LayerNorm_1/\2'),
+    (r'encoder/(encoderblock_\d+)/mlp/(Dense_[01]/.+)', r'Encoder/\1/Mlp/\2'),
     (r'encoder/(encoderblock_\d+)/moe/experts/wi_(kernel|bias)', r'Encoder/\1/Moe/Mlp/Dense_0/\2'),
     (r'encoder/(encoderblock_\d+)/moe/experts/wo_(kernel|bias)', r'Encoder/\1/Moe/Mlp/Dense_1/\2'),
     (r'encoder/(encoderblock_\d+)/moe/router/kernel', r'Encoder/\1/Moe/Router/dense/kernel'),
+    (r'encoder/(encoderblock_\d+)/moe/router/(mu|scale)', r'Encoder/\1/Moe/Router/\2'),
     (r'(embedding|cls|pre_logits|head)(/.+)?', r'\g<0>'),
 )
 # What the config files below give: the model of the trained workdir.

@@ -90,6 +90,38 @@ def test_shape_mismatch_names_both_keys_and_shapes():
           'encoder/encoderblock_0/mlp/Dense_0/kernel (4, 7)') in msg
 
 
+def _wider_experts(target, width):
+  blk = 'encoder/encoderblock_1/moe/experts'
+  target[f'{blk}/wi_kernel'], target[f'{blk}/wi_bias'] = (E, D, width), (E, width)
+  target[f'{blk}/wo_kernel'] = (E, width, D)
+  return target
+
+
+def test_experts_of_another_width_are_refused_naming_the_key():
+  """model.encoder.moe.mlp_dim: neither upcycling a dense MLP of hidden size H nor
+  copying experts of hidden size H fits experts of another; one line names the key."""
+  wide = _wider_experts(_moe_target(), H + 2)
+  with pytest.raises(InitializationError) as e:
+    map_onto(_dense_source(), wide)
+  msg = str(e.value)
+  assert '\n' not in msg and msg.startswith('default: encoder/encoderblock_1/mlp/Dense_0/bias'), msg
+  assert msg.endswith("the experts' hidden size is 8, the source's 6: set "
+                      'model.encoder.moe.mlp_dim (None: model.encoder.mlp_dim)'), msg
+  moe_source = {k: np.zeros(v) for k, v in _moe_target().items()}
+  with pytest.raises(InitializationError) as e:
+    map_onto(moe_source, wide)
+  msg = str(e.value)
+  assert ('source encoder/encoderblock_1/moe/experts/wi_bias (3, 6) -> target '
+          'encoder/encoderblock_1/moe/experts/wi_bias (3, 8)') in msg
+  assert "the experts' hidden size is 8, the source's 6: set model.encoder.moe.mlp_dim" in msg
+  # Of the same width, the experts copy; another expert count is not a width.
+  assert not map_onto(_dense_source(), _wider_experts(_moe_target(), H)).uninitialized
+  fewer = dict(_moe_target(), **{'encoder/encoderblock_1/moe/experts/wi_bias': (E - 1, H)})
+  with pytest.raises(InitializationError) as e:
+    map_onto(moe_source, fewer)
+  assert 'mlp_dim' not in str(e.value)
+
+
 def test_rules_rename_drop_and_transform_in_order():
   src = _dense_source()
   src['old/table'] = np.arange(6.0)

@@ -100,6 +100,12 @@ class Context:
   flat: dict[str, Any]          # every reference key, dotted -> value
   num_examples: Callable[[str, str, str | None], int] | None
   eval_primary: str | None      # the variant evaluated as dataset.eval_split
+  # (name, data_dir) -> the stored images' (H, W, C), None where they vary.
+  image_shape: Callable[[str, str | None], tuple] | None = None
+  # True (a config only shown): a split size that cannot be read gives train_steps
+  # as its formula (`formula`) rather than refusing the file.
+  steps_formula: bool = False
+  formula: str | None = None
 
   def get(self, key: str, default: Any = None) -> Any:
     return self.flat.get(key, REFERENCE_DEFAULTS.get(key, default))
@@ -120,8 +126,10 @@ def _choice(key: str, table: Mapping[str, str], ours: str):
   return convert
 
 
-def image_size_of(pp: str, key: str) -> int:
-  """The image side a reference pp string ends with: its last size-setting op."""
+def image_size_of(pp: str, key: str, stored: Callable[[], tuple] | None = None) -> int:
+  """The image side a reference pp string ends with: its last size-setting op, else
+  (no such op) the stored images' side, `stored()` = (H, W, C) with None where the
+  images' size varies (a dataset's TFDS info), when they all have one size."""
   size = None
   for call in pp_lib.parse(pp):
     if call.name in _SIZE_OPS:
@@ -131,13 +139,28 @@ def image_size_of(pp: str, key: str) -> int:
       if arg is not None:
         size = arg
   if size is None:
-    _fail(key, pp, 'no op fixes the image size (one of '
-          f'{", ".join(sorted(_SIZE_OPS))} with a size)')
+    size = _stored_size(pp, key, stored)
   if isinstance(size, (tuple, list)):
     if len(size) != 2 or size[0] != size[1]:
       _fail(key, pp, f'the image must be square here, got size {size!r}')
     size = size[0]
   return int(size)
+
+
+def _stored_size(pp: str, key: str, stored: Callable[[], tuple] | None) -> tuple:
+  """(H, W) of the stored images, for a pp string with no size op (the reference's
+  model takes the images as stored); refused when they have no fixed size."""
+  no_op = f'no op fixes the image size (one of {", ".join(sorted(_SIZE_OPS))} with a size)'
+  if stored is None:
+    _fail(key, pp, no_op)
+  try:
+    shape = tuple(stored())
+  except Exception as e:  # TFDS raises many types; all mean "cannot tell".
+    _fail(key, pp, f'{no_op}, and the stored image size cannot be read '
+          f'({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ""})')
+  if None in shape[:2]:
+    _fail(key, pp, f'{no_op}, and the dataset\'s images have no fixed size {shape}')
+  return shape[:2]
 
 
 def _channels_of(pp: str) -> int:
@@ -170,8 +193,12 @@ def _label_feature(pp: str, key: str) -> str | None:
 
 
 def _train_process(value, ctx):
+  stored = None
+  if ctx.image_shape is not None:
+    stored = lambda: ctx.image_shape(ctx.flat.get('dataset.train.name'),  # noqa: E731
+                                     ctx.flat.get('dataset.train.data_dir'))
   return {'dataset.pp_train': value,
-          'dataset.image_size': image_size_of(value, 'dataset.train.process'),
+          'dataset.image_size': image_size_of(value, 'dataset.train.process', stored),
           'dataset.channels': _channels_of(value)}
 
 
@@ -191,6 +218,9 @@ def _train_epochs(value, ctx):
   try:
     examples = ctx.num_examples(name, split, ctx.flat.get('dataset.train.data_dir'))
   except Exception as e:  # TFDS raises many types; all mean "cannot tell".
+    if ctx.steps_formula:
+      ctx.formula = f'ceil({value} * examples({name}:{split}) / {batch})'
+      return {}
     _fail('train_epochs', value, f'needs the size of {name}:{split}, which cannot be read '
           f'({type(e).__name__}): prepare it under dataset.train.data_dir, or give '
           '--config.train_steps=N instead')
@@ -255,7 +285,9 @@ def _microsteps(value, ctx):
 
 
 def _bfloat16(value, ctx):
-  return {'model.encoder.moe.routed_tokens_dtype': 'bfloat16' if value else None}
+  # The SoftRouter wraps its dispatcher in a Bfloat16Dispatcher whatever this says.
+  bfloat16 = bool(value) or _is_soft_router(ctx)
+  return {'model.encoder.moe.routed_tokens_dtype': 'bfloat16' if bfloat16 else None}
 
 
 def _moe_layers(value, ctx):
@@ -415,7 +447,8 @@ TABLE: tuple[Row, ...] = (
         _train_steps),
     Row('train_epochs', MAPPED, 'train_steps',
         'ceil(epochs x examples of the training split / batch size), as there; the '
-        'split is read from its TFDS info', _train_epochs),
+        'split is read from its TFDS info (--print_config without the data shows the '
+        'formula)', _train_epochs),
     Row('microsteps', MAPPED, 'microsteps', 'None: 1', _microsteps),
     Row('description', NO_EFFECT, why='a label; the model keys say the same'),
     Row('num_expert_partitions', MAPPED, 'mesh.expert'),
@@ -443,7 +476,9 @@ TABLE: tuple[Row, ...] = (
     Row('dataset.train.name', MAPPED, 'dataset.name'),
     Row('dataset.train.split', MAPPED, 'dataset.train_split'),
     Row('dataset.train.process', MAPPED, 'dataset.pp_train, dataset.image_size, dataset.channels',
-        'the image size is the last size its ops set', _train_process),
+        "the image size is the last size its ops set; with no such op, the stored images' "
+        "(the dataset's TFDS info), as there, refused where they have no fixed size",
+        _train_process),
     Row('dataset.train.batch_size', MAPPED, 'batch_size'),
     Row('dataset.train.shuffle_buffer', MAPPED, 'dataset.shuffle_buffer',
         "read with dataset.sampling='stream'; the default 'index' reads a fresh "
@@ -515,6 +550,8 @@ TABLE: tuple[Row, ...] = (
     Row('model.encoder.moe.split_rngs', MAPPED, 'model.encoder.moe.split_rngs',
         'True or False (not a list of rng collections); False: experts initialized alike, one '
         'dropout mask for all'),
+    Row('model.encoder.moe.mlp_dim', MAPPED, 'model.encoder.moe.mlp_dim',
+        "the experts' hidden size, in place of model.encoder.mlp_dim, as there"),
     Row('model.encoder.moe.dropout_rate', MAPPED, 'model.encoder.moe.dropout_rate',
         "after the GELU and after the output projection, as there; absent: the encoder's "
         'rate, as there'),
@@ -558,8 +595,9 @@ TABLE: tuple[Row, ...] = (
         "'einsum' or 'indices'; both serve every router here",
         _choice(_DISPATCHER + 'name', {'einsum': 'einsum', 'indices': 'indices'},
                 'model.encoder.moe.dispatcher')),
-    Row(_DISPATCHER + 'bfloat16', MAPPED, 'model.encoder.moe.routed_tokens_dtype', 'True: bfloat16',
-        _bfloat16),
+    Row(_DISPATCHER + 'bfloat16', MAPPED, 'model.encoder.moe.routed_tokens_dtype',
+        'True: bfloat16; with the SoftRouter bfloat16 whatever it says, as there (its '
+        'Bfloat16Dispatcher always)', _bfloat16),
     Row(_DISPATCHER + 'capacity_factor', MAPPED, _ROUTER + 'capacity_factor',
         'C = ceil(S K f / E) (expert choice: S f / E), rounded up to a multiple of 4, as '
         "there; C is capped at S here (there, token choice's C may exceed S, where it "
@@ -830,11 +868,18 @@ def _apply(config: ml_collections.ConfigDict, key: str, value: Any) -> None:
 
 
 def translate(reference: Mapping[str, Any], *,
-              num_examples: Callable[[str, str, str | None], int] | None = None
+              num_examples: Callable[[str, str, str | None], int] | None = None,
+              image_shape: Callable[[str, str | None], tuple] | None = None,
+              steps_formula: bool = False
               ) -> tuple[ml_collections.ConfigDict, list[str]]:
   """(this project's config, notes) for a config in the reference's layout.
 
-  `num_examples(name, split, data_dir)` gives a split's size (for `train_epochs`).
+  `num_examples(name, split, data_dir)` gives a split's size (for `train_epochs`);
+  `image_shape(name, data_dir)` the stored images' (H, W, C), None where they vary
+  (the image size of a training pp string with no size op). With `steps_formula`
+  (a config to show, not to run), `train_epochs` without the split's size gives
+  `train_steps` as the formula, a string such as
+  'ceil(300 * examples(imagenet2012:train[:99%]) / 4096)'.
   The notes name each key accepted with no effect and why. Raises
   ReferenceConfigError (one line naming the key) for a key with no mapping or a
   value that would change the run. The result is unlocked and not validated.
@@ -843,7 +888,7 @@ def translate(reference: Mapping[str, Any], *,
   if 'dataset.train.name' not in flat:
     raise ReferenceConfigError('reference config: no dataset.train section (the training '
                                'data: name, split, process, batch_size)')
-  ctx = Context(flat, num_examples, _primary_variant(flat))
+  ctx = Context(flat, num_examples, _primary_variant(flat), image_shape, steps_formula)
   if _variants(flat) and ctx.eval_primary is None:
     raise ReferenceConfigError(
         f'reference config: no evaluation variant of the training dataset '
@@ -893,6 +938,9 @@ def translate(reference: Mapping[str, Any], *,
     updates.setdefault('fewshot.l2_selection', 'reference')
   for key, value in updates.items():
     _apply(config, key, value)
+  if ctx.formula is not None:  # Shown only: the int field holds the formula.
+    del config['train_steps']
+    config.train_steps = ctx.formula
   return config, notes
 
 
@@ -916,6 +964,11 @@ def _num_examples(*args, **kwargs) -> int:
   return data.num_examples(*args, **kwargs)
 
 
+def _declared_image_shape(*args, **kwargs) -> tuple:
+  # As _num_examples: TensorFlow loads only for a training pp string with no size op.
+  return data.declared_image_shape(*args, **kwargs)
+
+
 def with_command_line_keys(config: Any) -> Any:
   """`config`, a reference config file's (unlocked), with the keys a command line
   may set that the file can lack: `train_steps` (None) beside `train_epochs`, so
@@ -926,19 +979,26 @@ def with_command_line_keys(config: Any) -> Any:
   return config
 
 
-def resolve(config: Any, *, log: Callable[[str], None] = _stderr_line) -> Any:
+def resolve(config: Any, *, log: Callable[[str], None] = _stderr_line,
+            to_print: bool = False) -> Any:
   """`config` itself, or its translation (locked) when it is in the reference's layout.
 
   `log` (default: stderr) receives one line saying a reference config was read,
-  and one naming the keys accepted with no effect. Raises ReferenceConfigError
-  (one line).
+  and one naming the keys accepted with no effect. `to_print` (--print_config): a
+  `train_epochs` whose split size cannot be read (no data here) gives `train_steps`
+  as its formula, and a line saying so. Raises ReferenceConfigError (one line).
   """
   if not is_reference(config):
     return config
-  ours, notes = translate(config, num_examples=_num_examples)
+  ours, notes = translate(config, num_examples=_num_examples,
+                          image_shape=_declared_image_shape, steps_formula=to_print)
   log('read a config in the reference V-MoE layout; translated into this project\'s '
       '(docs/REFERENCE.md; --print_config shows the result)')
   if notes:
     log(f'reference config keys with no effect here: {"; ".join(notes)}')
+  if isinstance(ours.get('train_steps'), str):
+    log(f'train_steps is shown as the formula {ours.train_steps}: the size of the '
+        'training split cannot be read here; training reads it (prepare the data under '
+        'dataset.train.data_dir, or give --config.train_steps=N)')
   ours.lock()
   return ours

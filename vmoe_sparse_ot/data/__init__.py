@@ -2,7 +2,8 @@
 
 Public API (docs/ARCHITECTURE.md): `make_dataset`, `num_classes`; also
 `num_examples`, `check_dataset` (exists, with these splits?), `check_pp` (does a
-pp string give the model's input?), `trace_pp` (its output entries), `image_shape` (of the stored images), `to_global`
+pp string give the model's input?), `trace_pp` (its output entries), `image_shape`
+(of the stored images), `declared_image_shape` (the same, without the data), `to_global`
 (per-process batch -> global jax.Array), `get_builder` and `default_data_dir`.
 
 Attributes load on first use (PEP 562), so `python -m vmoe_sparse_ot.data --help`
@@ -19,6 +20,7 @@ _ATTRIBUTES = {
     'default_data_dir': 'vmoe_sparse_ot.data.embedded',
     'check_dataset': 'vmoe_sparse_ot.data.pipeline',
     'check_pp': 'vmoe_sparse_ot.data.pipeline',
+    'declared_image_shape': 'vmoe_sparse_ot.data.pipeline',
     'get_builder': 'vmoe_sparse_ot.data.pipeline',
     'image_shape': 'vmoe_sparse_ot.data.pipeline',
     'label_shape': 'vmoe_sparse_ot.data.pipeline',

@@ -189,6 +189,23 @@ def image_shape(name: str, data_dir: str | None = None) -> tuple[int | None, ...
   return tuple(get_builder(name, data_dir).info.features['image'].shape)
 
 
+def declared_image_shape(name: str, data_dir: str | None = None) -> tuple[int | None, ...]:
+  """(H, W, C) of the images of dataset `name` as its builder declares them (None where
+  they vary), without its data: a TFDS builder's features are defined in its code.
+
+  Raises ValueError for a name that is neither embedded nor registered in TFDS.
+  """
+  if name in embedded.BUILDERS:
+    return tuple(embedded.BUILDERS[name].IMAGE_SHAPE)
+  try:
+    builder = tfds.builder(name, data_dir=data_dir)
+  except tfds.core.registered.DatasetNotFoundError:
+    embedded_names = ', '.join(sorted(embedded.BUILDERS))
+    raise ValueError(f'dataset {name!r} is neither embedded ({embedded_names}) nor a '
+                     'registered TFDS dataset') from None
+  return tuple(builder.info.features['image'].shape)
+
+
 def trace_pp(pp: str, *, training: bool, image_size: int, channels: int,
              label_shape: Sequence[int | None] = (),
              stored_shape: Sequence[int | None] | None = None,

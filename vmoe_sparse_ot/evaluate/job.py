@@ -44,8 +44,9 @@ by default it is the run's evaluation set: `dataset.name`, `dataset.eval_split`,
 `dataset.data_dir`, `dataset.pp_eval` or `dataset.augment` (kept only for the
 run's dataset) and
 `eval_batch_size`. The image size and channels are the model's, read from its
-parameter shapes. NAME defaults to DATASET-SPLIT plus tags of the routing flags
-and the step when --step is given, e.g. `embedded_mnist-test-cf0.5-bpr` or
+parameter shapes (a model without a position-embedding parameter, 'sincos2d' or
+'none': --config's dataset.image_size). NAME defaults to DATASET-SPLIT plus tags
+of the routing flags and the step when --step is given, e.g. `embedded_mnist-test-cf0.5-bpr` or
 `embedded_mnist-test-sparse_ot-k1-step3` (characters other than letters, digits
 and `._=+-` become `_`).
 
@@ -275,7 +276,8 @@ def _prepare_checkpoint(checkpoint: str, config: ml_collections.ConfigDict,
                             data_dir=data_dir, batch_size=batch_size, num_devices=num_devices,
                             where='--config')
   try:  # After the cheap checks: this reads every array of the checkpoint.
-    weights = released.read_weights(checkpoint, model_config)
+    weights = released.read_weights(checkpoint, model_config,
+                                    image_size=config.dataset.get('image_size'))
   except ValueError as e:
     raise UsageError(first_line(e)) from None
   # Routing overrides that change parameters (another router's layer) are refused here.
@@ -357,7 +359,8 @@ def run(request: Request, *, devices: Sequence[Any] | None = None) -> dict[str, 
       nn.router_state.for_model(model, request.image_shape, saved_state),
       parallel.replicated(mesh))
   batch_sharding = parallel.batch_sharding(mesh)
-  num_tokens = int(request.meta['param_shapes']['encoder/pos_embedding'][1])
+  num_tokens = overrides_lib.num_tokens(request.meta['param_shapes'], request.image_shape,
+                                        model_config['classifier'])
   eval_step = jax.jit(periodic_eval.make_eval_step(model, request.loss, num_tokens=num_tokens),
                       in_shardings=(params_sharding, batch_sharding,
                                     parallel.replicated(mesh)),

@@ -176,14 +176,20 @@ def name_suffix(overrides: Mapping[str, Any]) -> str:
   return ''.join(f'-{tags[k](overrides[k])}' for k in ROUTING_OVERRIDES if k in overrides)
 
 
-def image_shape(param_shapes: Mapping[str, list[int]], classifier: str) -> tuple[int, int, int]:
+def image_shape(param_shapes: Mapping[str, list[int]], classifier: str,
+                image_size: int | None = None) -> tuple[int, int, int]:
   """(H, W, C) the model was built for, from its parameter shapes (square images).
 
   `param_shapes` as in checkpoint metadata: {'embedding/kernel': [ph, pw, C, D],
   'encoder/pos_embedding': [1, N, D], ...}; N counts the class token for 'token'.
+  A model without the position-embedding parameter (model.encoder.position_emb
+  'sincos2d' or 'none') does not tell its size: then H = W = `image_size` (a
+  config's dataset.image_size), and without it a ValueError says so.
   """
   ph, pw, channels, _ = param_shapes['embedding/kernel']
   if 'encoder/pos_embedding' not in param_shapes and 'embedding/kernel' in param_shapes:
+    if image_size is not None:
+      return int(image_size), int(image_size), channels
     raise ValueError("no encoder/pos_embedding among the parameters: the image size is "
                      "read from it (a model with model.encoder.position_emb 'sincos2d' or "
                      "'none' does not tell its image size)")
@@ -194,6 +200,14 @@ def image_shape(param_shapes: Mapping[str, list[int]], classifier: str) -> tuple
     raise ValueError(f'the model has {patches} patches, not a square grid: cannot tell its '
                      'image size')
   return side * ph, side * pw, channels
+
+
+def num_tokens(param_shapes: Mapping[str, list[int]], image_shape: tuple[int, int, int],
+               classifier: str) -> int:
+  """N, the encoder's tokens of one image of `image_shape`: its patches (the patch size
+  read from 'embedding/kernel') and, for classifier 'token', the class token."""
+  ph, pw = param_shapes['embedding/kernel'][:2]
+  return (image_shape[0] // ph) * (image_shape[1] // pw) + int(classifier == 'token')
 
 
 def check_param_shapes(model, param_shapes: Mapping[str, list[int]],

@@ -7,14 +7,18 @@ The checkpoint is a partitioned prefix of the reference V-MoE code (PREFIX.index
 PREFIX.data-*) or a `.npz` file, local or remote (`gs://...`); it is read by
 `initialization.read_source` and its names mapped by the project's naming table
 (`initialization.names`). The image size is the checkpoint's, read from its
-patch embedding and position embedding (`overrides.image_shape`).
+patch embedding and position embedding (`overrides.image_shape`); a model with
+no position-embedding parameter ('sincos2d' or 'none') takes the config's
+dataset.image_size.
 
 Evaluation takes the weights as they are: every parameter of the model must come
 from the checkpoint with its exact shape. Nothing is adapted: the defaults that
 `config.initialization` applies when a run starts from other weights (a resized
 position embedding, a fresh head, upcycled experts) are refused here, as are
 model parameters the checkpoint lacks and checkpoint parameters the model lacks
-(a deeper checkpoint than the config's model). Entries outside the model's
+(a deeper checkpoint than the config's model). A layout of the same parameters
+is no adaptation: the reference's E³ router kernel (D, M, E/M) is read as the
+model's (D, E), as initialization reads it. Entries outside the model's
 parameter names (an optimizer state, a step counter) are ignored and listed.
 Every refusal is one line naming `what` (the flag or argument) and the path.
 """
@@ -57,8 +61,11 @@ def target_params(model_config: Mapping[str, Any], image_shape: tuple[int, int, 
 
 
 def read_weights(checkpoint: str, model_config: Mapping[str, Any], *,
-                 what: str = '--checkpoint') -> Weights:
+                 what: str = '--checkpoint', image_size: int | None = None) -> Weights:
   """The checkpoint's arrays as the parameters of the model of `model_config` (a dict).
+
+  `image_size`: the config's dataset.image_size, the image side of a model with no
+  position-embedding parameter (which does not tell it).
 
   Raises ValueError (InitializationError, PartitionedFormatError, WeightsFileError
   among them), one line starting with `what`, when the checkpoint is missing,
@@ -72,7 +79,7 @@ def read_weights(checkpoint: str, model_config: Mapping[str, Any], *,
   shapes = {name: list(np.shape(a)) for name, a in source.arrays.items()}
   classifier = model_config['classifier']
   try:
-    image_shape = overrides_lib.image_shape(shapes, classifier)
+    image_shape = overrides_lib.image_shape(shapes, classifier, image_size)
   except KeyError as e:
     raise ValueError(f'{what}={checkpoint}: holds no {e.args[0]} (after renaming from '
                      f'{source.description}): not the weights of a ViT') from None
@@ -87,7 +94,8 @@ def read_weights(checkpoint: str, model_config: Mapping[str, Any], *,
     raise ValueError(f"{what}={checkpoint}: does not fit the config's model: {e}") from None
   roots = {name.split('/')[0] for name in target}
   extra = [source.raw_names[n] for n in mapped.unused if n.split('/')[0] in roots]
-  problems = list(mapped.log)   # A default adapted something: not the checkpoint's model.
+  # A default adapted something: not the checkpoint's model (a layout is no adaptation).
+  problems = [line for line in mapped.log if line not in mapped.layouts]
   missing = sorted(set(target) - set(mapped.params))
   if missing:
     problems.append(f'{len(missing)} model parameter(s) not in it: {_listing(missing)}')

@@ -15,6 +15,9 @@ regex matches a source name in full renames it to `match.expand(replacement)`
 - a router kernel (D, M, E/M) where the target has (D, E): reshaped (the
   reference's E³ router, one kernel per member; `nn.ensemble`).
 
+An expert parameter, or a dense MLP parameter upcycled into one, whose hidden
+size is not the experts' (`model.encoder.moe.mlp_dim`) is refused, naming that key.
+
 Everything else is reported: target parameters left at their fresh init, source
 entries not used. Shape mismatches name both keys and shapes.
 """
@@ -35,6 +38,9 @@ _DENSE_TO_EXPERTS = {'mlp/Dense_0/kernel': 'moe/experts/wi_kernel',
                      'mlp/Dense_1/bias': 'moe/experts/wo_bias'}
 _DENSE_RE = re.compile(r'^(encoder/encoderblock_\d+)/(mlp/Dense_[01]/(?:kernel|bias))$')
 POSEMB = 'encoder/pos_embedding'
+# The hidden-size axis H of each expert parameter (wo_bias has none) and of the dense
+# MLP parameter that upcycles into it.
+_WIDTH_AXIS = {'wi_kernel': -1, 'wi_bias': -1, 'wo_kernel': -2}
 
 
 class InitializationError(ValueError):
@@ -60,12 +66,16 @@ class Mapped:
     and upcycled routers, which the log reports).
   unused: source names that initialize nothing.
   sources: {target name: source name} of `params`.
+  layouts: the lines of `log` that only lay the same values out in the target's
+    shape (the reference's E³ router kernel): no adaptation, so a job that takes
+    a checkpoint as it is (`evaluate.released`) accepts them.
   """
   params: dict[str, np.ndarray]
   log: list[str]
   uninitialized: list[str]
   unused: list[str]
   sources: dict[str, str]
+  layouts: list[str] = dataclasses.field(default_factory=list)
 
 
 def parse_rules(rules: Sequence[Any] | None) -> list[Rule]:
@@ -104,15 +114,23 @@ def map_onto(source: Mapping[str, np.ndarray], target: Mapping[str, Sequence[int
   the target lacks, a transform that fails, or a shape mismatch.
   """
   context = {'num_prefix_tokens': num_prefix_tokens}
-  params, origin, log, unused = {}, {}, [], []
+  params, origin, log, unused, layouts = {}, {}, [], [], []
   used_rules = [0] * len(rules)
   upcycled, head_kept = set(), None
+
+  def width(name, shape):
+    # No default changes a width: a source of other hidden size is refused, naming the key.
+    axis = _WIDTH_AXIS.get(name.rsplit('/', 1)[-1]) if '/moe/experts/' in name else None
+    if axis is None or len(shape) < -axis or shape[axis] == target[name][axis]:
+      return ''
+    return (f"; the experts' hidden size is {target[name][axis]}, the source's {shape[axis]}: "
+            'set model.encoder.moe.mlp_dim (None: model.encoder.mlp_dim)')
 
   def put(name, array, src, how):
     shape = tuple(target[name])
     if tuple(array.shape) != shape:
       raise InitializationError(f'shape mismatch: source {src} {tuple(array.shape)} -> '
-                                f'target {name} {shape}{how}')
+                                f'target {name} {shape}{how}{width(name, array.shape)}')
     if name in params:
       raise InitializationError(f'target {name} is initialized twice, from {origin[name]} '
                                 f'and {src}')
@@ -122,7 +140,8 @@ def map_onto(source: Mapping[str, np.ndarray], target: Mapping[str, Sequence[int
     try:
       return transforms_lib.TRANSFORMS[kind](array, target[name], context)
     except ValueError as e:
-      raise InitializationError(f'{where}: {src} -> {name}: {e}') from None
+      raise InitializationError(f'{where}: {src} -> {name}: {e}'
+                                f'{width(name, array.shape)}') from None
 
   for src in sorted(source):
     array = np.asarray(source[src])
@@ -156,8 +175,9 @@ def map_onto(source: Mapping[str, np.ndarray], target: Mapping[str, Sequence[int
         # The reference's E³ router keeps one (D, E/M) kernel per member as (D, M, E/M);
         # member m's experts are m*E/M .. here too, so it is that kernel reshaped.
         put(src, array.reshape(tuple(target[src])), src, '')
-        log.append(f'{src}: an E³ router kernel {tuple(array.shape)} (D, M, E/M) reshaped '
-                   f'to {tuple(target[src])}')
+        layouts.append(f'{src}: an E³ router kernel {tuple(array.shape)} (D, M, E/M) '
+                       f'reshaped to {tuple(target[src])}')
+        log.append(layouts[-1])
       else:
         put(src, array, src, '')  # Raises, naming both shapes.
     elif dense and f'{dense.group(1)}/{_DENSE_TO_EXPERTS[dense.group(2)]}' in target:
@@ -186,4 +206,4 @@ def map_onto(source: Mapping[str, np.ndarray], target: Mapping[str, Sequence[int
   uninitialized = sorted(n for n in target
                          if n not in params and n not in new_routers and n not in heads)
   return Mapped(params=params, log=log, uninitialized=uninitialized, unused=sorted(unused),
-                sources=dict(origin))
+                sources=dict(origin), layouts=layouts)

@@ -59,6 +59,8 @@ def build_model(model_config: Mapping[str, Any]) -> nn.Module:
                router=m.router)
     if m.dropout_rate is not None:  # Else the experts use encoder.dropout_rate.
       moe["dropout_rate"] = m.dropout_rate
+    if m.mlp_dim is not None:  # Else the experts are as wide as the dense MLPs.
+      moe["mlp_dim"] = m.mlp_dim
   return VisionTransformer(
       num_classes=opts.num_classes,
       patch_size=patch_size,

@@ -137,6 +137,12 @@ class MoeOptions:
       "encoder.dropout_rate, as the dense MLPs.",
       rate(optional=True, allowed='must be None (the experts use model.encoder.dropout_rate) '
            'or in [0, 1)'))
+  mlp_dim: Optional[int] = option(
+      None, "The experts' own hidden size H (the reference V-MoE's `moe.mlp_dim`, which "
+      "its MoE blocks read in place of the encoder's); None: model.encoder.mlp_dim (or "
+      "the variant's), as the dense MLPs.",
+      integer(1, optional=True, allowed='must be None (the experts use '
+              'model.encoder.mlp_dim) or an integer >= 1'))
   router: routers.RouterConfig = section(
       routers.RouterConfig, "The router: `name` picks it (`nn.routers.ROUTERS`); its options "
       "are defined by the routers' options dataclasses.")

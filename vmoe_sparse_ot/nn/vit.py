@@ -99,9 +99,10 @@ class EncoderBlock(nn.Module):
       y = MlpBlock(self.mlp_dim, self.dropout_rate, self.dtype, name="mlp")(y, train)
       aux, metrics = jnp.zeros((), jnp.float32), None
     else:
-      # moe['dropout_rate'] (model.encoder.moe.dropout_rate) replaces the block's.
-      y, aux, metrics = MoeLayer(mlp_dim=self.mlp_dim, name="moe",
-                                 **{"dropout_rate": self.dropout_rate, **self.moe})(y, train)
+      # moe['dropout_rate'] and moe['mlp_dim'] (model.encoder.moe.*) replace the block's.
+      y, aux, metrics = MoeLayer(name="moe", **{"mlp_dim": self.mlp_dim,
+                                                "dropout_rate": self.dropout_rate,
+                                                **self.moe})(y, train)
     return x + y, aux, metrics
 
 

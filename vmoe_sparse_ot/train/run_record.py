@@ -48,6 +48,7 @@ COMPUTE_DEFAULTS = {'dtype': None, 'remat': False}
 # (What those records mean, so written here, not read from today's defaults.)
 LATER_DEFAULTS = {
     ('encoder', 'moe', 'dropout_rate'): None,
+    ('encoder', 'moe', 'mlp_dim'): None,
     ('encoder', 'moe', 'router', 'capacity_ceil_or_round'): 'ceil',
     ('encoder', 'moe', 'router', 'capacity_multiple_of'): 4,
     ('encoder', 'attention_qk_norm'): False,
