@@ -62,3 +62,15 @@ def test_a_configured_peak_wins_over_the_table():
   device = jax.devices()[0]          # CPU: not in the table
   assert compute.peak_flops_per_device(None, device) is None
   assert compute.peak_flops_per_device(2e12, device) == 2e12
+
+
+def test_the_count_is_per_device():
+  # A (64, 32) x (32, 16) product: 2 * 64 * 32 * 16 FLOPs in all; rows split over the
+  # devices, each device multiplies its 64 / n rows.
+  n = jax.device_count()
+  mesh = jax.make_mesh((n,), ('data',))
+  rows = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec('data'))
+  a = jax.ShapeDtypeStruct((64, 32), 'float32', sharding=rows)
+  b = jax.ShapeDtypeStruct((32, 16), 'float32')
+  compiled = jax.jit(lambda a, b: a @ b).lower(a, b).compile()
+  assert compute.compiled_flops(compiled) == 2 * 64 * 32 * 16 / n
