@@ -11,7 +11,8 @@
 3. Scores both on the whole test split (10k images) with `vmoe_sparse_ot.load`:
    top-1, NLL and ECE (15 bins) of the prediction (for E³ the mean of the
    members' probabilities, and each member alone), and reads each run's
-   steady-state train-step time (the trainer's steps after the first).
+   steady-state train-step time (the trainer's steps after the first) and
+   XLA's FLOP count of its train step (`flops_per_step`, train/compute.py).
 
     PYTHONPATH=. python benchmarks/e3.py [--seeds 0,1,2] [--steps 200] [--json out.json]
 """
@@ -38,7 +39,8 @@ from vmoe_sparse_ot.train import trainer  # pylint: disable=wrong-import-positio
 def _train(config, workdir: str) -> dict:
   start = time.time()
   summary = trainer.train_and_evaluate(config, workdir)
-  return {'steps_per_sec': summary['steps_per_sec'], 'wall_seconds': time.time() - start}
+  return {'steps_per_sec': summary['steps_per_sec'], 'wall_seconds': time.time() - start,
+          'gflops_per_step': summary['flops_per_step'] / 1e9}
 
 
 def _scores(log_probs: np.ndarray, labels: np.ndarray) -> dict:
@@ -89,19 +91,20 @@ def main() -> None:
             'pretrained': base, 'runs': runs, 'step_time_ratio_e3_over_vmoe': ratios,
             'wall_seconds': time.time() - start}
   print(f'| model (fine-tuned {args.steps} steps from the same V-MoE, {len(seeds)} seeds) '
-        '| top-1 | NLL | ECE | train step, ms |')
-  print('| --- | ---: | ---: | ---: | ---: |')
+        '| top-1 | NLL | ECE | train step, ms | train step, GFLOPs |')
+  print('| --- | ---: | ---: | ---: | ---: | ---: |')
   print(f'| pre-trained V-MoE, K=2 (no fine-tuning) | {base["top1"]:.4f} | {base["nll"]:.4f} '
-        f'| {base["ece"]:.4f} | |')
+        f'| {base["ece"]:.4f} | | |')
   rows = [('V-MoE, K=2', runs['vmoe'], None), ('E³, M=2, K=1 (mean of probabilities)',
                                                 runs['e3'], None)]
   rows += [(f'E³ member {m} alone', runs['e3'], m) for m in range(2)]
   for title, rs, member in rows:
     pick = (lambda r: r) if member is None else (lambda r, m=member: r['members'][m])
     step_ms = '' if member is not None else mean_std(1000 / r['steps_per_sec'] for r in rs)
+    gflops = '' if member is not None else f"{rs[0]['gflops_per_step']:.3f}"
     print(f'| {title} | {mean_std(pick(r)["top1"] for r in rs)} | '
           f'{mean_std(pick(r)["nll"] for r in rs)} | {mean_std(pick(r)["ece"] for r in rs)} '
-          f'| {step_ms} |')
+          f'| {step_ms} | {gflops} |')
   print(f'\nE³ / V-MoE train-step time: {mean_std(ratios)} (per seed: '
         f'{", ".join(f"{r:.2f}" for r in ratios)}); total wall {report["wall_seconds"]:.0f}s')
   if args.json:

@@ -13,8 +13,9 @@ batch 128, and scored on the whole test split (10k images) with
   and its slots from the capacity factor.
 
 The two alternate within a seed, so machine load hits both alike. Reported: top-1
-(argmax of the logits, whatever the loss), the parameter count, and the
-steady-state train-step time (the trainer's steps after the first).
+(argmax of the logits, whatever the loss), the parameter count, the
+steady-state train-step time (the trainer's steps after the first) and XLA's
+FLOP count of the train step (`flops_per_step`, train/compute.py).
 
     PYTHONPATH=. python benchmarks/soft_moe_recipe.py [--seeds 0,1,2] [--steps 500] [--json F]
 """
@@ -56,15 +57,17 @@ def main() -> None:
         runs[name].append({
             'seed': seed, 'top1': float(np.mean(np.argmax(logits, -1) == labels)),
             'step_ms': 1000 / summary['steps_per_sec'],
+            'gflops_per_step': summary['flops_per_step'] / 1e9,
             'params': int(sum(x.size for x in jax.tree.leaves(model.params)))})
         print(f'seed {seed} {name}: {runs[name][-1]}', flush=True)
   print(f'\n| model ({args.steps} steps from scratch, {len(seeds)} seeds) | parameters '
-        '| top-1 (10k test) | train step, ms |')
-  print('| --- | ---: | ---: | ---: |')
+        '| top-1 (10k test) | train step, ms | train step, GFLOPs |')
+  print('| --- | ---: | ---: | ---: | ---: |')
   for name, file, arg in MODELS:
     rs = runs[name]
     print(f"| {name}: configs/{file}{':' + arg if arg else ''} | {rs[0]['params']:,} | "
-          f"{mean_std(r['top1'] for r in rs)} | {mean_std((r['step_ms'] for r in rs), '.1f')} |")
+          f"{mean_std(r['top1'] for r in rs)} | {mean_std((r['step_ms'] for r in rs), '.1f')} | "
+          f"{rs[0]['gflops_per_step']:.3f} |")
   ratios = [r['step_ms'] / b['step_ms'] for r, b in zip(runs['recipe'], runs['before'])]
   print(f'\nrecipe / before train-step time: {mean_std(ratios, ".2f")}; '
         f'total wall {time.time() - start:.0f} s')

@@ -138,7 +138,10 @@ def test_expert_load_figure_from_new_and_older_scalars(tmp_path):
                          'tokens_with_1_expert': [0.5, 0.5, 0.6],
                          'tokens_with_2plus_experts': [0.4, 0.45, 0.4],
                          'max_load_violation': [0.5, 0.375, 0.25]}.items()})
-  for name, scalars in (('old', old), ('new', new)):
+  health = dict(new, **{f'routing/encoderblock_1/{name}': (steps, np.array(values, float))
+                        for name, values in {'router_entropy': [2.0, 1.2, 0.4],
+                                             'empty_experts': [0, 1, 3]}.items()})
+  for name, scalars in (('old', old), ('new', new), ('health', health)):
     path = plot.plot_expert_load(scalars, str(tmp_path / f'{name}.png'), capacity=16)
     with open(path, 'rb') as f:
       assert f.read(8) == PNG_MAGIC

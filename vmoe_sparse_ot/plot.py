@@ -6,6 +6,8 @@ Writes PNGs into DIR (default WORKDIR/plots):
 - `expert_load.png`: per MoE layer, tokens per expert in a group (min-max band and
   mean, with the capacity C), the fractions of tokens that 0 (dropped), 1 and 2 or
   more experts processed, and the max load violation (max load / mean load - 1);
+  and, for runs that log them, the router's health: the entropy of its softmax
+  over experts and the experts that got no token (a collapse shows here first);
 - `routing.png`: for a few evaluation images, which expert takes each patch at
   every MoE layer (the expert with the largest combine weight; grey: dropped);
 - `fewshot.png` when WORKDIR/fewshot/results.json exists: few-shot top-1 against
@@ -126,17 +128,21 @@ def _moe_layers(scalars: Series) -> list[str]:
 
 def plot_expert_load(scalars: Series, path: str, capacity: int | None = None,
                      title: str = '') -> str | None:
-  """Per MoE layer (one column): tokens per expert, tokens by experts, max load violation.
+  """Per MoE layer (one column): tokens per expert, tokens by experts, max load
+  violation, router health.
 
   Rows: tokens per expert in a group (min-max band and mean, with C); the
   fractions of tokens with 0 (dropped), 1 and 2+ experts; MaxVio (max load /
-  mean load - 1, mean over groups). Workdirs written before the last two
-  metrics existed show the dropped fraction alone and no MaxVio curve.
+  mean load - 1, mean over groups); when logged, the router's entropy and its
+  empty experts (`_plot_health`). Workdirs written before the second and third
+  rows' metrics existed show the dropped fraction alone and no MaxVio curve, and
+  have no fourth row.
   """
   layers = _moe_layers(scalars)
   if not layers:
     return None
-  fig, axes = plotting_style.figure(3, len(layers), panel=(4.2, 2.8))
+  health = any(tag.endswith('/router_entropy') for tag in scalars)
+  fig, axes = plotting_style.figure(3 + health, len(layers), panel=(4.2, 2.8))
   for ax in axes.flat:
     ax.grid(True)
   for col, layer in enumerate(layers):
@@ -188,9 +194,31 @@ def plot_expert_load(scalars: Series, path: str, capacity: int | None = None,
     ax.set_title(f'{layer}: max load violation')
     ax.set_xlabel('training step')
     ax.set_ylabel('max load / mean load - 1')
+    if health:
+      _plot_health(axes[3][col], layer, series, legend=col == 0)
   if title:
     fig.suptitle(title)
   return plotting_style.save(fig, path)
+
+
+def _plot_health(ax, layer: str, series, legend: bool) -> None:
+  """The router's mean entropy over experts (left axis) and its empty experts (right)."""
+  lines = []
+  if series('router_entropy') is not None:
+    lines += ax.plot(*series('router_entropy'), color='C0', label='router entropy')
+  ax.set_ylim(bottom=0)
+  ax.set_ylabel('entropy of the softmax (nats)')
+  ax.set_xlabel('training step')
+  ax.set_title(f'{layer}: router health')
+  if series('empty_experts') is not None:
+    right = ax.twinx()
+    steps, empty = series('empty_experts')
+    lines += right.plot(steps, empty, color='C3', drawstyle='steps-post',
+                        label='experts with no token')
+    right.set_ylim(-0.05 * max(1.0, float(np.max(empty))), 1.1 * max(1.0, float(np.max(empty))))
+    right.set_ylabel('experts with no token')
+  if legend and lines:
+    ax.legend(handles=lines, loc='best')
 
 
 def plot_fewshot(results: dict[str, Any], path: str) -> str | None:

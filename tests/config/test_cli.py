@@ -53,3 +53,20 @@ def test_bad_soft_moe_recipe_values_are_one_line_with_exit_status_2(edit, check,
   err = capsys.readouterr().err
   assert info.value.code == 2 and err.count('\n') == 1
   assert err.startswith('python -m vmoe_sparse_ot.main: error: ' + line), err
+
+
+@pytest.mark.parametrize('key, value, line', [
+    ('peak_flops_per_device', -1.0, 'config.peak_flops_per_device=-1.0: must be > 0 or None'),
+    ('z_loss_weight', float('nan'), 'config.model.encoder.moe.router.z_loss_weight=nan: '
+     'must be a finite number >= 0'),
+])
+def test_bad_compute_and_z_loss_values_are_one_line_with_exit_status_2(key, value, line,
+                                                                       capsys):
+  config = load('vmoe_tiny_mnist.py')
+  (config if key == 'peak_flops_per_device' else config.model.encoder.moe.router)[key] = value
+  with pytest.raises(ValueError) as error:
+    config_lib.validate(config)
+  with pytest.raises(SystemExit) as info:
+    cli.fail('python -m vmoe_sparse_ot.main', error.value)
+  err = capsys.readouterr().err
+  assert info.value.code == 2 and err == f'python -m vmoe_sparse_ot.main: error: {line}\n'

@@ -135,6 +135,9 @@ BAD_CONFIGS = [
     ('mesh.data', 0, 'config.mesh.data=0: must be a positive integer or -1 (as many as fit)'),
     ('fewshot.shots', (0, 5), 'config.fewshot.shots=(0, 5): must be one or more integers >= 1'),
     ('fewshot.batch_size', 0, 'config.fewshot.batch_size=0: must be an integer >= 1'),
+    ('peak_flops_per_device', 0.0, 'config.peak_flops_per_device=0.0: must be > 0 or None'),
+    ('model.encoder.moe.router.z_loss_weight', -0.1,
+     'config.model.encoder.moe.router.z_loss_weight=-0.1: must be >= 0'),
 ]
 
 

@@ -33,15 +33,17 @@ def test_dense_run_has_no_routing_columns(tmp_path):
 
 def test_summary_and_table_carry_the_balance_columns():
   runs = [{'router': r, 'seed': s, 'top1': 90.0, 'fewshot10': 60.0, 'train_wall_s': 10.0,
-           'max_load_violation': v, 'dropped_fraction': d, 'experts_per_token': 1.5}
-          for r, s, v, d in [('topk', 0, 1.0, 0.2), ('topk', 1, 2.0, 0.4),
-                             ('soft_moe', 0, 0.0, 0.0), ('soft_moe', 1, 0.0, 0.0)]]
+           'max_load_violation': v, 'dropped_fraction': d, 'experts_per_token': 1.5,
+           'gflops': g}
+          for r, s, v, d, g in [('topk', 0, 1.0, 0.2, 0.25), ('topk', 1, 2.0, 0.4, 0.25),
+                                ('soft_moe', 0, 0.0, 0.0, 0.5), ('soft_moe', 1, 0.0, 0.0, None)]]
   s = router_study.summarize(runs, ['topk', 'soft_moe'])
   assert s['topk']['max_load_violation_mean'] == pytest.approx(1.5)
   assert s['topk']['max_load_violation_std'] == pytest.approx(2 ** -0.5)
   assert s['topk']['dropped_fraction_mean'] == pytest.approx(0.3)
+  assert (s['topk']['gflops_mean'], s['soft_moe']['gflops_mean']) == (0.25, 0.5)
   payload = {'budgets': {'100': {'routers': s}}, 'paper': router_study.PAPER}
   table = router_study.format_table(payload)
   header, topk_row = table.splitlines()[:2]
-  assert 'MaxVio' in header and 'dropped' in header
-  assert '1.500 ± 0.707' in topk_row and '0.300 ± 0.141' in topk_row
+  assert 'MaxVio' in header and 'dropped' in header and 'GFLOPs/step' in header
+  assert '1.500 ± 0.707' in topk_row and '0.300 ± 0.141' in topk_row and ' 0.250 ' in topk_row

@@ -15,7 +15,8 @@ from tests.nn.helpers import tiny_config
 METRICS = {"auxiliary_loss", "dropped_fraction", "tokens_per_expert_min",
            "tokens_per_expert_mean", "tokens_per_expert_max", "experts_per_token",
            "max_load_violation", "tokens_with_0_experts", "tokens_with_1_expert",
-           "tokens_with_2plus_experts"}
+           "tokens_with_2plus_experts", "z_loss", "router_entropy", "router_top_prob",
+           "empty_experts"}
 ROUTERS = ["topk", "expert_choice", "sbase", "sparse_ot", "soft_moe"]
 
 
@@ -82,10 +83,12 @@ def test_forward_contract_eval_determinism_rngs_and_gradients(router, params):
   metrics = jax.tree.map(np.asarray, aux["routing"]["encoderblock_1"])   # numpy: no compiles
   assert all(jnp.shape(v) == () for v in metrics.values())
   assert METRICS <= set(metrics)
+  assert 0 <= metrics["router_entropy"] <= np.log(4) + 1e-6     # E = 4
+  assert 0.25 - 1e-6 <= metrics["router_top_prob"] <= 1 and metrics["z_loss"] >= 0
   if router == "soft_moe":       # every token reaches every expert: nothing is dropped
     assert {"dispatch_weights_max_mean", "combine_weights_max_mean"} <= set(metrics)
     assert metrics["dropped_fraction"] == 0 and metrics["max_load_violation"] == 0
-    assert metrics["tokens_with_2plus_experts"] == 1
+    assert metrics["tokens_with_2plus_experts"] == 1 and metrics["empty_experts"] == 0
   else:
     assert metrics["tokens_per_expert_max"] <= 4     # C = ceil(8*2*1.0/4) = 4
     assert 0.0 <= metrics["dropped_fraction"] <= 1.0

@@ -234,6 +234,9 @@ def base_config() -> ml_collections.ConfigDict:
           'keep_steps_multiple_of': 0,
       },
       'log_every_steps': 50,
+      # Peak FLOP/s of one device, for the train rows' `mfu` (train/compute.py);
+      # None: from the table of common GPUs and TPUs there (none on CPU: no mfu).
+      'peak_flops_per_device': ml_collections.FieldReference(None, field_type=float),
       # 0 disables periodic evaluation; the final step is always evaluated.
       'eval_every_steps': 500,
       'fewshot': default_fewshot_config(),

@@ -301,6 +301,7 @@ def validate(config: Mapping[str, Any]) -> None:
   for key in ('batch_size', 'eval_batch_size', 'train_steps', 'log_every_steps'):
     _int(config, key, 1)
   _int(config, 'eval_every_steps', 0)
+  _number(config, 'peak_flops_per_device', low=0, low_open=True, optional=True)
   _int(config, 'microsteps', 1)
   if config['batch_size'] % config['microsteps']:
     _fail('microsteps', config['microsteps'],

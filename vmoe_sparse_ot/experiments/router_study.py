@@ -16,6 +16,9 @@ MNIST for a few hundred steps, over several seeds, and reports
   the last log interval, averaged over the MoE layers: MaxVio (max expert load
   over the mean load, minus 1; 0 when balanced), the fraction of tokens no
   expert processes, and experts per token,
+- the compute of a train step, XLA's FLOP count of the compiled step per device
+  (the trainer's `flops_per_step`, `train.compute`), for accuracy against FLOPs
+  (XLA counts a loop's body once: sparse_ot's solver iterations count as one),
 - training wall time as a ratio to TopK trained in the same round (standing in
   for TPUv2-core-days): seeds are the outer loop and routers the inner one, so
   every router sees the same load on a shared machine. (Step times measured
@@ -160,7 +163,8 @@ def routing_summary(workdir: str,
 
 def train_one(config, workdir: str) -> dict[str, float]:
   """Trains, then few-shot evaluates; top-1 and 10-shot in %, training wall seconds,
-  and the routing metrics of `routing_summary`."""
+  GFLOPs per train step (None if XLA gave none) and the routing metrics of
+  `routing_summary`."""
   start = time.perf_counter()
   summary = trainer.train_and_evaluate(config, workdir)
   wall = time.perf_counter() - start
@@ -172,6 +176,7 @@ def train_one(config, workdir: str) -> dict[str, float]:
           'train_wall_s': wall,
           'steps_per_sec': float(summary['steps_per_sec'])
                            if 'steps_per_sec' in summary else None,
+          'gflops': summary['flops_per_step'] / 1e9 if 'flops_per_step' in summary else None,
           **routing_summary(workdir)}
 
 
@@ -193,7 +198,7 @@ def summarize(runs: list[dict[str, Any]], routers: Sequence[str]) -> dict[str, d
     few, few_std = _stats([r['fewshot10'] for r in rows])
     wall, wall_std = _stats([r['train_wall_s'] for r in rows])
     routing = {}
-    for name, _ in ROUTING_METRICS:
+    for name in (*(n for n, _ in ROUTING_METRICS), 'gflops'):
       values = [r[name] for r in rows if r.get(name) is not None]
       if values:
         routing[f'{name}_mean'], routing[f'{name}_std'] = _stats(values)
@@ -267,6 +272,7 @@ def run(out_dir: str, *, quick: bool, seeds: int | None,
           runs.append({'router': router, 'seed': seed, **metrics})
           print(f'router_study: steps={steps} seed={seed} {router}: '
                 f"top1={metrics['top1']:.2f} 10-shot={metrics['fewshot10']:.2f} "
+                + (f"GFLOPs/step={metrics['gflops']:.3f} " if metrics.get('gflops') else '')
                 + ''.join(f"{label}={metrics[name]:.3f} " for name, label in ROUTING_METRICS
                           if name in metrics)
                 + f"train {metrics['train_wall_s']:.1f}s", flush=True)
@@ -292,14 +298,17 @@ def run(out_dir: str, *, quick: bool, seeds: int | None,
 
 
 def plot(payload: dict, path: str) -> None:
-  """Bars per router: top-1, 10-shot and time ratio, one colour per budget."""
+  """Bars per router: top-1, 10-shot, balance and time ratio, one colour per budget;
+  then top-1 against GFLOPs per train step, one point per (router, budget)."""
   budgets = payload['budgets']
   routers = list(next(iter(budgets.values()))['routers'])
   metrics = [('top1', 'MNIST test top-1 (%)'), ('fewshot10', 'digits 10-shot top-1 (%)'),
              ('max_load_violation', 'MaxVio (last interval)'),
              ('dropped_fraction', 'dropped tokens (last interval)'),
              ('time_ratio', 'training wall time / TopK (same seed)')]
-  fig, axes = style.figure(1, len(metrics), width=18, height=3.8, squeeze=True)
+  fig, axes = style.figure(1, len(metrics) + 1, width=21.6, height=3.8, squeeze=True)
+  _plot_accuracy_against_flops(axes[-1], budgets, routers)
+  axes = axes[:-1]
   width = 0.8 / len(budgets)
   x = np.arange(len(routers))
   for b, (steps, res) in enumerate(budgets.items()):
@@ -326,10 +335,27 @@ def plot(payload: dict, path: str) -> None:
   style.save(fig, path)
 
 
+def _plot_accuracy_against_flops(ax, budgets: dict, routers: list) -> None:
+  for r, router in enumerate(routers):
+    for b, (steps, res) in enumerate(budgets.items()):
+      s = res['routers'][router]
+      if s.get('gflops_mean') is None:
+        continue
+      ax.errorbar(s['gflops_mean'], s['top1_mean'], yerr=s['top1_std'], fmt='os^Dv'[b % 5],
+                  color=f'C{r % 10}', capsize=3,
+                  label=ROUTER_LABELS.get(router, router) if b == 0 else None)
+  ax.set_xlabel('GFLOPs per train step (XLA, per device)')
+  ax.set_ylabel('MNIST test top-1 (%)')
+  ax.set_title('top-1 against compute')
+  if ax.lines:
+    ax.legend(fontsize=7)
+
+
 def format_table(payload: dict) -> str:
   """One row per (budget, router), then the paper's B/32 and B/16 rows."""
   lines = [f"{'steps':>5}  {'router':<21} {'MNIST top-1':>14} {'digits 10-shot':>15} "
-           + ''.join(f'{label:>15}' for _, label in ROUTING_METRICS) + f"{'time / TopK':>14}"]
+           + ''.join(f'{label:>15}' for _, label in ROUTING_METRICS) + f"{'GFLOPs/step':>12}"
+           + f"{'time / TopK':>14}"]
   for steps, res in payload['budgets'].items():
     for router, s in res['routers'].items():
       ratio = ('n/a' if s['time_ratio_mean'] is None
@@ -337,10 +363,11 @@ def format_table(payload: dict) -> str:
       routing = ''.join(f"{s[f'{name}_mean']:7.3f} ± {s[f'{name}_std']:5.3f}"
                         if f'{name}_mean' in s else f"{'n/a':>15}"
                         for name, _ in ROUTING_METRICS)
+      gflops = 'n/a' if s.get('gflops_mean') is None else f"{s['gflops_mean']:.3f}"
       lines.append(f"{steps:>5}  {ROUTER_LABELS.get(router, router):<21} "
                    f"{s['top1_mean']:6.2f} ± {s['top1_std']:4.2f} "
                    f"{s['fewshot10_mean']:7.2f} ± {s['fewshot10_std']:4.2f} {routing}"
-                   f"{ratio:>14}")
+                   f"{gflops:>12}{ratio:>14}")
   for router, why in payload.get('skipped', {}).items():
     lines.append(f"       {router:<21} skipped: {why}")
   lines.append('paper (JFT-300M prec@1, ImageNet 10-shot, TPUv2-core-days / TopK):')

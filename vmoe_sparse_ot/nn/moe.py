@@ -35,6 +35,7 @@ import jax
 import jax.numpy as jnp
 
 from vmoe_sparse_ot.nn import ensemble
+from vmoe_sparse_ot.nn import router_health
 from vmoe_sparse_ot.nn import routers
 from vmoe_sparse_ot.nn import router_state
 from vmoe_sparse_ot.nn.dispatch import get_dispatcher
@@ -93,8 +94,9 @@ class Experts(nn.Module):
 class MoeLayer(nn.Module):
   """Routes tokens to E expert MLPs.
 
-  Returns (y like x, auxiliary_loss scalar (differentiable), metrics {name: scalar}:
-  the common ones of `nn.routing_metrics` and the router's own).
+  Returns (y like x, auxiliary_loss scalar (differentiable: the router's, plus
+  `z_loss_weight` times its z-loss), metrics {name: scalar}: the common ones of
+  `nn.routing_metrics`, those of `nn.router_health` and the router's own).
   """
   num_experts: int
   mlp_dim: int
@@ -145,6 +147,9 @@ class MoeLayer(nn.Module):
       if train and self.is_mutable_collection(router_state.STATISTICS):
         for name, value in statistics.items():
           self.put_variable(router_state.STATISTICS, name, value)
+    # Health and z-loss on the logits the router routes with (E³: each member's own).
+    health, z = router_health.logit_metrics(
+        *(ensemble.member_problems(logits, token_mask, m) if m > 1 else (logits, token_mask)))
     if self.is_mutable_collection("intermediates"):
       weights = expert_weights(routing, s)
       if m > 1:
@@ -164,5 +169,6 @@ class MoeLayer(nn.Module):
     y = constrain(y, (GROUP_AXES,))
     y = y.reshape(g * s, d)[:t]
     y = ensemble.deinterleave(y, b // m, n, m) if m > 1 else y.reshape(b, n, d)
-    metrics = {**common_metrics(routing, token_mask), **routing.metrics, **member_metrics}
-    return y, routing.auxiliary_loss, metrics
+    metrics = {**common_metrics(routing, token_mask), **health, **routing.metrics,
+               **member_metrics}
+    return y, router_health.with_z_loss(routing.auxiliary_loss, z, opts.z_loss_weight), metrics

@@ -22,6 +22,9 @@ Metrics (scalars, no gradient):
   averaged over the groups that have a token dispatched; 0 when every expert
   takes the same number of tokens.
 - `tokens_per_expert_min`, `_mean`, `_max`: load over all (group, expert) pairs.
+- `empty_experts`: how many experts no real token reaches in any group of the
+  layer's call (a collapsing router leaves experts idle; with microsteps, the
+  mean over the step's microbatches).
 
 `token_counts` is also how the evaluation job (`nn.routing_stats`) counts
 tokens by number of experts, so training and evaluation agree by construction.
@@ -99,4 +102,5 @@ def common_metrics(routing, token_mask: Array) -> Dict[str, Array]:
       "tokens_per_expert_min": jnp.min(load),
       "tokens_per_expert_mean": jnp.mean(load),
       "tokens_per_expert_max": jnp.max(load),
+      "empty_experts": jnp.sum(jnp.sum(load, axis=0) == 0).astype(jnp.float32),
   }

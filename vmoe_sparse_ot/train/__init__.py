@@ -8,6 +8,7 @@ Read in this order:
   run_record   what a checkpoint records about its run, and when it resumes or evaluates.
   evaluation   the one evaluation loop; periodic_eval: the eval step and eval sets.
 Beside them: state (TrainState), optimizer (optax optimizers and schedules), losses,
-metrics, progress (the console line), mixup, microsteps, programs (the compiled-program
-cache of `run`), lock (one trainer per workdir), profiling.
+metrics, progress (the console line), compute (FLOPs per step, device-seconds, MFU),
+mixup, microsteps, programs (the compiled-program cache of `run`), lock (one trainer per
+workdir), profiling.
 """

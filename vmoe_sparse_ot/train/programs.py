@@ -11,7 +11,8 @@ Only the run builder (`train.run`) uses this cache, and it chooses, per
 program, which part of the config the key holds (`run_key(..., only=...)`).
 The whole run's key leaves out the entries that only drive the loop around the
 programs (`LOOP_ONLY`: how many steps, when to checkpoint, evaluate or run
-few-shot; `train_steps` is keyed through the schedule it resolves) and those
+few-shot, the peak FLOP/s behind `mfu`; `train_steps` is keyed through the
+schedule it resolves) and those
 that only choose where a run starts (`START_ONLY`: the seed, whose keys are the
 programs' arguments, and `initialization`). At most `MAX_KEYS` keys are kept,
 the least recently used dropped first.
@@ -30,7 +31,8 @@ from vmoe_sparse_ot.train import optimizer as optimizer_lib
 MAX_KEYS = 20
 # Config entries no kept function is built from (the trainer's loop reads them;
 # few-shot evaluators are built per run, outside this cache).
-LOOP_ONLY = ('train_steps', 'checkpoint', 'eval_every_steps', 'fewshot', 'profile')
+LOOP_ONLY = ('train_steps', 'checkpoint', 'eval_every_steps', 'fewshot', 'profile',
+             'peak_flops_per_device')
 # Config entries that only choose where a run starts: its seed and
 # `initialization` (a source of weights). No program is built from them: the
 # random keys are the programs' arguments and the step's are state

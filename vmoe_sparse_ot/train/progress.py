@@ -9,6 +9,9 @@ its own line, "compiled and ran in Xs" ("ran in Xs (already compiled)" where an
 earlier run in this process compiled the step), as soon as it finishes; steps/s
 and the ETA count only the steps after it, and not the time spent in evaluation,
 few-shot or checkpoint waits (`paused()`).
+
+Each train row also carries the run's compute accounting (`train.compute`):
+`flops_per_step`, and on the timed rows `device_seconds_per_step` and `mfu`.
 """
 from __future__ import annotations
 
@@ -20,6 +23,7 @@ import jax
 from absl import logging
 
 from vmoe_sparse_ot.errors import NonFiniteLossError
+from vmoe_sparse_ot.train.compute import StepAccounting
 from vmoe_sparse_ot.train.metrics import TrainMetrics
 
 
@@ -38,12 +42,13 @@ class ProgressLogger:
   NonFiniteLossError when a loss or gradient norm of the interval was NaN/Inf,
   writes the interval means (plus learning_rate, steps_per_sec, images_per_sec)
   and prints one line on process 0. `last_good(first_bad_step)` is the error's
-  advice on where to resume (`Checkpointer.last_good`).
+  advice on where to resume (`Checkpointer.last_good`). `accounting`: the
+  compute columns of the rows (None: none).
   """
 
   def __init__(self, *, steps: range, every_steps: int, batch_size: int,
                learning_rate: Callable[[int], Any], writer, last_good: Callable[[int], str],
-               compiles: bool = True):
+               compiles: bool = True, accounting: StepAccounting | None = None):
     self.first_step, self.total_steps = steps.start, steps.stop - 1
     self.every_steps, self.batch_size = every_steps, batch_size
     self._learning_rate, self._writer, self._last_good = learning_rate, writer, last_good
@@ -51,6 +56,7 @@ class ProgressLogger:
     self._paused = 0.0  # Seconds spent paused since the start.
     self._compiled = False  # Whether the first (compiling) step was reported.
     self._compiles = compiles  # Whether that step compiles its program (not kept from before).
+    self._accounting = accounting
     self._last_time, self._last_step = 0.0, steps.start - 1
     self.history: list[tuple[int, float]] = []  # (step, mean loss of the interval).
     self.losses: list[float] = []  # Every step's loss.
@@ -103,7 +109,7 @@ class ProgressLogger:
     scalars = dict(means, learning_rate=learning_rate)
     if not self._compiled:  # The first step: compilation and one step.
       self._compiled = True
-      self._writer.write_scalars(step, scalars)
+      self._writer.write_scalars(step, scalars | self._compute(None))
       if jax.process_index() == 0:
         ran = (f'compiled and ran in {elapsed:.1f}s' if self._compiles
                else f'ran in {elapsed:.1f}s (already compiled)')
@@ -115,7 +121,8 @@ class ProgressLogger:
     steps_per_sec = num_steps / max(elapsed, 1e-9)
     steady_rate = self.steady_steps / max(self.steady_seconds, 1e-9)
     scalars.update(steps_per_sec=steps_per_sec,
-                   images_per_sec=steps_per_sec * self.batch_size)
+                   images_per_sec=steps_per_sec * self.batch_size,
+                   **self._compute(1 / steps_per_sec))
     self._writer.write_scalars(step, scalars)
     if jax.process_index() == 0:
       span = f'step {first}' if first == step else f'steps {first}-{step}'
@@ -125,13 +132,17 @@ class ProgressLogger:
                    scalars['images_per_sec'],
                    format_duration((self.total_steps - step) / max(steady_rate, 1e-9)))
 
+  def _compute(self, seconds_per_step: float | None) -> dict[str, float]:
+    return {} if self._accounting is None else self._accounting.scalars(seconds_per_step)
+
   def summary(self) -> dict[str, Any]:
     """What summary.json reports about training (after at least one `log`).
 
     train_loss_last_interval_mean: the mean loss over train_last_interval_steps
     ([first, last]); final_train_loss is the same value under its older name.
     steps_per_sec / images_per_sec: after the first (compiling) step, pauses
-    excluded; absent when the run trained a single step. train_loss_history and
+    excluded; absent when the run trained a single step. flops_per_step: per
+    device (`train.compute`), when XLA counts it. train_loss_history and
     losses (every step's) are returned but not written to the file.
     """
     interval = self.last_interval
@@ -142,6 +153,8 @@ class ProgressLogger:
     if self.steady_steps:
       out['steps_per_sec'] = self.steady_steps / self.steady_seconds
       out['images_per_sec'] = out['steps_per_sec'] * self.batch_size
+    if self._accounting is not None and self._accounting.flops_per_step is not None:
+      out['flops_per_step'] = self._accounting.flops_per_step
     return out
 
 

@@ -37,6 +37,7 @@ from jax.sharding import Mesh, NamedSharding
 
 from vmoe_sparse_ot import nn
 from vmoe_sparse_ot import parallel
+from vmoe_sparse_ot.train import compute
 from vmoe_sparse_ot.train import losses as losses_lib
 from vmoe_sparse_ot.train import mixup as mixup_lib
 from vmoe_sparse_ot.train import optimizer as optimizer_lib
@@ -64,6 +65,9 @@ class Programs:
   all_finite: TrainState -> bool scalar, replicated.
   empty_metrics: batch -> a fresh TrainMetrics buffer of the train step's metric
     names (traced once from the first batch's shapes).
+  flops_per_step: batch -> XLA's FLOP count of the train step on batches like
+    it, per device (`train.compute`), None if XLA gives none; from the compiled
+    program the step runs (lowered again, it is found compiled).
   """
   init_variables: Callable[[jax.Array], tuple[Any, Any]]
   init_state: Callable[[jax.Array, jax.Array], TrainState]
@@ -72,6 +76,7 @@ class Programs:
   eval_step: Callable[..., dict[str, Any]]
   all_finite: Callable[[TrainState], jax.Array]
   empty_metrics: Callable[[Any], TrainMetrics]
+  flops_per_step: Callable[[Any], float | None]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -157,6 +162,11 @@ def build(config: ml_collections.ConfigDict, model: flax.linen.Module,
   evaluated = periodic_eval.eval_model(config, model)
   compiles = not programs.has(keys['run'], 'train_step')
   step_fn = _step_fn(config, model, tx)
+  train_step = programs.get(keys['run'], 'train_step', lambda: jax.jit(
+      with_metrics(step_fn), in_shardings=(state_sharding, batch_sharding, replicated),
+      out_shardings=(state_sharding, replicated), donate_argnums=(0, 2)))
+  empty_metrics = _empty_metrics(keys['run'], step_fn, abstract_state, replicated,
+                                 int(config.log_every_steps))
   run_programs = Programs(
       init_variables=init_variables,
       init_state=programs.get(keys['state'], 'init_state', lambda: jax.jit(
@@ -164,9 +174,7 @@ def build(config: ml_collections.ConfigDict, model: flax.linen.Module,
           out_shardings=state_sharding)),
       create_state=programs.get(keys['state'], 'create_state', lambda: jax.jit(
           lambda p, m, root: state_lib.create(p, tx, root, m), out_shardings=state_sharding)),
-      train_step=programs.get(keys['run'], 'train_step', lambda: jax.jit(
-          with_metrics(step_fn), in_shardings=(state_sharding, batch_sharding, replicated),
-          out_shardings=(state_sharding, replicated), donate_argnums=(0, 2))),
+      train_step=train_step,
       eval_step=programs.get(keys['eval'], 'eval_step', lambda: jax.jit(
           periodic_eval.make_eval_step(
               evaluated, config.loss.name,
@@ -175,8 +183,11 @@ def build(config: ml_collections.ConfigDict, model: flax.linen.Module,
           out_shardings=replicated)),
       all_finite=programs.get(keys['mesh'], 'all_finite', lambda: jax.jit(
           state_lib.all_finite, out_shardings=replicated)),
-      empty_metrics=_empty_metrics(keys['run'], step_fn, abstract_state, replicated,
-                                   int(config.log_every_steps)))
+      empty_metrics=empty_metrics,
+      flops_per_step=lambda batch: programs.get(keys['run'], 'flops_per_step', lambda: (
+          compute.compiled_flops(train_step.lower(
+              with_shardings(abstract_state, state_sharding), batch,
+              empty_metrics(batch)).compile()))))
   return Run(config=config, model=model, eval_model=evaluated, mesh=mesh, schedule=schedule,
              tx=tx, abstract_params=abstract_params, abstract_state=abstract_state,
              state_sharding=state_sharding, batch_sharding=batch_sharding,
@@ -184,6 +195,22 @@ def build(config: ml_collections.ConfigDict, model: flax.linen.Module,
              init_key=init_key, root_key=root_key,
              record=run_record.make(config, abstract_params), compiles=compiles,
              programs=run_programs)
+
+
+def with_shardings(abstract_state: TrainState, state_sharding: TrainState) -> TrainState:
+  """The abstract TrainState carrying its shardings: what Orbax restores into and
+  what the train step is lowered on."""
+  return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+                      abstract_state, state_sharding)
+
+
+def accounting(run: Run, batch: Any) -> compute.StepAccounting:
+  """The compute columns of the run's train rows (`train.compute`); `batch` is the
+  first training batch (its shapes are every step's)."""
+  return compute.StepAccounting(
+      lambda: run.programs.flops_per_step(batch), run.mesh.size,
+      compute.peak_flops_per_device(run.config.get('peak_flops_per_device'),
+                                    run.mesh.devices.flat[0]))
 
 
 def _init_variables(model: flax.linen.Module, dataset: Any) -> Callable:

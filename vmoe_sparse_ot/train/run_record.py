@@ -58,6 +58,7 @@ LATER_DEFAULTS = {
     ('encoder', 'moe', 'router', 'soft_moe', 'compute_similarity_metrics'): False,
     ('ensemble_size',): 1,
     ('encoder', 'moe', 'router', 'sparse_ot', 'tol'): 1e-6,
+    ('encoder', 'moe', 'router', 'z_loss_weight'): 0.0,
 }
 
 

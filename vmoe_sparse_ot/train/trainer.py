@@ -135,8 +135,7 @@ def _restore_or_init(run: run_lib.Run, ckpt, allow_schedule_change: bool):
 
 def state_with_shardings(run: run_lib.Run) -> TrainState:
   """The run's abstract TrainState carrying its shardings, the form Orbax restores into."""
-  return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
-                      run.abstract_state, run.state_sharding)
+  return run_lib.with_shardings(run.abstract_state, run.state_sharding)
 
 
 def _init_state(run: run_lib.Run) -> TrainState:
@@ -186,7 +185,7 @@ def _train(run: run_lib.Run, workdir: str, ckpt, state: TrainState, start_step: 
           steps=range(start_step + 1, last_step + 1),
           every_steps=int(run.config.log_every_steps), batch_size=int(run.config.batch_size),
           learning_rate=run.schedule, writer=writer, last_good=ckpt.last_good,
-          compiles=run.compiles)
+          compiles=run.compiles, accounting=run_lib.accounting(run, first_batch))
       actions = _hooks(run, ckpt, progress, writer, run_eval, eval_sets, fewshot)
       metrics = run.programs.empty_metrics(first_batch)
       for step in range(start_step + 1, last_step + 1):

@@ -102,6 +102,10 @@ class CommonOptions:
   batch_priority: bool = option(
       False, "Batch-prioritized routing (token-choice routers): tokens with larger "
       "top scores claim buffer slots first.")
+  z_loss_weight: float = option(
+      0.0, "Weight of the router z-loss (ST-MoE), the mean over real tokens of "
+      "logsumexp(logits)^2, added to the layer's auxiliary loss (`nn.router_health`); "
+      "0: off (the metric `z_loss` is reported either way).", check=NON_NEGATIVE)
 
 
 def default_capacity(opts: CommonOptions, group_size: int, num_experts: int) -> int:
