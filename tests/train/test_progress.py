@@ -8,6 +8,7 @@ import pytest
 from clu import metrics as clu_metrics
 
 from vmoe_sparse_ot.errors import NonFiniteLossError
+from vmoe_sparse_ot.train import compute
 from vmoe_sparse_ot.train import progress as progress_lib
 from vmoe_sparse_ot.train.metrics import TrainMetrics
 
@@ -38,7 +39,8 @@ class Writer:
 
 def _logger(writer=None, steps=range(11, 21), every_steps=5):
   return progress_lib.ProgressLogger(
-      steps=steps, every_steps=every_steps, batch_size=4,
+      steps=steps, every_steps=every_steps,
+      accounting=compute.StepAccounting(lambda: None, 1, None, images_per_step=4),
       learning_rate=lambda s: 0.01 * s, writer=writer,
       last_good=lambda bad: f'The last good checkpoint is step {bad - 2} in DIR.')
 
@@ -78,10 +80,12 @@ def test_log_writes_the_interval_means_and_one_line(caplog):
   # optax counts steps from 0: step 11 ran at learning_rate(10).
   assert (step_a, first) == (11, {'loss': 2.0, 'accuracy': 0.25, 'grad_norm': 1.0,
                                   'learning_rate': pytest.approx(0.1)})
-  assert step_b == 15 and sorted(second) == ['accuracy', 'grad_norm', 'images_per_sec',
+  assert step_b == 15 and sorted(second) == ['accuracy', 'device_seconds_per_step',
+                                             'grad_norm', 'images_per_sec',
                                              'learning_rate', 'loss', 'steps_per_sec']
   assert (second['loss'], second['accuracy'], second['grad_norm']) == (3.0, 0.75, 0.5)
   assert second['images_per_sec'] == pytest.approx(4 * second['steps_per_sec'])
+  assert second['device_seconds_per_step'] == pytest.approx(1 / second['steps_per_sec'])
   lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith('step ')]
   assert re.fullmatch(r'step 11/20: compiled and ran in \d+\.\ds; loss 2\.0000, '
                       r'accuracy 0\.250; lr 1\.00e-01', lines[0]), lines[0]

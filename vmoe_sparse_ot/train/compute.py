@@ -84,12 +84,14 @@ class StepAccounting:
     finds it in JAX's cache; nothing is compiled twice).
   num_devices: devices of the mesh, all processes.
   peak_flops_per_device: FLOP/s, None: unknown (no `mfu`).
+  images_per_step: the global batch (`images_per_sec`).
   """
 
   def __init__(self, flops: Callable[[], float | None], num_devices: int,
-               peak_flops_per_device: float | None):
+               peak_flops_per_device: float | None, images_per_step: int = 0):
     self._flops, self._value = flops, None
     self.num_devices, self.peak_flops_per_device = num_devices, peak_flops_per_device
+    self.images_per_step = images_per_step
 
   @property
   def flops_per_step(self) -> float | None:

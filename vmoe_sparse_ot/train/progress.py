@@ -43,14 +43,15 @@ class ProgressLogger:
   writes the interval means (plus learning_rate, steps_per_sec, images_per_sec)
   and prints one line on process 0. `last_good(first_bad_step)` is the error's
   advice on where to resume (`Checkpointer.last_good`). `accounting`: the
-  compute columns of the rows (None: none).
+  images and compute of a step (`train.compute.StepAccounting`): the rows'
+  images_per_sec and compute columns.
   """
 
-  def __init__(self, *, steps: range, every_steps: int, batch_size: int,
-               learning_rate: Callable[[int], Any], writer, last_good: Callable[[int], str],
-               compiles: bool = True, accounting: StepAccounting | None = None):
+  def __init__(self, *, steps: range, every_steps: int, learning_rate: Callable[[int], Any],
+               writer, last_good: Callable[[int], str], accounting: StepAccounting,
+               compiles: bool = True):
     self.first_step, self.total_steps = steps.start, steps.stop - 1
-    self.every_steps, self.batch_size = every_steps, batch_size
+    self.every_steps, self.batch_size = every_steps, accounting.images_per_step
     self._learning_rate, self._writer, self._last_good = learning_rate, writer, last_good
     self._start = time.monotonic()
     self._paused = 0.0  # Seconds spent paused since the start.
@@ -133,7 +134,7 @@ class ProgressLogger:
                    format_duration((self.total_steps - step) / max(steady_rate, 1e-9)))
 
   def _compute(self, seconds_per_step: float | None) -> dict[str, float]:
-    return {} if self._accounting is None else self._accounting.scalars(seconds_per_step)
+    return self._accounting.scalars(seconds_per_step)
 
   def summary(self) -> dict[str, Any]:
     """What summary.json reports about training (after at least one `log`).
@@ -153,7 +154,7 @@ class ProgressLogger:
     if self.steady_steps:
       out['steps_per_sec'] = self.steady_steps / self.steady_seconds
       out['images_per_sec'] = out['steps_per_sec'] * self.batch_size
-    if self._accounting is not None and self._accounting.flops_per_step is not None:
+    if self._accounting.flops_per_step is not None:
       out['flops_per_step'] = self._accounting.flops_per_step
     return out
 

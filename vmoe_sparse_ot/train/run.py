@@ -210,7 +210,8 @@ def accounting(run: Run, batch: Any) -> compute.StepAccounting:
   return compute.StepAccounting(
       lambda: run.programs.flops_per_step(batch), run.mesh.size,
       compute.peak_flops_per_device(run.config.get('peak_flops_per_device'),
-                                    run.mesh.devices.flat[0]))
+                                    run.mesh.devices.flat[0]),
+      images_per_step=int(run.config.batch_size))
 
 
 def _init_variables(model: flax.linen.Module, dataset: Any) -> Callable:

@@ -183,9 +183,9 @@ def _train(run: run_lib.Run, workdir: str, ckpt, state: TrainState, start_step: 
       batches, first_batch = _train_batches(run, start_step)
       progress = progress_lib.ProgressLogger(
           steps=range(start_step + 1, last_step + 1),
-          every_steps=int(run.config.log_every_steps), batch_size=int(run.config.batch_size),
-          learning_rate=run.schedule, writer=writer, last_good=ckpt.last_good,
-          compiles=run.compiles, accounting=run_lib.accounting(run, first_batch))
+          every_steps=int(run.config.log_every_steps), learning_rate=run.schedule,
+          writer=writer, last_good=ckpt.last_good,
+          accounting=run_lib.accounting(run, first_batch), compiles=run.compiles)
       actions = _hooks(run, ckpt, progress, writer, run_eval, eval_sets, fewshot)
       metrics = run.programs.empty_metrics(first_batch)
       for step in range(start_step + 1, last_step + 1):
