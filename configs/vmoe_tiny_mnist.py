@@ -26,7 +26,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # (the reference V-MoE, and so the default, initializes the experts alike).
   config.model.encoder.moe.split_rngs = True
   config.model.encoder.moe.router.name = args.router
-  if args.router in ('expert_choice', 'sinkhorn_ec'):  # C from S/E, not S K / E:
+  if args.router in ('expert_choice', 'sinkhorn_ec', 'l2_ot'):  # C from S/E, not S K / E:
     config.model.encoder.moe.router.capacity_factor = 2.0   # C = 64 * 2 / 8 = 16
   if args.router == 'expert_choice':
     config.model.encoder.moe.router.noise_std = 0.0
