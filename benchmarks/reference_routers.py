@@ -139,7 +139,8 @@ def router_module(cfg):
 
 
 def main():
-  print('| router | scale | C | max abs plan diff | pairs dispatched alike | max abs combine diff |')
+  print('| router | scale | C | max abs plan diff | pairs dispatched alike | '
+        'max abs combine diff |')
   print('|---|---:|---:|---:|---:|---:|')
   for scale in (1.0, 4.0):
     logits = (scale * np.random.default_rng(0).standard_normal((G, S, E))).astype(np.float32)
@@ -147,8 +148,8 @@ def main():
       plan, sent, combine, c = ours(key, logits)
       want = [reference(key, logits[g].astype(np.float64)) for g in range(G)]
       plan_diff = max(np.abs(plan[g] - want[g][0]).max() for g in range(G))
-      # Dispatched pairs with a nonzero combine weight (a zero-plan pair sent with
-      # plan weights counts as its softmax weight is what the reference uses).
+      # Pairs dispatched alike: ours (nonzero combine weight) against the reference's
+      # dispatcher; softmax weights are nonzero wherever a pair is sent.
       alike = np.mean([np.mean((combine[g] > 0) == want[g][1]) for g in range(G)])
       comb = max(np.abs(combine[g] - want[g][2]).max() for g in range(G))
       print(f'| {key} | {scale:g} | {c} | {plan_diff:.1e} | {alike:.4f} | {comb:.1e} |')
