@@ -8,9 +8,9 @@
 ViT with 4 blocks (D=64, MLP 128, 4 heads) on 28x28x1 images cut into 7x7
 patches (16 tokens + class token); blocks 1 and 3 are MoE layers with E=8 experts,
 K=2, groups of S=64 tokens and capacity C = S*K/E = 16 (= k of sparse_ot) for every
-router: expert choice counts C from S/E (the reference's rule), so its capacity
-factor is 2 here, and it runs without gate noise (as when the README's tables
-were measured).
+router: expert choice (and sinkhorn_ec, l2_ot) counts C from S/E (the reference's
+rule), so its capacity factor is 2 here, and expert_choice runs without gate noise
+(as when the README's tables were measured).
 1500 steps at batch 128 (3.8 epochs of the 50k training images).
 """
 import ml_collections
@@ -26,7 +26,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # (the reference V-MoE, and so the default, initializes the experts alike).
   config.model.encoder.moe.split_rngs = True
   config.model.encoder.moe.router.name = args.router
-  if args.router in ('expert_choice', 'sinkhorn_ec'):  # C from S/E, not S K / E:
+  if args.router in ('expert_choice', 'sinkhorn_ec', 'l2_ot'):  # C from S/E, not S K / E:
     config.model.encoder.moe.router.capacity_factor = 2.0   # C = 64 * 2 / 8 = 16
   if args.router == 'expert_choice':
     config.model.encoder.moe.router.noise_std = 0.0

@@ -50,8 +50,8 @@ USER_ERRORS = [
      "Unknown config key 'routr' in --config.model.encoder.moe.routr.name; valid keys under "
      "config.model.encoder.moe: dispatcher, dropout_rate, group_size"),
     ('vmoe_sparse_ot.main', [f'--config={TINY}:router=bogus', '--workdir={tmp}/w'],
-     "model.encoder.moe.router.name must be one of ['expert_choice', 'sbase', 'sinkhorn_ec', "
-     "'soft_moe', 'sparse_ot', 'topk', 'topk_bias'], got 'bogus'"),
+     "model.encoder.moe.router.name must be one of ['expert_choice', 'kl_ot', 'l2_ot', 'sbase', "
+     "'sinkhorn_ec', 'soft_moe', 'sparse_ot', 'topk', 'topk_bias'], got 'bogus'"),
     ('vmoe_sparse_ot.main', [f'--config={TINY}', '--workdir={tmp}/file/w'],
      "--workdir='{tmp}/file/w': '{tmp}/file' is a file, not a directory"),
     ('vmoe_sparse_ot.main', [f'--config={TINY}', '--workdir={tmp}/w',

@@ -394,8 +394,8 @@ def test_the_soft_moe_recipe_keys_translate():
      'model.encoder.position_emb.temperature'),
     (lambda c: c.model.encoder.moe.router.__setattr__('num_slots', 1),
      'model.encoder.moe.router.num_slots'),
-    (lambda c: c.model.encoder.moe.router.__setattr__('gshard_loss_weight', 0.5),
-     'model.encoder.moe.router.gshard_loss_weight'),
+    (lambda c: c.model.encoder.moe.router.__setattr__('maxiter', 5),
+     'model.encoder.moe.router.maxiter'),
     (lambda c: c.model.__setattr__('classifier', 'mean'), 'model.classifier'),
     (lambda c: c.optimizer.learning_rate.__setattr__('decay_steps', 5_000),
      'optimizer.learning_rate.decay_steps'),
@@ -519,3 +519,84 @@ def test_a_key_with_no_mapping_exits_2_in_one_line_and_writes_nothing(tmp_path):
   assert refused.returncode == 2
   assert refused.stderr.strip().count('\n') == 0 and 'warmup' in refused.stderr, refused.stderr
   assert not workdir.exists()
+
+
+OT_ROUTERS = os.path.join(HERE, 'reference_configs', 'ot_routers_mnist.py')
+_R = 'model.encoder.moe.router'
+# Each of the paper's routers in ot_routers_mnist.py: our router, and its options by hand.
+OT_CASES = {
+    'ksparse_ec': ('sparse_ot', {'form': 'expert_choice', 'solver': 'adam', 'num_steps': 30,
+                                 'learning_rate': 0.05, 'combine_weights': 'plan',
+                                 'dispatch_zeros': True, 'k': None}, 1),
+    'ksparse_tc': ('sparse_ot', {'form': 'token_choice', 'solver': 'adam', 'num_steps': 20,
+                                 'learning_rate': 0.02, 'combine_weights': 'softmax',
+                                 'dispatch_zeros': True}, 2),
+    'l2': ('l2_ot', {'num_steps': 10, 'learning_rate': 0.01, 'combine_weights': 'plan',
+                     'dispatch_zeros': True, 'implicit_differentiation': True}, 1),
+    'kl_tc': ('kl_ot', {'form': 'token_choice', 'solver': 'lbfgs', 'num_iters': 20,
+                        'combine_weights': 'softmax', 'implicit_differentiation': True,
+                        'importance_loss_weight': 0.01, 'load_loss_weight': 0.0}, 2),
+    'kl_ec': ('kl_ot', {'form': 'expert_choice', 'solver': 'sinkhorn', 'num_iters': 5,
+                        'combine_weights': 'softmax', 'implicit_differentiation': False,
+                        'importance_loss_weight': 0.0, 'load_loss_weight': 0.0}, 1),
+}
+
+
+def _ot_config(arg):
+  return files.load_config_file(f'{OT_ROUTERS}:{arg}', translate=False)
+
+
+@pytest.mark.parametrize('arg', sorted(OT_CASES))
+def test_the_papers_routers_by_their_dotted_paths(arg):
+  from vmoe_sparse_ot.config import validation
+  from vmoe_sparse_ot.nn import routers
+  ours, notes = _translate(_ot_config(arg))
+  name, options, k = OT_CASES[arg]
+  router = ours.model.encoder.moe.router
+  assert router.name == name and notes == []
+  assert {key: router[name][key] for key in options} == options
+  assert (router.num_selected_experts, router.capacity_factor) == (k, 1.0)
+  validation.validate(ours)
+  parsed = routers.parse_router_options(router.to_dict())
+  assert (parsed.name, parsed.options.num_selected_experts) == (name, k)
+  if name == 'kl_ot':
+    assert router.noise_std == (0.5 if arg == 'kl_tc' else 1.0)
+  # C as there: S / E = 34 / 4 -> 9, a multiple of 4: 12 (expert choice; the k-sparse
+  # router's k); S K / E (token choice).
+  want = 12 if k == 1 else 20
+  assert routers.ROUTERS[name].capacity(parsed.options, 34, 4) == want
+
+
+def test_the_papers_routers_have_the_parameters_counted_by_hand():
+  # ViT with D 32, 8x8 patches of 32 px (16 + a class token), 2 blocks (block 1 MoE with
+  # E = 4 experts of MLP 64 and a (D, E) router kernel), 10 classes, no pre-logits.
+  d, mlp, e = 32, 64, 4
+  embedding = 8 * 8 * 3 * d + d
+  tokens = d + 17 * d
+  attention = 4 * (d * d + d)
+  norms = 2 * 2 * d
+  mlp_params = d * mlp + mlp + mlp * d + d
+  want = (embedding + tokens + 2 * (norms + attention) + mlp_params + e * mlp_params + d * e
+          + 2 * d + d * 10 + 10)
+  counts = {arg: _param_count(_translate(_ot_config(arg))[0]) for arg in ('ksparse_ec', 'kl_tc')}
+  assert counts == {'ksparse_ec': want, 'kl_tc': want} and want == 36_938
+
+
+def test_the_papers_routers_options_elsewhere_and_the_gshard_loss():
+  config = _ot_config('kl_tc')
+  config.model.encoder.moe.router.adam_lr = 0.1
+  with pytest.raises(reference.ReferenceConfigError,
+                     match=r'router.adam_lr=0.1: read by KSparseProjectionTransportTop'
+                           r'ExpertsPerItemRouter, KSparseProjection.*only'):
+    _translate(config)
+  config = _ot_config('ksparse_tc')
+  config.model.encoder.moe.router.name = 'NoisyTopExpertsPerItemRouter'
+  del config.model.encoder.moe.router['adam_lr']
+  config.model.encoder.moe.router.gshard_loss_weight = 0.25
+  ours, _ = _translate(config)
+  assert (ours.model.encoder.moe.router.name,
+          ours.model.encoder.moe.router.gshard_loss_weight) == ('topk', 0.25)
+  config.model.encoder.moe.router.name = 'NoisyTopItemsPerExpertRouter'
+  del config.model.encoder.moe.router['num_selected_experts']
+  with pytest.raises(reference.ReferenceConfigError, match=r'gshard_loss_weight=0.25'):
+    _translate(config)

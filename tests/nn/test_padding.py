@@ -39,6 +39,9 @@ CONFIGS = {
     "topk_bias": ("topk_bias", {"num_selected_experts": 2}),
     "topk_bias-batch_priority": ("topk_bias", {"num_selected_experts": 2,
                                                "batch_priority": True}),
+    "l2_ot": ("l2_ot", {}),
+    "kl_ot": ("kl_ot", {"num_selected_experts": 2}),
+    "kl_ot-expert_choice": ("kl_ot", {"form": "expert_choice"}),
 }
 
 
@@ -102,8 +105,8 @@ def _inputs(cfg, seed, padding, real=REAL, s=S):
 def _capacity_alone(cfg, n):
   """C for a group of n real tokens routed alone: expert-choice buffers cannot
   exceed the group (the padded group's extra slots must then stay empty)."""
-  expert_choice = cfg.name in ("expert_choice", "sinkhorn_ec") or (
-      cfg.name == "sparse_ot" and cfg.options.form == "expert_choice")
+  expert_choice = cfg.name in ("expert_choice", "sinkhorn_ec", "l2_ot") or (
+      cfg.name in ("sparse_ot", "kl_ot") and cfg.options.form == "expert_choice")
   return min(C, n) if expert_choice else C
 
 
@@ -159,6 +162,7 @@ NOISY = {
     "topk": ("topk", {"num_selected_experts": 2}),
     "expert_choice": ("expert_choice", {}),
     "soft_moe": ("soft_moe", {"noise_std": 0.5}),
+    "kl_ot": ("kl_ot", {"num_selected_experts": 2, "load_loss_weight": 0.1}),
 }
 
 

@@ -53,6 +53,36 @@ ROUTER_NAMES = {'NoisyTopExpertsPerItemRouter': 'topk',
                 'NoisyTopItemsPerExpertRouter': 'expert_choice',
                 'SoftRouter': 'soft_moe'}
 SOFT_ROUTER = 'SoftRouter'
+# The paper's own routers, by the dotted path the reference's MoE layer imports
+# them by: (our router, its fixed options). Each computes the same plan here
+# (docs/REFERENCE.md, "The paper's routers").
+_OT = 'vmoe.projects.sparsity_constrained_ot.'
+OT_ROUTERS = {
+    _OT + 'ksparse_projection_routing.KSparseProjectionTransportTopItemsPerExpertRouter':
+        ('sparse_ot', {'form': 'expert_choice', 'solver': 'adam', 'dispatch_zeros': True}),
+    _OT + 'ksparse_projection_routing.KSparseProjectionTransportTopExpertsPerItemRouter':
+        ('sparse_ot', {'form': 'token_choice', 'solver': 'adam', 'dispatch_zeros': True}),
+    _OT + 'sparse_projection_routing.SparseProjectionTransportTopItemsPerExpertRouter':
+        ('l2_ot', {'dispatch_zeros': True}),
+    _OT + 'kl_projection_routing.KLProjectionNoisyTopExpertsPerItemRouter':
+        ('kl_ot', {'form': 'token_choice'}),
+    _OT + 'kl_projection_routing.KLProjectionNoisyTopItemsPerExpertRouter':
+        ('kl_ot', {'form': 'expert_choice'}),
+}
+# Their options (the reference's defaults) and our option of each, per router.
+OT_ROUTER_DEFAULTS = {'maxiter': 20, 'adam_lr': 1e-2, 'use_softmax_combine_weights': True,
+                      'use_lbfgs': False, 'use_implicit_differentiation': True,
+                      'importance_loss_weight': 0.0, 'load_loss_weight': 0.0}
+_OT_OPTIONS = {
+    'sparse_ot': {'maxiter': 'num_steps', 'adam_lr': 'learning_rate',
+                  'use_softmax_combine_weights': 'combine_weights'},
+    'l2_ot': {'maxiter': 'num_steps', 'adam_lr': 'learning_rate',
+              'use_softmax_combine_weights': 'combine_weights'},
+    'kl_ot': {'maxiter': 'num_iters', 'use_softmax_combine_weights': 'combine_weights',
+              'use_lbfgs': 'solver', 'use_implicit_differentiation': 'implicit_differentiation',
+              'importance_loss_weight': 'importance_loss_weight',
+              'load_loss_weight': 'load_loss_weight'},
+}
 SINCOS2D_TEMPERATURE = 10_000.0
 OPTIMIZER_NAMES = {'adam': 'adam', 'sgd': 'sgd', 'big_vision_adafactor': 'adafactor'}
 INITIALIZERS = {'initialize_from_vmoe': 'prefix', 'initialize_from_vit': 'filepath'}
@@ -317,8 +347,70 @@ def _is_soft_router(ctx) -> bool:
   return ctx.flat.get(_ROUTER + 'name') == SOFT_ROUTER
 
 
+def _ot_router(ctx) -> str | None:
+  """Our router for the file's router when it is one of the paper's (OT_ROUTERS)."""
+  entry = OT_ROUTERS.get(ctx.flat.get(_ROUTER + 'name'))
+  return entry[0] if entry else None
+
+
+def _ot_router_options(ctx) -> dict[str, Any]:
+  """The whole section of our router for one of the paper's: its fixed options, then
+  each of the reference's options the file sets (or the reference's default)."""
+  ours, fixed = OT_ROUTERS[ctx.flat[_ROUTER + 'name']]
+  out = {f'{_ROUTER}{ours}.{k}': v for k, v in fixed.items()}
+  for theirs, option in _OT_OPTIONS[ours].items():
+    value = ctx.flat.get(_ROUTER + theirs, OT_ROUTER_DEFAULTS[theirs])
+    if theirs == 'use_softmax_combine_weights':
+      value = 'softmax' if value else 'plan'
+    elif theirs == 'use_lbfgs':
+      value = 'lbfgs' if value else 'sinkhorn'
+    elif theirs == 'maxiter':
+      value = int(value)
+    elif theirs in ('adam_lr', 'importance_loss_weight', 'load_loss_weight'):
+      value = float(value)
+    else:
+      value = bool(value)
+    out[f'{_ROUTER}{ours}.{option}'] = value
+  return out
+
+
+def _ot_option(key: str):
+  """A paper router's option: its section, as `_ot_router_options` writes it."""
+  def convert(value, ctx):
+    ours = _ot_router(ctx)
+    if ours is None or key not in _OT_OPTIONS[ours]:
+      readers = sorted(n.rsplit('.', 1)[1] for n, (o, _) in OT_ROUTERS.items()
+                       if key in _OT_OPTIONS[o])
+      _fail(_ROUTER + key, value, f'read by {", ".join(readers)} only')
+    return _ot_router_options(ctx)
+  return convert
+
+
+def _router_loss_weight(key: str):
+  """importance / load loss weights: the KL routers' own (0 by default there), the
+  others' top-level (1.0 by default there, `REFERENCE_DEFAULTS`)."""
+  def convert(value, ctx):
+    if _ot_router(ctx) == 'kl_ot':
+      return _ot_router_options(ctx)
+    return {_ROUTER + key: value}
+  return convert
+
+
+def _gshard_loss_weight(value, ctx):
+  # The reference's NoisyTopExpertsPerItemRouter reads it; its subclasses among the
+  # paper's routers accept it and compute no GShard loss.
+  if ctx.get(_ROUTER + 'name', 'NoisyTopExpertsPerItemRouter') == 'NoisyTopExpertsPerItemRouter':
+    return {_ROUTER + 'gshard_loss_weight': float(value)}
+  if value and _ot_router(ctx) is None:
+    _fail(_ROUTER + 'gshard_loss_weight', value, 'read by NoisyTopExpertsPerItemRouter only')
+  return {}
+
+
 def _router_name(value, ctx):
-  out = _choice(_ROUTER + 'name', ROUTER_NAMES, _ROUTER + 'name')(value, ctx)
+  if value in OT_ROUTERS:
+    return {_ROUTER + 'name': OT_ROUTERS[value][0], **_ot_router_options(ctx)}
+  table = {**ROUTER_NAMES, **{k: v[0] for k, v in OT_ROUTERS.items()}}
+  out = _choice(_ROUTER + 'name', table, _ROUTER + 'name')(value, ctx)
   if value == SOFT_ROUTER:
     # The SoftRouter dispatches and combines in bfloat16 (its Bfloat16Dispatcher)
     # and computes its similarity metrics unless the file turns them off.
@@ -558,7 +650,37 @@ TABLE: tuple[Row, ...] = (
     Row(_ROUTER + 'name', MAPPED, _ROUTER + 'name',
         'NoisyTopExpertsPerItemRouter: topk, NoisyTopItemsPerExpertRouter: expert_choice, '
         'SoftRouter: soft_moe (with routed_tokens_dtype bfloat16, its Bfloat16Dispatcher, and '
-        'soft_moe.compute_similarity_metrics, True there unless set)', _router_name),
+        'soft_moe.compute_similarity_metrics, True there unless set). The paper\'s routers by '
+        'their dotted path vmoe.projects.sparsity_constrained_ot.MODULE.CLASS: '
+        'ksparse_projection_routing.KSparseProjectionTransportTopItemsPerExpertRouter: '
+        "sparse_ot with form 'expert_choice' (k = C from dispatcher.capacity_factor, as "
+        "there); ...TopExpertsPerItemRouter: sparse_ot with form 'token_choice' (k = K); "
+        "both with solver 'adam' and dispatch_zeros (each expert's top C / each token's top "
+        'K by plan take slots, zeros included, as its dispatchers); '
+        'sparse_projection_routing.SparseProjectionTransportTopItemsPerExpertRouter: l2_ot '
+        '(dispatch_zeros); kl_projection_routing.KLProjectionNoisyTopExpertsPerItemRouter / '
+        "...TopItemsPerExpertRouter: kl_ot with form 'token_choice' / 'expert_choice'",
+        _router_name),
+    Row(_ROUTER + 'maxiter', MAPPED, _ROUTER + 'sparse_ot.num_steps, l2_ot.num_steps, '
+        'kl_ot.num_iters', "the paper's routers' solver iterations (20 there unless set): "
+        "Adam steps (k-sparse, squared-L2), Sinkhorn or L-BFGS iterations (KL)",
+        _ot_option('maxiter')),
+    Row(_ROUTER + 'adam_lr', MAPPED, _ROUTER + 'sparse_ot.learning_rate, l2_ot.learning_rate',
+        "the k-sparse and squared-L2 routers' Adam step size (1e-2 there unless set)",
+        _ot_option('adam_lr')),
+    Row(_ROUTER + 'use_softmax_combine_weights', MAPPED,
+        _ROUTER + 'sparse_ot.combine_weights, l2_ot.combine_weights, kl_ot.combine_weights',
+        "True (there unless set): 'softmax'; False: 'plan', the plan's entries (no gradient "
+        'through the k-sparse plan, as there; the squared-L2 and KL plans differentiate '
+        'implicitly through the solve, as there)', _ot_option('use_softmax_combine_weights')),
+    Row(_ROUTER + 'use_lbfgs', MAPPED, _ROUTER + 'kl_ot.solver',
+        "True: 'lbfgs' (L-BFGS on the semi-dual, stopping at max |grad| <= 1e-3; there "
+        "jaxopt's, stopping at ||grad|| <= 1e-3); False (there unless set): 'sinkhorn'",
+        _ot_option('use_lbfgs')),
+    Row(_ROUTER + 'use_implicit_differentiation', MAPPED,
+        _ROUTER + 'kl_ot.implicit_differentiation',
+        'True there unless set; False: gradients through the unrolled Sinkhorn iterations',
+        _ot_option('use_implicit_differentiation')),
     Row(_ROUTER + 'num_slots', MAPPED, _ROUTER + 'soft_moe.num_slots',
         "the SoftRouter's slots per expert; None: round(S capacity_factor / E)",
         _soft_only(_ROUTER + 'num_slots', _ROUTER + 'soft_moe.num_slots')),
@@ -578,11 +700,16 @@ TABLE: tuple[Row, ...] = (
         'the Gaussian std is noise_std / E, as there; in training only (SoftRouter: '
         'soft_moe.noise_std, the std itself, as there)', _router_noise_std),
     Row(_ROUTER + 'importance_loss_weight', MAPPED, _ROUTER + 'importance_loss_weight',
-        'default 1.0 there (ours: 0.005, the paper configs\' value)'),
+        'default 1.0 there (ours: 0.005, the paper configs\' value); the KL routers\': '
+        'kl_ot.importance_loss_weight, default 0 there and here',
+        _router_loss_weight('importance_loss_weight')),
     Row(_ROUTER + 'load_loss_weight', MAPPED, _ROUTER + 'load_loss_weight',
-        'default 1.0 there (ours: 0.005)'),
-    Row(_ROUTER + 'gshard_loss_weight', MAPPED, '(none)', '0 only',
-        _zero_only(_ROUTER + 'gshard_loss_weight', 'the GShard loss is not implemented here')),
+        'default 1.0 there (ours: 0.005); the KL routers\': kl_ot.load_loss_weight, '
+        'default 0 there and here', _router_loss_weight('load_loss_weight')),
+    Row(_ROUTER + 'gshard_loss_weight', MAPPED, _ROUTER + 'gshard_loss_weight',
+        "NoisyTopExpertsPerItemRouter's (topk): E^2 mean_e(f_e m_e) on the routing gates, "
+        'metric gshard_loss, as there; the paper\'s routers accept it and compute no GShard '
+        'loss, as there', _gshard_loss_weight),
     Row(_ROUTER + 'deterministic', MAPPED, '(none)',
         'False only: gate noise is on in training, off in evaluation (True there turns '
         'the noise and the load loss off in training too)',

@@ -59,6 +59,16 @@ LATER_DEFAULTS = {
     ('ensemble_size',): 1,
     ('encoder', 'moe', 'router', 'sparse_ot', 'tol'): 1e-6,
     ('encoder', 'moe', 'router', 'z_loss_weight'): 0.0,
+    ('encoder', 'moe', 'router', 'gshard_loss_weight'): 0.0,
+    ('encoder', 'moe', 'router', 'sparse_ot', 'combine_weights'): 'softmax',
+    ('encoder', 'moe', 'router', 'sparse_ot', 'dispatch_zeros'): False,
+    ('encoder', 'moe', 'router', 'l2_ot'): {
+        'num_steps': 20, 'learning_rate': 1e-2, 'gamma': 1.0, 'combine_weights': 'softmax',
+        'dispatch_zeros': False, 'implicit_differentiation': True},
+    ('encoder', 'moe', 'router', 'kl_ot'): {
+        'form': 'token_choice', 'solver': 'sinkhorn', 'num_iters': 20, 'epsilon': 1.0,
+        'combine_weights': 'softmax', 'implicit_differentiation': True,
+        'importance_loss_weight': 0.0, 'load_loss_weight': 0.0},
 }
 
 

@@ -149,3 +149,33 @@ def test_sparse_ot_token_choice_at_most_k_experts_per_token():
   # Balanced: mass S/E = 3 per expert and one expert per token give 3 tokens each.
   np.testing.assert_array_equal(np.asarray(r.valid).sum(-1), 3)
 
+
+
+def test_sparse_ot_plan_combine_weights_and_the_references_dispatch_of_zeros():
+  """combine_weights='plan': the plan's entries (use_softmax_combine_weights=False there);
+  dispatch_zeros: every slot filled by plan order, zeros included, as the reference's
+  dispatchers (top-C per expert, top-K per token)."""
+  logits = np.asarray(jax.random.normal(jax.random.key(2), (1, 8, 4))) * 2
+  mask = np.ones((1, 8), bool)
+  ec = cfg("sparse_ot", combine_weights="plan", solver="adam", implementation="fast")
+  plan = np.asarray(jax.jit(lambda x: sparse_ot.plans(x, mask, ec.options, 6))(logits))[0]
+  for zeros in (False, True):
+    opts = cfg("sparse_ot", combine_weights="plan", solver="adam", implementation="fast",
+               dispatch_zeros=zeros)
+    r = jit_route(logits, mask, opts, capacity=6, train=False)
+    ti, va, w = (np.asarray(x)[0] for x in (r.token_index, r.valid, r.combine_weight))
+    np.testing.assert_allclose(w, np.where(va, np.take_along_axis(plan.T, ti, 1), 0), atol=1e-7)
+    if zeros:
+      assert va.all()
+    else:
+      np.testing.assert_array_equal(va.sum(1), (plan > 0).sum(0))
+  assert ((plan > 0).sum(0) < 6).any()            # some column has free slots to fill
+  tc = dict(form="token_choice", num_selected_experts=3, solver="adam", implementation="fast")
+  plan = np.asarray(jax.jit(lambda x: sparse_ot.plans(
+      x, mask, cfg("sparse_ot", **tc).options, 8))(logits))[0]
+  assert ((plan > 0).sum(1) < 3).any()            # a token with fewer than K experts
+  for zeros in (False, True):
+    r = jit_route(logits, mask, cfg("sparse_ot", dispatch_zeros=zeros, **tc), capacity=8,
+                  train=False)
+    per_token = np.bincount(np.asarray(r.token_index)[0][np.asarray(r.valid)[0]], minlength=8)
+    np.testing.assert_array_equal(per_token, 3 if zeros else (plan > 0).sum(1))

@@ -7,6 +7,7 @@ import jax.numpy as jnp
 from scipy.stats import norm
 
 from vmoe_sparse_ot.nn import routers
+from vmoe_sparse_ot.nn.routers import topk
 from tests.nn.helpers import jit_common_metrics, jit_route
 from tests.nn.routers.helpers import ALL, LOGITS, cfg, cv2, slots, softmax
 
@@ -97,3 +98,29 @@ def test_topk_noise_only_in_training():
            for i in range(5)]
   assert any(p != slots(a) for p in picks)
 
+
+
+def test_gshard_loss_on_hand_made_gates():
+  """E^2 mean_e(f_e m_e): f_e the fraction of tokens whose top gate is e, m_e the mean gate."""
+  gates = np.array([[[0.7, 0.2, 0.1], [0.6, 0.3, 0.1], [0.1, 0.1, 0.8], [0.2, 0.5, 0.3]],
+                    [[0.3, 0.3, 0.4], [0.5, 0.4, 0.1], [0.9, 0.05, 0.05], [0.0, 0.0, 1.0]]],
+                   np.float32)
+  mask = np.array([[True] * 4, [True, True, True, False]])
+  # Group 0: f = (2, 1, 1)/4, m = (1.6, 1.1, 1.3)/4. Group 1 (3 real tokens): top gates
+  # 2, 0, 0: f = (2, 0, 1)/3, m = (1.7, 0.75, 0.55)/3.
+  g0 = 9 * np.mean(np.array([2, 1, 1]) / 4 * np.array([1.6, 1.1, 1.3]) / 4)
+  g1 = 9 * np.mean(np.array([2, 0, 1]) / 3 * np.array([1.7, 0.75, 0.55]) / 3)
+  got = topk.gshard_loss(jnp.asarray(gates), jnp.asarray(mask))
+  np.testing.assert_allclose(got, (g0 + g1) / 2, rtol=1e-6)
+  # Its gradient flows through the mean gates only: d/dgates[g, s, e] = E^2 f_e / (E S_g) / G.
+  grad = np.asarray(jax.grad(lambda x: topk.gshard_loss(x, jnp.asarray(mask)))(jnp.asarray(gates)))
+  np.testing.assert_allclose(grad[0, 0], 9 * np.array([2, 1, 1]) / 4 / 3 / 4 / 2, rtol=1e-6)
+  np.testing.assert_allclose(grad[1, 3], 0.0)
+  # In the router: weighted into the auxiliary loss and reported, on the routing gates.
+  opts = cfg("topk", gshard_loss_weight=0.1, importance_loss_weight=0.0)
+  r = jit_route(LOGITS, ALL, opts, capacity=4, train=False)
+  want = topk.gshard_loss(jnp.asarray(softmax(LOGITS)), jnp.asarray(ALL))
+  np.testing.assert_allclose(r.metrics["gshard_loss"], want, rtol=1e-6)
+  np.testing.assert_allclose(r.auxiliary_loss, 0.1 * want, rtol=1e-6)
+  assert "gshard_loss" not in jit_route(LOGITS, ALL, cfg("topk"), capacity=4,
+                                        train=False).metrics

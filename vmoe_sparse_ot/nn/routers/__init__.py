@@ -28,7 +28,7 @@ Array = jax.Array
 WHERE = "model.encoder.moe.router"
 # One line per router module (each defines ROUTER).
 ROUTER_MODULES = ("topk", "sbase", "sparse_ot", "expert_choice", "soft_moe", "sinkhorn_ec",
-                  "topk_bias")
+                  "topk_bias", "l2_ot", "kl_ot")
 ROUTERS: Dict[str, Router] = {}
 DEFAULT_ROUTER = "topk"
 

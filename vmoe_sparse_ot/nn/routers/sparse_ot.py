@@ -10,7 +10,11 @@ solver='adam') or L-BFGS. Each expert takes
 the tokens in the support of its column, so it never receives more than k; its
 buffer has C = k slots. Form 'token_choice' transposes the problem: at most K
 experts per token, slots as in TopK. Combine weights are softmax(logits) at the
-dispatched pairs; no gradient flows through the solver. Per layer the router
+dispatched pairs, or with `combine_weights='plan'` the plan's entries there; no
+gradient flows through the solver, nor through the plan (as the reference's
+k-sparse routers, whose k-sparse projection is cut from the gradient: with plan
+combine weights the router layer learns nothing). `dispatch_zeros` fills the
+buffers as the reference's dispatchers do (see the option). Per layer the router
 reports the solver's steps (`solver_steps`, the mean over groups, and
 `solver_steps_max`) and the fraction of groups that reached the cap without
 meeting the solver's stop rule (`solver_unconverged`; Adam and L-BFGS run a fixed
@@ -33,6 +37,7 @@ Array = jax.Array
 # Cost of padding tokens: far above any real token's (costs are in [0, 1]), so
 # padding never enters a column's top k.
 _PAD_COST = 100.0
+COMBINE_WEIGHTS = ("softmax", "plan")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,6 +80,15 @@ class SparseOTOptions(base.CommonOptions):
       "ROUTER_COMPUTE_KEYS): workdirs from before 'auto' (the default then: 'fast') "
       "resume under it; set 'fast' to continue them bit-identically.",
       choices=("auto", "fast", "candidates", "reference", "pallas"))
+  combine_weights: str = base.option(
+      "softmax", "Combine weights at the dispatched pairs: 'softmax' (of the logits) or "
+      "'plan' (the plan's entries, no gradient), as the reference's "
+      "use_softmax_combine_weights True / False.", choices=COMBINE_WEIGHTS)
+  dispatch_zeros: bool = base.option(
+      False, "False: only pairs in the plan's support are dispatched. True: as the "
+      "reference's dispatchers, each expert's top-C tokens (expert_choice) or each "
+      "token's top-K experts (token_choice) by plan value take slots even where the plan "
+      "is 0 (ties to the lower index).")
 
 
 def capacity(opts: SparseOTOptions, group_size: int, num_experts: int) -> int:
@@ -181,13 +195,15 @@ def route(logits: Array, token_mask: Array, opts: SparseOTOptions, capacity: int
   del train, rng
   e = logits.shape[-1]
   plan, steps, converged = solve(logits, token_mask, opts, capacity)
+  min_score = None if opts.dispatch_zeros else 0.0
   if opts.form == "expert_choice":
-    token_index, valid = rt.assign_expert_choice(plan, token_mask, capacity, min_score=0.0)
+    token_index, valid = rt.assign_expert_choice(plan, token_mask, capacity, min_score=min_score)
   else:
     k = min(opts.num_selected_experts, e)
     token_index, valid = base.assign_top_k(plan, token_mask, e, k, capacity,
-                                           opts.batch_priority, choice_mask_positive=True)
-  gates = jax.nn.softmax(logits, axis=-1)
+                                           opts.batch_priority,
+                                           choice_mask_positive=not opts.dispatch_zeros)
+  gates = plan if opts.combine_weights == "plan" else jax.nn.softmax(logits, axis=-1)
   steps = steps.astype(jnp.float32)
   extra = {"solver_steps": jnp.mean(steps), "solver_steps_max": jnp.max(steps),
            "solver_unconverged": jnp.mean((~converged).astype(jnp.float32))}

@@ -12,6 +12,11 @@ groups, as V-MoE does (its router vmaps them over groups):
 - load (training with noise only): CV^2 over experts of the mean over tokens of
   P(expert in the token's top-K if the noise were drawn again), the Gaussian
   tail probability of the gap to the K-th largest noisy logit.
+- gshard (`gshard_loss_weight`, 0 by default, as the reference's): the GShard
+  loss E^2 mean_e(f_e m_e) with f_e the fraction of the group's tokens whose
+  largest gate is expert e and m_e the mean gate of e, on the gates that route
+  (noisy in training); only m_e carries a gradient. Reported as `gshard_loss`
+  when its weight is > 0.
 CV^2 is var / mean^2. Padding tokens do not count.
 """
 import dataclasses
@@ -37,6 +42,9 @@ class TopKOptions(base.CommonOptions):
                                               check=base.NON_NEGATIVE, top_level=True)
   load_loss_weight: float = base.option(0.005, "Weight of the load loss.",
                                         check=base.NON_NEGATIVE, top_level=True)
+  gshard_loss_weight: float = base.option(
+      0.0, "Weight of the GShard loss (the reference's key and default).",
+      check=base.NON_NEGATIVE, top_level=True)
 
 
 def noise_std(opts: TopKOptions, num_experts: int) -> float:
@@ -60,6 +68,19 @@ def importance_loss(gates: Array, token_mask: Array) -> Array:
   """Mean over groups of CV^2 over experts of sum_s gates[g, s, :]. gates (G, S, E)."""
   importance = jnp.sum(gates * token_mask[..., None], axis=1)             # (G, E)
   return _mean_over_groups(cv_squared(importance), token_mask)
+
+
+def gshard_loss(gates: Array, token_mask: Array) -> Array:
+  """Mean over groups of E^2 mean_e(f_e m_e), gates (G, S, E): f_e the fraction of real
+  tokens whose largest gate is e (no gradient), m_e the mean gate of e over them."""
+  e = gates.shape[-1]
+  mask = token_mask[..., None].astype(gates.dtype)
+  count = jnp.maximum(jnp.sum(mask, axis=1), 1.0)                          # (G, 1)
+  top1 = jax.nn.one_hot(jnp.argmax(gates, axis=-1), e, dtype=gates.dtype)  # (G, S, E)
+  fraction = jnp.sum(top1 * mask, axis=1) / count                          # (G, E)
+  mean_gate = jnp.sum(gates * mask, axis=1) / count                        # (G, E)
+  per_group = jnp.mean(jax.lax.stop_gradient(fraction) * mean_gate, axis=-1) * e ** 2
+  return _mean_over_groups(per_group, token_mask)
 
 
 def load_loss(logits: Array, noisy_logits: Array, std: float, k: int,
@@ -95,8 +116,13 @@ def route(logits: Array, token_mask: Array, opts: TopKOptions, capacity: int, tr
     load = load_loss(logits, noisy_logits, std, k, token_mask)
     aux = aux + opts.load_loss_weight * load
     extra["load_loss"] = jax.lax.stop_gradient(load)
+  if opts.gshard_loss_weight > 0:
+    gshard = gshard_loss(gates, token_mask)
+    aux = aux + opts.gshard_loss_weight * gshard
+    extra["gshard_loss"] = jax.lax.stop_gradient(gshard)
   return base.finish(gates, token_index, valid, aux, extra)
 
 
 ROUTER = base.Router(name="topk", options=TopKOptions, route=route,
-                     needs_rng=lambda opts, train: train and noise_std(opts, 1) > 0)
+                     needs_rng=lambda opts, train: train and noise_std(opts, 1) > 0,
+                     exclusive=("gshard_loss_weight",))
