@@ -57,6 +57,7 @@ LATER_DEFAULTS = {
     ('encoder', 'moe', 'router', 'soft_moe', 'compute_similarity_metrics'): False,
     ('ensemble_size',): 1,
     ('encoder', 'moe', 'router', 'sparse_ot', 'tol'): 1e-6,
+    ('encoder', 'moe', 'num_shared_experts'): 0,
 }
 
 
