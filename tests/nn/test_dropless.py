@@ -149,3 +149,14 @@ def test_dropless_with_remat_and_bfloat16_follows_einsum_at_capacity_s(setup):
     a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
     assert np.all(np.isfinite(a))
     np.testing.assert_allclose(a, b, atol=5e-2 * max(np.abs(b).max(), 1e-6))
+
+
+def test_experts_per_token_marks_the_token_choice_routers():
+  """K = min(num_selected_experts, E) for the routers dropless serves, None for the others."""
+  got = {name: r.experts_per_token(r.options(num_selected_experts=3), 8)
+         for name, r in ROUTERS.items()}
+  assert got == {"topk": 3, "sbase": 3, "topk_bias": 3, "sparse_ot": None,
+                 "expert_choice": None, "soft_moe": None, "sinkhorn_ec": None}
+  token_choice = ROUTERS["sparse_ot"].options(num_selected_experts=3, form="token_choice")
+  assert ROUTERS["sparse_ot"].experts_per_token(token_choice, 8) == 3
+  assert ROUTERS["topk"].experts_per_token(ROUTERS["topk"].options(num_selected_experts=3), 2) == 2
