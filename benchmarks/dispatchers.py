@@ -11,8 +11,9 @@ best round's mean reported; load from other processes hits the dispatchers alike
   group of 400).
 
 `indices` and `einsum` drop the choices over capacity; `dropless` serves them all,
-so it computes more expert rows when the load is uneven (at capacity factor ~1
-about as many). Ratios are against `indices` (the default dispatcher).
+so it computes more expert rows when the load is uneven, and on the CPU it pads each
+expert's rows to whole blocks (`nn.dropless.block_matmul`). Ratios are printed
+against `indices` (the default dispatcher) and `einsum`.
 
     python benchmarks/dispatchers.py --threads 1 --clock cpu [--b32_batch 8] [--json out.json]
 """

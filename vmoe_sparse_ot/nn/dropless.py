@@ -4,13 +4,18 @@ A token-choice router run at C = S (an expert can take every token of a group,
 so no choice overflows) gives a `Routing` holding all the pairs. They are
 compacted into rows sorted by expert (expert-major, then group, then slot; a
 cumulative sum over the valid slots gives each pair its row, no sort), and the
-experts run as one grouped matrix product over the rows (`jax.lax.ragged_dot`,
-whose backward XLA provides): expert e multiplies the `group_sizes[e]` rows
-that follow the first e experts' rows. The rows are then scaled by their
-combine weights and added back into their tokens. The row count is static, the
-most pairs there can be: R = G*S*K (K experts per token); rows past the pairs
-are zero and add nothing. (The pinned JAX lowers `ragged_dot` natively on GPU
-and TPU; on the CPU as a dense product masked per expert, E times the work.)
+experts run as one grouped matrix product over the rows: expert e multiplies
+the `group_sizes[e]` rows that follow the first e experts' rows. The rows are
+then scaled by their combine weights and added back into their tokens. The row
+count is static, the most pairs there can be: R = G*S*K (K experts per token);
+rows past the pairs are zero and add nothing.
+
+The grouped product is `jax.lax.ragged_dot` (its backward XLA's) on GPU and TPU,
+where the pinned JAX lowers it to XLA's grouped product. On the CPU it lowers to
+a dense product masked per expert (every row against every expert: E times the
+work), so there the layer pads each expert's rows to blocks of `BLOCK_ROWS` and
+loops over the blocks, skipping the unused ones (`block_matmul`, its backward
+written by hand); R grows by E*(BLOCK_ROWS - 1) at most.
 
 On a mesh with axes ('data', 'expert') the groups are split over every device
 and the experts over 'expert' (`per_device`, in `jax.shard_map`): each device
@@ -39,6 +44,9 @@ from vmoe_sparse_ot.nn.sharding import GROUP_AXES
 
 Array = jax.Array
 NAME = "dropless"
+# Rows per block of `block_matmul`, the CPU's grouped product: large enough for an
+# efficient matrix product, small against the rows (each expert pads to a block).
+BLOCK_ROWS = 64
 
 
 class ExpertParams(NamedTuple):
@@ -64,31 +72,97 @@ class Rows(NamedTuple):
   group_sizes: Array
 
 
-def sorted_rows(routing: Routing, group_size: int, num_rows: int) -> Rows:
+def sorted_rows(routing: Routing, group_size: int, num_rows: int, block: int = 1) -> Rows:
   """The valid slots of a (G, E, C) `Routing`, compacted into `num_rows` rows sorted by expert.
 
+  Each expert's rows start at a multiple of `block` (1: no gaps); the rows that pad
+  an expert's last block belong to it, with weight 0.
+
   Args:
-    routing: the slots; `valid` must hold at most `num_rows` pairs (extra ones are dropped).
+    routing: the slots; `valid` must hold at most `num_rows` pairs with the padding
+      (extra ones are dropped).
     group_size: S, to number tokens across groups (token g*S + s).
     num_rows: R, the static row count.
+    block: the row blocks that never mix experts.
 
   Returns:
-    `Rows`, differentiable in `routing.combine_weight`.
+    `Rows` (`group_sizes` counting each expert's padding), differentiable in
+    `routing.combine_weight`.
   """
   g, e, c = routing.token_index.shape
   expert_major = lambda a: jnp.swapaxes(a, 0, 1).reshape(e * g * c)
   valid = expert_major(routing.valid)
   offsets = (jnp.arange(g, dtype=jnp.int32) * group_size)[:, None, None]
   token = expert_major(jax.lax.stop_gradient(routing.token_index) + offsets)
-  expert = jnp.repeat(jnp.arange(e, dtype=jnp.int32), g * c)
-  row = jnp.where(valid, jnp.cumsum(valid, dtype=jnp.int32) - 1, num_rows)
+  counts = jnp.sum(routing.valid, axis=(0, 2), dtype=jnp.int32)
+  sizes = -(-counts // block) * block
+  shift = jnp.repeat(jnp.cumsum(sizes) - sizes - (jnp.cumsum(counts) - counts), g * c,
+                     total_repeat_length=e * g * c)
+  row = jnp.where(valid, jnp.cumsum(valid, dtype=jnp.int32) - 1 + shift, num_rows)
 
   def place(values, fill):
     return jnp.full((num_rows,), fill, values.dtype).at[row].set(values, mode="drop")
 
   weight = jnp.where(valid, expert_major(routing.combine_weight), 0)
-  group_sizes = jnp.sum(routing.valid, axis=(0, 2), dtype=jnp.int32)
-  return Rows(place(token, 0), place(expert, e), place(weight, 0), group_sizes)
+  expert = jnp.searchsorted(jnp.cumsum(sizes), jnp.arange(num_rows, dtype=jnp.int32),
+                            side="right").astype(jnp.int32)
+  return Rows(place(token, 0), expert, place(weight, 0), sizes)
+
+
+def default_block() -> int:
+  """Row blocks of `BLOCK_ROWS` on the CPU (`block_matmul`), 1 elsewhere (`ragged_dot`)."""
+  return BLOCK_ROWS if jax.default_backend() == "cpu" else 1
+
+
+@jax.custom_vjp
+def block_matmul(x: Array, w: Array, block_expert: Array, used: Array) -> Array:
+  """y[rows of block i] = x[rows of block i] @ w[block_expert[i]]: (R, D) x (E, D, H) -> (R, H).
+
+  R = nb blocks of equal size (nb = block_expert's length); blocks from `used` on are
+  skipped (zero). A loop over the blocks, one (R/nb, D) x (D, H) product each, so the
+  work is the used rows', where the CPU's `ragged_dot` multiplies every row by every
+  expert. The backward (by hand) loops over the blocks too, adding each block's
+  kernel gradient into its expert's.
+  """
+  return _block_products(x, w, block_expert, used)
+
+
+def _block_products(x, w, block_expert, used):
+  nb = block_expert.shape[0]
+  xb = x.reshape(nb, -1, x.shape[-1])
+  zero = jnp.zeros((xb.shape[1], w.shape[-1]), x.dtype)
+
+  def body(_, inp):
+    i, xi, ei = inp
+    return None, jax.lax.cond(i < used, lambda: (xi @ w[ei]).astype(x.dtype), lambda: zero)
+
+  _, y = jax.lax.scan(body, None, (jnp.arange(nb), xb, block_expert))
+  return y.reshape(x.shape[0], w.shape[-1])
+
+
+def _block_matmul_fwd(x, w, block_expert, used):
+  return _block_products(x, w, block_expert, used), (x, w, block_expert, used)
+
+
+def _block_matmul_bwd(res, ct):
+  x, w, block_expert, used = res
+  nb = block_expert.shape[0]
+  xb, cb = x.reshape(nb, -1, x.shape[-1]), ct.reshape(nb, -1, ct.shape[-1])
+
+  def body(dw, inp):
+    i, xi, ci, ei = inp
+    dxi = jax.lax.cond(i < used, lambda: (ci @ w[ei].T).astype(x.dtype),
+                       lambda: jnp.zeros_like(xi))
+    dw = jax.lax.cond(i < used, lambda d: d.at[ei].add(xi.astype(jnp.float32).T @ ci),
+                      lambda d: d, dw)
+    return dw, dxi
+
+  dw, dx = jax.lax.scan(body, jnp.zeros(w.shape, jnp.float32),
+                        (jnp.arange(nb), xb, cb, block_expert))
+  return dx.reshape(x.shape), dw.astype(w.dtype), None, None
+
+
+block_matmul.defvjp(_block_matmul_fwd, _block_matmul_bwd)
 
 
 def _dropout(x: Array, rate: float, key: Optional[Array]) -> Array:
@@ -99,46 +173,59 @@ def _dropout(x: Array, rate: float, key: Optional[Array]) -> Array:
 
 
 def expert_mlp(x: Array, rows: Rows, params: ExpertParams, dropout_rate: float = 0.0,
-               dropout_key: Optional[Array] = None) -> Array:
+               dropout_key: Optional[Array] = None, block: int = 1) -> Array:
   """Each row through its expert's two-layer GELU MLP: (R, D) -> (R, D), in x's dtype.
 
-  The biases of rows past the pairs are read from the last expert; those rows'
-  weights are 0, so they add nothing.
+  `block` 1: `jax.lax.ragged_dot`; else `block_matmul` over the rows' blocks (the
+  rows laid out by `sorted_rows` with that block). The biases of rows past the
+  pairs are read from the last expert; those rows' weights are 0, so they add nothing.
   """
   e = params.wi.shape[0]
   expert = jnp.minimum(rows.expert, e - 1)
   keys = (None, None) if dropout_key is None else tuple(jax.random.split(dropout_key))
-  h = jax.lax.ragged_dot(x, params.wi.astype(x.dtype), rows.group_sizes,
-                         preferred_element_type=x.dtype)
+  if block == 1:
+    matmul = lambda a, w: jax.lax.ragged_dot(a, w, rows.group_sizes,
+                                             preferred_element_type=x.dtype)
+  else:
+    used = jnp.sum(rows.group_sizes) // block
+    matmul = lambda a, w: block_matmul(a, w, expert[::block], used)
+  h = matmul(x, params.wi.astype(x.dtype))
   h = jax.nn.gelu(h + params.bi[expert].astype(x.dtype))
   h = _dropout(h, dropout_rate, keys[0])
-  y = jax.lax.ragged_dot(h, params.wo.astype(x.dtype), rows.group_sizes,
-                         preferred_element_type=x.dtype)
+  y = matmul(h, params.wo.astype(x.dtype))
   return _dropout(y + params.bo[expert].astype(x.dtype), dropout_rate, keys[1])
 
 
-def grouped_mlp(tokens: Array, routing: Routing, params: ExpertParams, num_rows: int,
+def row_count(pairs: int, num_experts: int, block: int) -> int:
+  """The static row count for at most `pairs` pairs in blocks of `block` rows per expert."""
+  return -(-(pairs + num_experts * (block - 1)) // block) * block
+
+
+def grouped_mlp(tokens: Array, routing: Routing, params: ExpertParams, max_pairs: int,
                 dropout_rate: float = 0.0, dropout_key: Optional[Array] = None,
-                compute_dtype=None) -> Array:
+                compute_dtype=None, block: Optional[int] = None) -> Array:
   """y[g, s] = sum over the pairs (s, e) of w * Expert_e(x[g, s]): (G, S, D) -> (G, S, D).
 
   Args:
     tokens: (G, S, D).
     routing: (G, E, C) slots of the E experts in `params`.
     params: `ExpertParams` of E experts.
-    num_rows: R >= the number of valid slots.
+    max_pairs: at least the number of valid slots.
     dropout_rate, dropout_key: the experts' dropout (no key: none).
     compute_dtype: the dtype the tokens and expert outputs travel in (None: the
       tokens'); the weighted sum runs in the weights' dtype if wider.
+    block: `expert_mlp`'s (None: `default_block()`).
 
   Returns:
     (G, S, D) in the tokens' dtype.
   """
   g, s, d = tokens.shape
   cast = (lambda a: a) if compute_dtype is None else (lambda a: a.astype(compute_dtype))
-  rows = sorted_rows(routing, s, num_rows)
+  block = default_block() if block is None else block
+  e = params.wi.shape[0]
+  rows = sorted_rows(routing, s, row_count(max_pairs, e, block), block)
   x = cast(tokens.reshape(g * s, d))[rows.token].astype(tokens.dtype)
-  out = expert_mlp(x, rows, params, dropout_rate, dropout_key)
+  out = expert_mlp(x, rows, params, dropout_rate, dropout_key, block)
   weighted = cast(out) * rows.weight[:, None]
   y = jnp.zeros((g * s, d), weighted.dtype).at[rows.token].add(weighted)
   return y.astype(tokens.dtype).reshape(g, s, d)
@@ -156,13 +243,13 @@ def _mesh_split(mesh, num_groups: int, num_experts: int) -> Optional[int]:
 
 def per_device(tokens: Array, routing: Routing, params: ExpertParams, experts_per_token: int,
                dropout_rate: float = 0.0, dropout_key: Optional[Array] = None,
-               compute_dtype=None) -> Array:
+               compute_dtype=None, block: Optional[int] = None) -> Array:
   """`grouped_mlp` of all the pairs, split over the current mesh as the module docstring says.
 
   Args:
     tokens: (G, S, D); routing: (G, E, C); params: of the E experts.
     experts_per_token: K, the most pairs a token has (R from it).
-    dropout_rate, dropout_key, compute_dtype: as `grouped_mlp`.
+    dropout_rate, dropout_key, compute_dtype, block: as `grouped_mlp`.
 
   Returns:
     (G, S, D) in the tokens' dtype.
@@ -173,10 +260,10 @@ def per_device(tokens: Array, routing: Routing, params: ExpertParams, experts_pe
   n = _mesh_split(mesh, g, e)
   if n is None:
     return grouped_mlp(tokens, routing, params, g * s * min(experts_per_token, e),
-                       dropout_rate, dropout_key, compute_dtype)
+                       dropout_rate, dropout_key, compute_dtype, block)
   gathered = g // mesh.shape["data"]        # groups of one 'data' row
   local_experts = e // n
-  num_rows = gathered * s * min(experts_per_token, local_experts)
+  max_pairs = gathered * s * min(experts_per_token, local_experts)
 
   def local(tokens, token_index, valid, weight, params, *key):
     gather = functools.partial(jax.lax.all_gather, axis_name=EXPERT_AXIS, axis=0, tiled=True)
@@ -186,12 +273,16 @@ def per_device(tokens: Array, routing: Routing, params: ExpertParams, experts_pe
     # Each device draws its own rows' dropout masks.
     key = jax.random.fold_in(jax.random.fold_in(key[0], jax.lax.axis_index("data")),
                              jax.lax.axis_index(EXPERT_AXIS)) if key else None
-    y = grouped_mlp(gather(tokens), sub, params, num_rows, dropout_rate, key, compute_dtype)
+    y = grouped_mlp(gather(tokens), sub, params, max_pairs, dropout_rate, key, compute_dtype,
+                    block)
     return jax.lax.psum_scatter(y, EXPERT_AXIS, scatter_dimension=0, tiled=True)
 
   groups, experts = P(GROUP_AXES), P(EXPERT_AXIS)
   keys = () if dropout_key is None else (dropout_key,)
-  fn = jax.shard_map(local, mesh=mesh, out_specs=groups,
+  # check_vma=False: `block_matmul`'s loop skips unused blocks with lax.cond, whose
+  # zero branch does not say how it varies over the mesh; the transpose then sums
+  # the expert parameters' gradients over 'data' (the axis their spec leaves out).
+  fn = jax.shard_map(local, mesh=mesh, out_specs=groups, check_vma=False,
                      in_specs=(groups, groups, groups, groups,
                                ExpertParams(experts, experts, experts, experts),
                                *(P(),) * len(keys)))
