@@ -5,6 +5,11 @@ padded with masked tokens if needed), routed per group, dispatched into expert
 buffers (G, E, C, D), processed by E MLPs as one batched computation with
 stacked parameters (E, D, H) / (E, H, D), and combined back. Tokens an expert
 does not take (over capacity) get 0 from the layer and keep only the residual.
+With `dispatcher='dropless'` (`nn.dropless`, token-choice routers only) there is
+no capacity: the router runs at C = S, and the experts (same parameters) run
+on every selected (token, expert) pair as one grouped matrix product.
+`num_shared_experts` dense MLPs (`shared_experts`, DeepSeekMoE) take every token,
+and their sum is added to the routed output.
 
 The router is a plug-in (`nn/routers/`): the layer asks it for the buffer size
 C, its logits layer (named 'router'), and whether it needs the 'gating' rng,
