@@ -70,3 +70,23 @@ def test_bad_compute_and_z_loss_values_are_one_line_with_exit_status_2(key, valu
     cli.fail('python -m vmoe_sparse_ot.main', error.value)
   err = capsys.readouterr().err
   assert info.value.code == 2 and err == f'python -m vmoe_sparse_ot.main: error: {line}\n'
+
+
+@pytest.mark.parametrize('router, line', [
+    ('expert_choice', "config.model.encoder.moe.dispatcher='dropless': needs a token-choice "
+     "router (topk, sbase, topk_bias, sparse_ot with form='token_choice'); router "
+     "'expert_choice' here does not choose per token"),
+    ('topk', "config.model.encoder.moe.num_shared_experts=-1: must be an integer >= 0"),
+])
+def test_dropless_with_expert_choice_and_negative_shared_experts_are_one_line_exit_2(
+    router, line, capsys):
+  config = load('vmoe_tiny_mnist.py', f'router={router}')
+  config.model.encoder.moe.dispatcher = 'dropless'
+  if router == 'topk':
+    config.model.encoder.moe.num_shared_experts = -1
+  with pytest.raises(ValueError) as error:
+    config_lib.validate(config)
+  with pytest.raises(SystemExit) as info:
+    cli.fail('python -m vmoe_sparse_ot.main', error.value)
+  err = capsys.readouterr().err
+  assert info.value.code == 2 and err == f'python -m vmoe_sparse_ot.main: error: {line}\n'

@@ -94,6 +94,43 @@ def test_upcycled_layer_gives_s_times_the_dense_mlp(router):
   np.testing.assert_allclose(np.asarray(y), want, rtol=2e-5, atol=2e-6)
 
 
+def test_shared_experts_count_by_hand_and_upcycled_dropless_layer_gives_s_plus_2_times_dense():
+  """2 shared experts hold 2 (D H + H + H D + D) parameters; upcycling copies the
+  dense MLP into them as into the routed experts, so the dropless layer (nothing
+  dropped) computes (s + 2) times the dense MLP, s the token's combine weights."""
+  _, dense = init_flat(model_config('vit'))
+  config = model_config('vit_moe')
+  config.encoder.moe.num_shared_experts = 2
+  config.encoder.moe.dispatcher = 'dropless'
+  _, moe = init_flat(config, seed=3)
+  _, plain = init_flat(model_config('vit_moe'), seed=3)
+  blk = 'encoder/encoderblock_1'
+  shared = {k: v for k, v in moe.items() if k.startswith(f'{blk}/moe/shared_experts/')}
+  assert sum(v.size for v in shared.values()) == 2 * (D * MLP + MLP + MLP * D + D) == 2144
+  assert sum(v.size for v in moe.values()) - sum(v.size for v in plain.values()) == 2144
+  mapped = initialization.map_onto(dense, {k: v.shape for k, v in moe.items()},
+                                   num_prefix_tokens=1)
+  assert mapped.uninitialized == [] and mapped.unused == []
+  assert 'into 4 experts and 2 shared expert(s) each' in mapped.log[0]
+  layer = MoeLayer(num_experts=E, mlp_dim=MLP, group_size=10, dispatcher='dropless',
+                   num_shared_experts=2, router=nn.parse_router_options(
+                       config.encoder.moe.router))
+  x = np.random.default_rng(4).normal(size=(3, 10, D)).astype(np.float32)
+  params = {'router': {'kernel': 5 * moe[f'{blk}/moe/router/kernel']}}
+  for part in ('experts', 'shared_experts'):
+    params[part] = {k: mapped.params[f'{blk}/moe/{part}/{k}']
+                    for k in ('wi_kernel', 'wi_bias', 'wo_kernel', 'wo_bias')}
+  (y, _, _), state = jax.jit(lambda p, x: layer.apply(
+      {'params': p}, x, train=False, mutable=['intermediates']))(params, x)
+  s = np.asarray(state['intermediates']['expert_weights'][0]).sum(-1).reshape(3, 10, 1)
+  mlp = {f'Dense_{i}': {'kernel': dense[f'{blk}/mlp/Dense_{i}/kernel'],
+                        'bias': dense[f'{blk}/mlp/Dense_{i}/bias']} for i in (0, 1)}
+  want = (s + 2) * np.asarray(jax.jit(lambda p, x: MlpBlock(MLP).apply(
+      {'params': p}, x, train=False))(mlp, x))
+  assert (s > 0).all()   # dropless: every token gets its K experts
+  np.testing.assert_allclose(np.asarray(y), want, rtol=2e-5, atol=5e-6)
+
+
 # --------------------------------------------------- a public ViT .npz, written by hand
 
 def _public_vit_shapes(num_classes=10, tokens=5):

@@ -55,7 +55,8 @@ def test_checks_word_what_the_value_must_be(check, value, allowed):
     ("encoder.num_layers", 0, "must be an integer >= 1"),
     ("encoder.dropout_rate", 1.5, "must be in [0, 1)"),
     ("encoder.moe.num_experts", 0, "must be an integer >= 1"),
-    ("encoder.moe.dispatcher", "loop", "must be one of ['einsum', 'indices']"),
+    ("encoder.moe.dispatcher", "loop", "must be one of ['dropless', 'einsum', 'indices']"),
+    ("encoder.moe.num_shared_experts", -1, "must be an integer >= 0"),
 ])
 def test_one_check_each_worded_by_build_model_and_by_config_validation(key, value, allowed):
   """build_model and config validation run the same check: the same key and allowed

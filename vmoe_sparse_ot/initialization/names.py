@@ -39,6 +39,9 @@ _BLOCK = (
     ('moe/experts/wo_bias', 'Moe/Mlp/Dense_1/bias', 'Moe/Mlp/Dense_1/bias'),
     ('moe/router/kernel', 'Moe/Router/dense/kernel', 'Moe/Router/dense/kernel'),
     ('moe/router', 'Moe/Router', 'Moe/Router'),   # Other routers' parameters (soft_moe).
+    # Shared experts (moe.num_shared_experts): the reference has none; this name
+    # keeps them in an export under the other namings, and reads them back.
+    ('moe/shared_experts', 'Moe/SharedExperts', 'Moe/SharedExperts'),
 )
 # The live vit_jax module names of a block's layers (files use the ones above).
 _VIT_LIVE = (('LayerNorm_0', 'norm_att'), ('MultiHeadDotProductAttention_0', 'attention'),

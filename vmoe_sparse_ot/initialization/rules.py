@@ -11,7 +11,8 @@ regex matches a source name in full renames it to `match.expand(replacement)`
 - `head/*` of another shape (another label set), or absent from the source: the
   target's own head is kept (zero kernel: ViT fine-tuning's head);
 - a dense block's `mlp/Dense_{0,1}` where the target has an MoE layer: copied into
-  every expert (`upcycle`); the new layer's router keeps its fresh init;
+  every expert (`upcycle`), the shared experts too; the new layer's router keeps its
+  fresh init;
 - a router kernel (D, M, E/M) where the target has (D, E): reshaped (the
   reference's E³ router, one kernel per member; `nn.ensemble`).
 
@@ -41,6 +42,14 @@ POSEMB = 'encoder/pos_embedding'
 # The hidden-size axis H of each expert parameter (wo_bias has none) and of the dense
 # MLP parameter that upcycles into it.
 _WIDTH_AXIS = {'wi_kernel': -1, 'wi_bias': -1, 'wo_kernel': -2}
+
+
+def _upcycled_names(dense: re.Match, target: Mapping[str, Any]) -> list:
+  """The target's expert parameters a dense block's MLP parameter fills: the routed
+  experts' and the shared experts' (`moe/shared_experts/...`) where the model has them."""
+  block, experts = dense.group(1), _DENSE_TO_EXPERTS[dense.group(2)]
+  names = (f'{block}/{experts}', f'{block}/{experts.replace("/experts/", "/shared_experts/")}')
+  return [name for name in names if name in target]
 
 
 class InitializationError(ValueError):
@@ -180,9 +189,9 @@ def map_onto(source: Mapping[str, np.ndarray], target: Mapping[str, Sequence[int
         log.append(layouts[-1])
       else:
         put(src, array, src, '')  # Raises, naming both shapes.
-    elif dense and f'{dense.group(1)}/{_DENSE_TO_EXPERTS[dense.group(2)]}' in target:
-      name = f'{dense.group(1)}/{_DENSE_TO_EXPERTS[dense.group(2)]}'
-      put(name, transform(name, 'upcycle', array, src, 'default'), src, ' (upcycled)')
+    elif dense and _upcycled_names(dense, target):
+      for name in _upcycled_names(dense, target):
+        put(name, transform(name, 'upcycle', array, src, 'default'), src, ' (upcycled)')
       upcycled.add(dense.group(1))
     else:
       unused.append(src)
@@ -192,9 +201,12 @@ def map_onto(source: Mapping[str, np.ndarray], target: Mapping[str, Sequence[int
       raise InitializationError(f'{rule.where} ({rule.pattern.pattern!r}) matches no source '
                                 'parameter')
   if upcycled:
-    experts = target[f'{sorted(upcycled)[0]}/moe/experts/wi_kernel'][0]
+    first = sorted(upcycled)[0]
+    experts = target[f'{first}/moe/experts/wi_kernel'][0]
+    shared = target.get(f'{first}/moe/shared_experts/wi_kernel', (0,))[0]
+    shared = f' and {shared} shared expert(s)' if shared else ''
     log.append(f'upcycled {len(upcycled)} MoE layer(s) ({", ".join(sorted(upcycled))}) from '
-               f'the dense MLPs into {experts} experts each; their routers start fresh')
+               f'the dense MLPs into {experts} experts{shared} each; their routers start fresh')
   new_routers = {n for n in target if any(n.startswith(f'{b}/moe/router/') for b in upcycled)}
   heads = {n for n in target if n.startswith('head/')}
   if heads and not heads <= set(params):

@@ -57,6 +57,8 @@ def build_model(model_config: Mapping[str, Any]) -> nn.Module:
     moe = dict(num_experts=m.num_experts, group_size=m.group_size, dispatcher=m.dispatcher,
                routed_tokens_dtype=m.routed_tokens_dtype, split_rngs=m.split_rngs,
                router=m.router)
+    if m.num_shared_experts:
+      moe["num_shared_experts"] = m.num_shared_experts
     if m.dropout_rate is not None:  # Else the experts use encoder.dropout_rate.
       moe["dropout_rate"] = m.dropout_rate
     if m.mlp_dim is not None:  # Else the experts are as wide as the dense MLPs.

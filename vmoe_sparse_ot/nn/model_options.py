@@ -25,6 +25,7 @@ import typing
 from typing import Any, Callable, Dict, Mapping, Optional, Tuple, Union
 
 from vmoe_sparse_ot.config_keys import check_keys
+from vmoe_sparse_ot.nn import dropless
 from vmoe_sparse_ot.nn import ensemble
 from vmoe_sparse_ot.nn import routers
 from vmoe_sparse_ot.nn import variants
@@ -120,8 +121,10 @@ class MoeOptions:
   num_experts: int = option(8, 'E: experts per MoE layer.', integer(1))
   group_size: int = option(64, 'S: tokens per routing group.', integer(1))
   dispatcher: str = option(
-      'indices', "'indices' (gather/scatter, default, fast) or 'einsum'.",
-      one_of(tuple(sorted(DISPATCHERS))))
+      'indices', "'indices' (gather/scatter into capacity buffers, default, fast), 'einsum' "
+      "(one-hot einsums, the classic V-MoE) or 'dropless' (every pair a token-choice router "
+      "selects, no capacity: a grouped matrix product over the tokens sorted by expert, "
+      "`nn.dropless`).", one_of(tuple(sorted((*DISPATCHERS, dropless.NAME)))))
   routed_tokens_dtype: Optional[str] = option(
       None, "dtype of the data the dispatcher moves to the experts and back (the routing "
       "weights stay float32, so the combine sums in float32): None (the tokens' own), "
@@ -143,6 +146,10 @@ class MoeOptions:
       "the variant's), as the dense MLPs.",
       integer(1, optional=True, allowed='must be None (the experts use '
               'model.encoder.mlp_dim) or an integer >= 1'))
+  num_shared_experts: int = option(
+      0, 'Shared experts (DeepSeekMoE): dense MLPs of the experts\' size that every token '
+      'passes through, added to the routed output; each drawn apart at initialization.',
+      integer(0))
   router: routers.RouterConfig = section(
       routers.RouterConfig, "The router: `name` picks it (`nn.routers.ROUTERS`); its options "
       "are defined by the routers' options dataclasses.")
@@ -257,13 +264,15 @@ def _checked_sections(model_config: Mapping[str, Any]):
       raise OptionError('model.encoder.position_emb', encoder['position_emb'],
                         f'needs model.hidden_size a multiple of 4 and >= 8 (it is {hidden})')
   router = _moe_config(model_config).get('router') if moe else None
+  if moe:
+    check_dropless(moe, router or {})
   check_ensemble_size(model['ensemble_size'], model['name'], moe, router or {})
   return model, encoder, moe
 
 
 def check_model_options(model_config: Mapping[str, Any]) -> None:
   """Every model option's check, and those that span options (position_emb against
-  the hidden size, `check_ensemble_size`).
+  the hidden size, `check_ensemble_size`, `check_dropless`).
 
   `model_config` is a dict like `default_model_config()`'s (missing keys take the
   defaults); the router's options are left to the routers. Raises `OptionError`
@@ -302,6 +311,24 @@ def check_ensemble_size(m: int, name: str, moe: Optional[Mapping[str, Any]],
     raise OptionError(key, m, f'> 1 (E³) cannot route with router {router_name!r} (its own '
                       'logits layer or router state); use topk, sbase, sparse_ot, '
                       'expert_choice or sinkhorn_ec')
+
+
+def check_dropless(moe: Mapping[str, Any], router: Mapping[str, Any]) -> None:
+  """The 'dropless' dispatcher needs a token-choice router (`Router.experts_per_token`).
+
+  Args: the checked `model.encoder.moe` values; the router's config dict (a router
+  config the routers refuse is left to their own checks).
+  """
+  if moe['dispatcher'] != dropless.NAME:
+    return
+  try:
+    parsed = routers.parse_router_options(router)
+  except ValueError:
+    return
+  if routers.ROUTERS[parsed.name].experts_per_token(parsed.options, moe['num_experts']) is None:
+    raise OptionError('model.encoder.moe.dispatcher', moe['dispatcher'],
+                      "needs a token-choice router (topk, sbase, topk_bias, sparse_ot with "
+                      f"form='token_choice'); router {parsed.name!r} here does not choose per token")
 
 
 def model_options(model_config: Mapping[str, Any]) -> ModelOptions:

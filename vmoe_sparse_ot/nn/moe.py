@@ -5,6 +5,11 @@ padded with masked tokens if needed), routed per group, dispatched into expert
 buffers (G, E, C, D), processed by E MLPs as one batched computation with
 stacked parameters (E, D, H) / (E, H, D), and combined back. Tokens an expert
 does not take (over capacity) get 0 from the layer and keep only the residual.
+With `dispatcher='dropless'` (`nn.dropless`, token-choice routers only) there is
+no capacity: the router runs at C = S, and the experts (same parameters) run
+on every selected (token, expert) pair as one grouped matrix product.
+`num_shared_experts` dense MLPs (`shared_experts`, DeepSeekMoE) take every token,
+and their sum is added to the routed output.
 
 The router is a plug-in (`nn/routers/`): the layer asks it for the buffer size
 C, its logits layer (named 'router'), and whether it needs the 'gating' rng,
@@ -34,6 +39,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from vmoe_sparse_ot.nn import dropless
 from vmoe_sparse_ot.nn import ensemble
 from vmoe_sparse_ot.nn import router_health
 from vmoe_sparse_ot.nn import routers
@@ -72,15 +78,21 @@ class Experts(nn.Module):
   kernel_init: Callable = nn.initializers.xavier_uniform(batch_axis=(0,))
   bias_init: Callable = nn.initializers.normal(stddev=1e-6)
 
-  @nn.compact
-  def __call__(self, x: Array, train: bool) -> Array:
-    e, _, d = x.shape
+  def stacked_params(self, e: int, d: int) -> dropless.ExpertParams:
+    """Declares the E experts' parameters (for tokens of size D), the kernels laid out
+    over 'expert'."""
     init = (lambda f: f) if self.split_rngs else _alike
     wi = self.param("wi_kernel", init(self.kernel_init), (e, d, self.mlp_dim))
     bi = self.param("wi_bias", init(self.bias_init), (e, self.mlp_dim))
     wo = self.param("wo_kernel", init(self.kernel_init), (e, self.mlp_dim, d))
     bo = self.param("wo_bias", init(self.bias_init), (e, d))
-    wi, wo = constrain(wi, (EXPERT_AXIS,)), constrain(wo, (EXPERT_AXIS,))
+    return dropless.ExpertParams(constrain(wi, (EXPERT_AXIS,)), bi,
+                                 constrain(wo, (EXPERT_AXIS,)), bo)
+
+  @nn.compact
+  def __call__(self, x: Array, train: bool) -> Array:
+    e, _, d = x.shape
+    wi, bi, wo, bo = self.stacked_params(e, d)
     # One mask shared along the expert axis when the experts share their rngs.
     broadcast = () if self.split_rngs else (0,)
     # Matrix products and biases in the tokens' dtype (bfloat16 under model.dtype).
@@ -89,6 +101,23 @@ class Experts(nn.Module):
     h = nn.Dropout(self.dropout_rate, broadcast_dims=broadcast)(h, deterministic=not train)
     y = jnp.einsum("emh,ehd->emd", h, wo.astype(x.dtype)) + bo[:, None, :].astype(x.dtype)
     return nn.Dropout(self.dropout_rate, broadcast_dims=broadcast)(y, deterministic=not train)
+
+
+class DroplessExperts(Experts):
+  """The same E MLPs and parameters as `Experts`, run on every (token, expert) pair of
+  a (G, E, C) `Routing` (`nn.dropless`): tokens (G, S, D) -> weighted sums (G, S, D).
+
+  Dropout draws one mask per pair, whatever `split_rngs`.
+  """
+
+  @nn.compact
+  def __call__(self, tokens: Array, routing, experts_per_token: int,
+               compute_dtype: Optional[str], train: bool) -> Array:
+    params = self.stacked_params(self.num_experts, tokens.shape[-1])
+    rate = self.dropout_rate if train else 0.0
+    key = self.make_rng("dropout") if rate > 0 else None
+    return dropless.per_device(tokens, routing, params, experts_per_token, rate, key,
+                               None if compute_dtype is None else jnp.dtype(compute_dtype))
 
 
 class MoeLayer(nn.Module):
@@ -107,6 +136,7 @@ class MoeLayer(nn.Module):
   dropout_rate: float = 0.0
   split_rngs: bool = False
   ensemble_size: int = 1   # M: E³ members (nn.ensemble); 1 is the V-MoE
+  num_shared_experts: int = 0   # dense MLPs every token passes through (DeepSeekMoE)
 
   @nn.compact
   def __call__(self, x: Array, train: bool):
@@ -123,6 +153,12 @@ class MoeLayer(nn.Module):
     router = routers.get_router(self.router.name)
     opts = self.router.options
     capacity = router.capacity(opts, s // m, self.num_experts // m)
+    if self.dispatcher == dropless.NAME:   # Every choice fits: C = S.
+      per_token = router.experts_per_token(opts, self.num_experts // m)
+      if per_token is None:
+        raise ValueError(f"dispatcher 'dropless' needs a token-choice router, not "
+                         f"{self.router.name!r}")
+      capacity = s // m
 
     logits = router.logits_module(opts, self.num_experts, capacity, "router")(tokens)
     rng = self.make_rng("gating") if router.needs_rng(opts, train) else None
@@ -156,6 +192,24 @@ class MoeLayer(nn.Module):
         weights = ensemble.image_order(weights, b // m, n, m)
       self.sow("intermediates", "expert_weights", weights)
 
+    if self.dispatcher == dropless.NAME:
+      y = DroplessExperts(self.num_experts, self.mlp_dim, self.dropout_rate, self.split_rngs,
+                          name="experts")(tokens, routing, per_token,
+                                          self.routed_tokens_dtype, train)
+    else:
+      y = self._buffered(tokens, routing, capacity, train)
+    if self.num_shared_experts:
+      y = y + self._shared(tokens, train)
+    y = constrain(y, (GROUP_AXES,))
+    y = y.reshape(g * s, d)[:t]
+    y = ensemble.deinterleave(y, b // m, n, m) if m > 1 else y.reshape(b, n, d)
+    metrics = {**common_metrics(routing, token_mask), **health, **routing.metrics,
+               **member_metrics}
+    return y, router_health.with_z_loss(routing.auxiliary_loss, z, opts.z_loss_weight), metrics
+
+  def _buffered(self, tokens: Array, routing, capacity: int, train: bool) -> Array:
+    """The experts on (E, G*C, D) buffers: tokens (G, S, D) -> (G, S, D)."""
+    g, s, d = tokens.shape
     dispatch, combine = get_dispatcher(self.dispatcher, self.routed_tokens_dtype)
     buf = dispatch(tokens, routing)                                  # (G, E, C, D)
     buf = jnp.swapaxes(buf, 0, 1).reshape(self.num_experts, g * capacity, d)
@@ -165,10 +219,14 @@ class MoeLayer(nn.Module):
     out = constrain(out, (EXPERT_AXIS,))
     out = jnp.swapaxes(out.reshape(self.num_experts, g, capacity, d), 0, 1)
     out = constrain(out, (GROUP_AXES,))
-    y = combine(out, routing, s)                                     # (G, S, D)
-    y = constrain(y, (GROUP_AXES,))
-    y = y.reshape(g * s, d)[:t]
-    y = ensemble.deinterleave(y, b // m, n, m) if m > 1 else y.reshape(b, n, d)
-    metrics = {**common_metrics(routing, token_mask), **health, **routing.metrics,
-               **member_metrics}
-    return y, router_health.with_z_loss(routing.auxiliary_loss, z, opts.z_loss_weight), metrics
+    return combine(out, routing, s)                                  # (G, S, D)
+
+  def _shared(self, tokens: Array, train: bool) -> Array:
+    """The sum of the shared experts' outputs, every token through each: (G, S, D)."""
+    g, s, d = tokens.shape
+    n = self.num_shared_experts
+    every = jnp.broadcast_to(tokens.reshape(1, g * s, d), (n, g * s, d))
+    # Drawn apart whatever split_rngs: experts alike would stay alike (same gradients).
+    out = Experts(n, self.mlp_dim, self.dropout_rate, split_rngs=True,
+                  name="shared_experts")(every, train)
+    return jnp.sum(out, axis=0).reshape(g, s, d)

@@ -69,6 +69,7 @@ LATER_DEFAULTS = {
         'form': 'token_choice', 'solver': 'sinkhorn', 'num_iters': 20, 'epsilon': 1.0,
         'combine_weights': 'softmax', 'implicit_differentiation': True,
         'importance_loss_weight': 0.0, 'load_loss_weight': 0.0},
+    ('encoder', 'moe', 'num_shared_experts'): 0,
 }
 
 

@@ -138,6 +138,15 @@ def never(opts, train: bool) -> bool:
   return False
 
 
+def no_token_choice(opts, num_experts: int) -> None:
+  del opts, num_experts
+
+
+def top_k_per_token(opts, num_experts: int) -> int:
+  """K = min(num_selected_experts, E): the experts a token-choice router gives a token."""
+  return min(opts.num_selected_experts, num_experts)
+
+
 State = Dict[str, Array]
 
 
@@ -165,6 +174,9 @@ class Router:
   capacity: Callable[[Any, int, int], int] = default_capacity
   logits_module: Callable[..., nn.Module] = dense_logits
   state: Optional[RouterState] = None   # None: stateless (route returns the routing alone)
+  # Token-choice routers: (opts, E) -> K, the most experts a token gets (the
+  # 'dropless' dispatcher serves them all); None for the others.
+  experts_per_token: Callable[[Any, int], Optional[int]] = no_token_choice
   # Options (fields of `options`) no other router reads: set to another value than
   # their default while `name` picks another router, they are refused (one line).
   exclusive: Tuple[str, ...] = ()

@@ -88,4 +88,5 @@ def route(logits: Array, token_mask: Array, opts: SBaseOptions, capacity: int, t
   return base.finish(gates, token_index, valid, base.zero_loss())
 
 
-ROUTER = base.Router(name="sbase", options=SBaseOptions, route=route)
+ROUTER = base.Router(name="sbase", options=SBaseOptions, route=route,
+                     experts_per_token=base.top_k_per_token)

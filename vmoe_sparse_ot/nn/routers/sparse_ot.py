@@ -210,4 +210,10 @@ def route(logits: Array, token_mask: Array, opts: SparseOTOptions, capacity: int
   return base.finish(gates, token_index, valid, base.zero_loss(), extra)
 
 
-ROUTER = base.Router(name="sparse_ot", options=SparseOTOptions, route=route, capacity=capacity)
+def experts_per_token(opts: SparseOTOptions, num_experts: int) -> Optional[int]:
+  """K for the token-choice form; None for the expert-choice form."""
+  return base.top_k_per_token(opts, num_experts) if opts.form == "token_choice" else None
+
+
+ROUTER = base.Router(name="sparse_ot", options=SparseOTOptions, route=route, capacity=capacity,
+                     experts_per_token=experts_per_token)

@@ -125,4 +125,5 @@ def route(logits: Array, token_mask: Array, opts: TopKOptions, capacity: int, tr
 
 ROUTER = base.Router(name="topk", options=TopKOptions, route=route,
                      needs_rng=lambda opts, train: train and noise_std(opts, 1) > 0,
-                     exclusive=("gshard_loss_weight",))
+                     exclusive=("gshard_loss_weight",),
+                     experts_per_token=base.top_k_per_token)

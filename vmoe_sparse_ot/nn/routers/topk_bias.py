@@ -103,4 +103,5 @@ def route(logits: Array, token_mask: Array, opts: TopKBiasOptions, capacity: int
 
 
 ROUTER = base.Router(name="topk_bias", options=TopKBiasOptions, route=route,
-                     state=base.RouterState(init=init_state, update=update_state))
+                     state=base.RouterState(init=init_state, update=update_state),
+                     experts_per_token=base.top_k_per_token)
