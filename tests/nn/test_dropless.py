@@ -188,7 +188,8 @@ def test_experts_per_token_marks_the_token_choice_routers():
   got = {name: r.experts_per_token(r.options(num_selected_experts=3), 8)
          for name, r in ROUTERS.items()}
   assert got == {"topk": 3, "sbase": 3, "topk_bias": 3, "sparse_ot": None,
-                 "expert_choice": None, "soft_moe": None, "sinkhorn_ec": None}
+                 "expert_choice": None, "soft_moe": None, "sinkhorn_ec": None,
+                 "l2_ot": None, "kl_ot": None}
   token_choice = ROUTERS["sparse_ot"].options(num_selected_experts=3, form="token_choice")
   assert ROUTERS["sparse_ot"].experts_per_token(token_choice, 8) == 3
   assert ROUTERS["topk"].experts_per_token(ROUTERS["topk"].options(num_selected_experts=3), 2) == 2
