@@ -64,6 +64,17 @@ def test_quick_runs_topk_and_the_papers_router():
   assert set(router_study.QUICK_ROUTERS) <= set(router_study.ROUTERS)
 
 
+def test_a_dropless_row_is_its_router_with_the_dropless_dispatcher():
+  plain = router_study.make_config('topk', 300, 0, quick=False)
+  dropless = router_study.make_config('topk:dropless', 300, 0, quick=False)
+  assert plain.model.encoder.moe.dispatcher == 'indices'
+  assert dropless.model.encoder.moe.dispatcher == 'dropless'
+  assert dropless.model.encoder.moe.router.name == 'topk'
+  with dropless.unlocked():
+    dropless.model.encoder.moe.dispatcher = 'indices'
+  assert dropless.to_dict() == plain.to_dict()
+
+
 def test_summaries_by_hand():
   runs = [{'router': r, 'seed': s, 'top1': t, 'fewshot10': f, 'train_wall_s': w}
           for r, s, t, f, w in [('topk', 0, 90.0, 60.0, 10.0), ('topk', 1, 92.0, 62.0, 20.0),

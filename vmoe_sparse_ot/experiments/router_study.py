@@ -61,8 +61,10 @@ from vmoe_sparse_ot.train import metrics as metrics_lib
 from vmoe_sparse_ot.train import trainer
 
 NAME = 'router_study'
-ROUTERS = ('topk', 'sbase', 'sparse_ot', 'expert_choice', 'sinkhorn_ec', 'soft_moe',
-           'topk_bias')
+# 'NAME:dropless' is router NAME with model.encoder.moe.dispatcher='dropless' (every
+# choice computed, none dropped): the dropless baseline of a token-choice router.
+ROUTERS = ('topk', 'topk:dropless', 'sbase', 'sparse_ot', 'expert_choice', 'sinkhorn_ec',
+           'soft_moe', 'topk_bias')
 # Capacity factor of the full run (below 1: token-choice routers must drop).
 CAPACITY_FACTOR = 0.75
 # Routers whose capacity counts from S/E (no K), as the reference's expert choice.
@@ -97,13 +99,18 @@ PAPER = {
 }
 ROUTER_LABELS = {'topk': 'TopK', 'sbase': 'S-BASE', 'sparse_ot': 'Sparsity-constrained',
                  'expert_choice': 'Expert choice', 'sinkhorn_ec': 'Sinkhorn EC',
-                 'soft_moe': 'Soft MoE', 'topk_bias': 'TopK loss-free bias'}
+                 'soft_moe': 'Soft MoE', 'topk_bias': 'TopK loss-free bias',
+                 'topk:dropless': 'TopK dropless'}
 
 
 def make_config(router: str, steps: int, seed: int, *, quick: bool):
-  """`configs/vmoe_tiny_mnist.py` for `router`, `steps`, `seed`; digits 10-shot."""
+  """`configs/vmoe_tiny_mnist.py` for `router` ('NAME' or 'NAME:dropless'), `steps`,
+  `seed`; digits 10-shot."""
+  router, _, dispatcher = router.partition(':')
   config = config_lib.load_config_file(f'{CONFIG_FILE}:router={router},steps={steps}')
   with config.unlocked():
+    if dispatcher:
+      config.model.encoder.moe.dispatcher = dispatcher
     config.seed = seed
     config.checkpoint.every_steps = steps  # Only the final checkpoint, for few-shot.
     config.checkpoint.async_save = False
