@@ -104,7 +104,8 @@ def _fails(argv, capsys, *expected):
 
 @pytest.mark.parametrize('args, expected', [
     (['--step=3'], ['--step=3: No checkpoint for step 3', 'available steps: [2, 4]']),
-    (['--router=nope'], ["--router='nope': unknown router; valid: expert_choice, sbase"]),
+    (['--router=nope'],
+     ["--router='nope': unknown router; valid: expert_choice, kl_ot, l2_ot, sbase"]),
     (['--capacity_factor=0'], ['--capacity_factor=0.0: must be a finite number > 0']),
     (['--capacity_factor=-0.5'], ['--capacity_factor=-0.5: must be a finite number > 0']),
     (['--capacity_factor=half'], ["flag --capacity_factor=half: could not convert string to "
