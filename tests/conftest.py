@@ -38,6 +38,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 # the gaps at the end, instead of one worker finishing a long file alone. Files
 # not listed follow in collection order.
 SLOWEST_FIRST = (
+    "tests/ot/test_newton.py",
     "tests/test_docs.py",
     "tests/train/test_multiprocess.py",
     "tests/experiments/test_upcycle_finetune.py",
@@ -52,13 +53,17 @@ SLOWEST_FIRST = (
     "tests/train/test_resume.py",
     "tests/experiments/test_mnist_clustering.py",
     "tests/evaluate/test_job.py",
+    "tests/ot/test_precision.py",
     "tests/experiments/test_router_study.py",
     "tests/test_fewshot.py",
     "tests/ot/test_interior_point.py",
     "tests/train/test_recipes.py",
     "tests/train/test_initialization.py",
+    "tests/config/test_reference_data.py",
+    "tests/ot/test_differentiation.py",
     "tests/nn/routers/test_sparse_ot.py",
     "tests/ot/test_start.py",
+    "tests/test_quickstart.py",
     "tests/ot/test_duality.py",
     "tests/ot/test_numerics.py",
     "tests/train/test_mixup.py",
