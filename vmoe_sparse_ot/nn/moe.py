@@ -184,8 +184,13 @@ class MoeLayer(nn.Module):
         for name, value in statistics.items():
           self.put_variable(router_state.STATISTICS, name, value)
     # Health and z-loss on the logits the router routes with (E³: each member's own).
+    # Without the z-loss the metrics are read behind a barrier, so that XLA does not
+    # fuse their softmax with the router's: the routing stays bit-identical to a
+    # model without them.
+    seen = logits if opts.z_loss_weight else jax.lax.optimization_barrier(
+        jax.lax.stop_gradient(logits))
     health, z = router_health.logit_metrics(
-        *(ensemble.member_problems(logits, token_mask, m) if m > 1 else (logits, token_mask)))
+        *(ensemble.member_problems(seen, token_mask, m) if m > 1 else (seen, token_mask)))
     if self.is_mutable_collection("intermediates"):
       weights = expert_weights(routing, s)
       if m > 1:
