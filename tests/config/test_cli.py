@@ -55,6 +55,16 @@ def test_bad_soft_moe_recipe_values_are_one_line_with_exit_status_2(edit, check,
   assert err.startswith('python -m vmoe_sparse_ot.main: error: ' + line), err
 
 
+def _refused_in_one_line(config, line, capsys):
+  """`config` fails validation, and the command line prints `line` alone, exit status 2."""
+  with pytest.raises(ValueError) as error:
+    config_lib.validate(config)
+  with pytest.raises(SystemExit) as info:
+    cli.fail('python -m vmoe_sparse_ot.main', error.value)
+  err = capsys.readouterr().err
+  assert info.value.code == 2 and err == f'python -m vmoe_sparse_ot.main: error: {line}\n'
+
+
 @pytest.mark.parametrize('key, value, line', [
     ('peak_flops_per_device', -1.0, 'config.peak_flops_per_device=-1.0: must be > 0 or None'),
     ('z_loss_weight', float('nan'), 'config.model.encoder.moe.router.z_loss_weight=nan: '
@@ -64,12 +74,7 @@ def test_bad_compute_and_z_loss_values_are_one_line_with_exit_status_2(key, valu
                                                                        capsys):
   config = load('vmoe_tiny_mnist.py')
   (config if key == 'peak_flops_per_device' else config.model.encoder.moe.router)[key] = value
-  with pytest.raises(ValueError) as error:
-    config_lib.validate(config)
-  with pytest.raises(SystemExit) as info:
-    cli.fail('python -m vmoe_sparse_ot.main', error.value)
-  err = capsys.readouterr().err
-  assert info.value.code == 2 and err == f'python -m vmoe_sparse_ot.main: error: {line}\n'
+  _refused_in_one_line(config, line, capsys)
 
 
 @pytest.mark.parametrize('router, line', [
@@ -84,9 +89,4 @@ def test_dropless_with_expert_choice_and_negative_shared_experts_are_one_line_ex
   config.model.encoder.moe.dispatcher = 'dropless'
   if router == 'topk':
     config.model.encoder.moe.num_shared_experts = -1
-  with pytest.raises(ValueError) as error:
-    config_lib.validate(config)
-  with pytest.raises(SystemExit) as info:
-    cli.fail('python -m vmoe_sparse_ot.main', error.value)
-  err = capsys.readouterr().err
-  assert info.value.code == 2 and err == f'python -m vmoe_sparse_ot.main: error: {line}\n'
+  _refused_in_one_line(config, line, capsys)
